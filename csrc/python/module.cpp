@@ -1,0 +1,24 @@
+// tierstore._C: the native core. Each public header has one thin bind_*.cpp
+// file; this file only assembles them.
+#include <nanobind/nanobind.h>
+
+#include "tierstore/runtime.hpp"
+
+namespace nb = nanobind;
+
+namespace tierstore::python {
+void bind_engine(nb::module_& m);  // bind_engine.cpp: readers, host buffers, copy pipeline
+void bind_moe(nb::module_& m);     // bind_moe.cpp: slot-aware MoE decode kernel
+}  // namespace tierstore::python
+
+NB_MODULE(_C, m) {
+  m.doc() = "tierstore native core (I/O engine, pinned memory, CUDA copy pipeline, kernels)";
+  m.def("built_with_cuda", &tierstore::built_with_cuda,
+        "True when the extension was compiled with CUDA support.");
+  m.def("cuda_device_count", &tierstore::cuda_device_count,
+        "CUDA devices visible to the driver (0 without a driver or device).");
+  m.def("cuda_runtime_version", &tierstore::cuda_runtime_version,
+        "CUDA runtime version compiled in (e.g. 13000), 0 when built without CUDA.");
+  tierstore::python::bind_engine(m);
+  tierstore::python::bind_moe(m);
+}

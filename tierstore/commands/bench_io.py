@@ -1,0 +1,6 @@
+"""Placeholder: `tierstore ... bench_io` sub-commands (being built)."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    pass
