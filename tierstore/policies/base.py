@@ -58,11 +58,15 @@ class Policy(ABC):
     def rank(self, keys: np.ndarray) -> np.ndarray:
         """``keys`` reordered hottest first (promotion order)."""
 
-    def admit(self, candidate: int, victim: int) -> bool:
+    def admit(self, candidate, victim):
         """Admission filter: should ``candidate`` displace ``victim``?
-        Default admits everything; the hybrid policy filters one-hit wonders.
-        Never consulted inside a fire (no admission control there)."""
-        return True
+        Scalars give a bool; equal-length int arrays give a bool array (one
+        answer per pair). Default admits everything; the hybrid policy filters
+        one-hit wonders. Never consulted inside a fire (no admission control
+        there)."""
+        if np.ndim(candidate) == 0:
+            return True
+        return np.ones(np.shape(candidate), dtype=bool)
 
     @abstractmethod
     def decay(self, now: float | None = None, steps: int = 1) -> None:

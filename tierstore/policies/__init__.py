@@ -1,0 +1,40 @@
+"""Replacement policies, registered by name.
+
+``make(name, n_keys, capacity, **params)`` builds one instance (one per tier:
+instances share no state); ``available()`` lists the names. Parameters:
+
+- ``lru``: none.
+- ``heat``, ``hybrid``: ``half_life`` (decode steps, default 375 = 5 s at
+  75 tok/s) or ``half_life_s`` (seconds of wall clock).
+"""
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .base import NO_KEY, Policy
+from .heat import HeatPolicy
+from .hybrid import HybridPolicy
+from .lru import LRUPolicy
+
+_REGISTRY: dict[str, type[Policy]] = {
+    "lru": LRUPolicy,
+    "heat": HeatPolicy,
+    "hybrid": HybridPolicy,
+}
+
+
+def available() -> list[str]:
+    """Names ``make`` accepts, in a stable order."""
+    return list(_REGISTRY)
+
+
+def make(name: str, n_keys: int, capacity: int, **params) -> Policy:
+    """A fresh policy ``name`` over ``n_keys`` dense keys holding ``capacity``.
+
+    Raises ConfigError for an unknown name or parameter."""
+    cls = _REGISTRY.get(str(name).lower())
+    if cls is None:
+        raise ConfigError(f"unknown policy {name!r}; available: {', '.join(available())}")
+    return cls(n_keys, capacity, **params)
+
+
+__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "make", "available"]

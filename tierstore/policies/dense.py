@@ -1,0 +1,120 @@
+"""Shared bookkeeping for policies over dense keys: the resident mask, key
+checks, and exact "coldest first" / "hottest first" orderings.
+
+Orderings are by a primary score, then a secondary score (ties), then key id,
+so every policy is deterministic, and all of it is vectorised: selecting ``n``
+victims out of ``R`` resident keys is one ``argpartition`` (O(R)) plus a sort of
+the ``n`` chosen (and any keys tied with the n-th).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+from .base import Policy
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+def as_keys(keys) -> np.ndarray:
+    """``keys`` as a flat int64 array (no copy when it already is one)."""
+    arr = np.asarray(keys)
+    if arr.dtype != np.int64:
+        arr = arr.astype(np.int64)
+    return arr.reshape(-1)
+
+
+def coldest(cand: np.ndarray, primary: np.ndarray, secondary: np.ndarray | None,
+            n: int) -> np.ndarray:
+    """The ``n`` keys of ``cand`` with the smallest (primary, secondary, key)."""
+    if n <= 0 or cand.size == 0:
+        return _EMPTY
+    p = primary[cand]
+    if n < cand.size:
+        # Keep everything tied with the n-th value so the tie-break stays exact.
+        threshold = np.partition(p, n - 1)[n - 1]
+        keep = p <= threshold
+        cand, p = cand[keep], p[keep]
+    order = (np.lexsort((cand, p)) if secondary is None
+             else np.lexsort((cand, secondary[cand], p)))
+    return cand[order[:n]]
+
+
+def hottest_order(keys: np.ndarray, primary: np.ndarray,
+                  secondary: np.ndarray | None) -> np.ndarray:
+    """``keys`` reordered by descending (primary, secondary); stable on ties."""
+    if keys.size <= 1:
+        return keys.copy()
+    order = (np.lexsort((-primary[keys],)) if secondary is None
+             else np.lexsort((-secondary[keys], -primary[keys])))
+    return keys[order]
+
+
+class DensePolicy(Policy):
+    """A policy whose resident set is a boolean mask over ``n_keys`` ids."""
+
+    def __init__(self, n_keys: int, capacity: int, **params):
+        if params:
+            raise ConfigError(f"policy {self.name!r}: unknown parameter(s) "
+                              f"{', '.join(sorted(params))}")
+        if int(n_keys) <= 0:
+            raise ConfigError(f"policy {self.name!r}: n_keys must be > 0, got {n_keys}")
+        if int(capacity) < 0:
+            raise ConfigError(f"policy {self.name!r}: capacity must be >= 0, got {capacity}")
+        super().__init__(n_keys, capacity)
+        self._resident = np.zeros(self.n_keys, dtype=bool)
+        self._n_resident = 0
+
+    # -- helpers for subclasses -------------------------------------------
+    def _checked(self, keys, what: str) -> np.ndarray:
+        arr = as_keys(keys)
+        if arr.size and (arr.min() < 0 or arr.max() >= self.n_keys):
+            bad = arr[(arr < 0) | (arr >= self.n_keys)][0]
+            raise ConfigError(f"policy {self.name!r}.{what}: key {int(bad)} out of range "
+                              f"[0, {self.n_keys})")
+        return arr
+
+    def _candidates(self, pinned: np.ndarray | None) -> np.ndarray:
+        if pinned is None:
+            return np.flatnonzero(self._resident)
+        return np.flatnonzero(self._resident & ~np.asarray(pinned, dtype=bool))
+
+    # -- residency --------------------------------------------------------
+    def on_admit(self, keys) -> None:
+        arr = self._checked(keys, "on_admit")
+        self._resident[arr] = True
+        self._n_resident = int(np.count_nonzero(self._resident))
+        self._touch_admitted(arr)
+
+    def on_evict(self, keys) -> None:
+        arr = self._checked(keys, "on_evict")
+        self._resident[arr] = False
+        self._n_resident = int(np.count_nonzero(self._resident))
+
+    def _touch_admitted(self, keys: np.ndarray) -> None:
+        """Hook: what admission does to the scores (default nothing)."""
+
+    def resident(self) -> np.ndarray:
+        return np.flatnonzero(self._resident)
+
+    def is_resident(self, keys) -> np.ndarray:
+        """Boolean mask, one per key: resident in this tier now."""
+        return self._resident[as_keys(keys)]
+
+    @property
+    def n_resident(self) -> int:
+        return self._n_resident
+
+    def reset(self) -> None:
+        self._resident[:] = False
+        self._n_resident = 0
+
+    def check_invariants(self) -> None:
+        assert self._resident.shape == (self.n_keys,), "resident mask has the wrong shape"
+        assert self._n_resident == int(np.count_nonzero(self._resident)), \
+            f"resident count {self._n_resident} != mask {int(np.count_nonzero(self._resident))}"
+        assert self._n_resident <= self.capacity, \
+            f"{self._n_resident} keys resident, capacity {self.capacity}"
+        s = self.scores()
+        assert s.shape == (self.n_keys,) and s.dtype == np.float64, "scores() shape/dtype"
+        assert np.all(np.isfinite(s)), "scores() has non-finite entries"

@@ -1,0 +1,62 @@
+"""Least recently used, by a logical clock.
+
+Each ``on_access`` call is one clock tick; every key it names gets that tick as
+its last use (so keys read in the same call tie and are ordered by key id).
+Admission also stamps the clock: a key that lands without having been read (a
+prefetch) enters at the most-recent end, as in textbook LRU. Departure from the
+textbook linked list: recency lives in an int64 array per key and ``victims``
+partitions the resident keys by it, which is O(resident) per call but has no
+per-key Python work and no pointer chasing, and the whole history (also of
+non-resident keys) is kept, which ``rank`` uses for promotion order.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .dense import DensePolicy, coldest, hottest_order
+
+NEVER = -1
+
+
+class LRUPolicy(DensePolicy):
+    name = "lru"
+
+    def __init__(self, n_keys: int, capacity: int, **params):
+        super().__init__(n_keys, capacity, **params)
+        self._last = np.full(self.n_keys, NEVER, dtype=np.int64)
+        self._clock = 0
+
+    def on_access(self, keys, weights=None, now=None) -> None:
+        arr = self._checked(keys, "on_access")
+        self._clock += 1
+        self._last[arr] = self._clock
+
+    def _touch_admitted(self, keys: np.ndarray) -> None:
+        self._clock += 1
+        self._last[keys] = self._clock
+
+    def victims(self, n: int, pinned=None) -> np.ndarray:
+        return coldest(self._candidates(pinned), self._last, None, int(n))
+
+    def rank(self, keys) -> np.ndarray:
+        return hottest_order(self._checked(keys, "rank"), self._last, None)
+
+    def decay(self, now=None, steps: int = 1) -> None:
+        """Recency needs no decay: the clock advances with accesses."""
+
+    def scores(self) -> np.ndarray:
+        return self._last.astype(np.float64)
+
+    def last_access(self) -> np.ndarray:
+        """int64 [n_keys]: clock tick of each key's last use (-1 = never)."""
+        return self._last.copy()
+
+    def reset(self) -> None:
+        super().reset()
+        self._last[:] = NEVER
+        self._clock = 0
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        assert self._last.max(initial=NEVER) <= self._clock, "a last-use tick is in the future"
+        assert self._last.min(initial=NEVER) >= NEVER, "a last-use tick is below NEVER"
