@@ -1,0 +1,158 @@
+"""Preheat: make a fresh store look like the run that wrote the warm file.
+
+Order: the RAM arena first (its rows then feed the pool copies at H2D speed
+instead of disk speed), then up to ``pool_fill`` of the GPU pool, hottest
+first, in batches through the store (``load_arena`` / ``promote``), two pool
+batches in flight so reads of one overlap the copies of the other. Runs before
+the caller captures CUDA graphs; it is not a hot path, but it never holds the
+forward lock across I/O (the store's own calls do the locking).
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import warnings
+from typing import Callable, Optional, Union
+
+import msgspec
+import numpy as np
+
+from .errors import ConfigError
+from .warm_formats import WarmFile
+from .warm_validate import WarmStartWarning, describe_skipped, load_hint
+
+BATCH_ROWS = 64  # one fire's worth (VLLM_MOE_W2_GATE_MAX_PROMOTE)
+
+
+class PreheatSummary(msgspec.Struct):
+    """What a preheat did. ``cold`` is True when the file was not used at all."""
+    source: str
+    kind: str = ""
+    cold: bool = True
+    reason: str = ""
+    pool_rows: int = 0
+    arena_rows: int = 0
+    pool_bytes: int = 0
+    arena_bytes: int = 0
+    seconds: float = 0.0
+    pool_gbps: float = 0.0
+    skipped: dict[str, int] = {}
+
+
+ProgressArg = Union[None, bool, Callable[[int, int], None]]
+
+
+class _Progress:
+    """rich bar on a terminal, a caller's callback, or nothing."""
+
+    def __init__(self, progress: ProgressArg, total: int):
+        self.callback, self.bar, self.task, self.done = None, None, None, 0
+        self.total = total
+        if callable(progress) and not isinstance(progress, bool):
+            self.callback = progress
+        elif progress or (progress is None and sys.stderr.isatty()):
+            from rich.progress import Progress
+            self.bar = Progress(transient=True)
+            self.task = self.bar.add_task("tierstore preheat", total=total)
+            self.bar.start()
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self.callback is not None:
+            self.callback(self.done, self.total)
+        if self.bar is not None:
+            self.bar.update(self.task, advance=n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _batches(keys: np.ndarray, n: int = BATCH_ROWS):
+    for i in range(0, len(keys), n):
+        yield keys[i:i + n]
+
+
+def _resident_count(store, tier: str, keys: np.ndarray) -> int:
+    if not len(keys):
+        return 0
+    res = np.asarray(store.resident_keys(tier), dtype=np.int64).reshape(-1, 2)
+    E = store.pack.n_experts
+    return int(np.isin(keys[:, 0] * E + keys[:, 1], res[:, 0] * E + res[:, 1]).sum())
+
+
+def _arena_capacity(store) -> int:
+    policy = getattr(store, "arena_policy", None)
+    return int(getattr(policy, "capacity", 0) or 0) if policy is not None else 0
+
+
+def preheat(store, src, pool_fill: float = 0.9, progress: ProgressArg = None) -> PreheatSummary:
+    """Fill ``store``'s arena and up to ``pool_fill`` of its pool from ``src``
+    (a poolmon, pool-heat-v1 or arena heat path, or a WarmFile), hottest first.
+
+    A missing, corrupt, mismatched or otherwise unusable file gives one
+    WarmStartWarning naming it and a cold start (``summary.cold``); a read
+    error part-way stops the preheat with a warning, keeping what is resident.
+    Raises ConfigError only for a bad ``pool_fill``.
+    """
+    if not (isinstance(pool_fill, (int, float)) and 0.0 <= float(pool_fill) <= 1.0):
+        raise ConfigError(f"pool_fill {pool_fill!r}: expected a fraction in [0, 1]")
+    path = src.path if isinstance(src, WarmFile) else os.fspath(src)
+    summary = PreheatSummary(source=path)
+    t0 = time.perf_counter()
+    wf = load_hint(src, store.pack, stacklevel=3)
+    if wf is None:
+        summary.reason = "warm-start file unusable (see warning)"
+        return summary
+    summary.kind, summary.cold, summary.skipped = wf.kind, False, dict(wf.skipped)
+
+    # 1. choose rows: the recorded arena (or the pool list when none), then the pool.
+    arena_cap = _arena_capacity(store)
+    arena_src = wf.arena if len(wf.arena) else wf.pool
+    arena_keys = arena_src.keys[:arena_cap] if arena_cap else arena_src.keys[:0]
+    n_pool = min(len(wf.pool), int(math.floor(float(pool_fill) * int(store.n_slots) + 1e-9)))
+    pool_keys = wf.pool.keys[:n_pool]
+    if len(wf.pool) > n_pool:
+        summary.skipped["pool: beyond pool_fill"] = len(wf.pool) - n_pool
+    if len(arena_src) > len(arena_keys) and arena_cap:
+        summary.skipped["arena: beyond arena capacity"] = len(arena_src) - len(arena_keys)
+
+    bar = _Progress(progress, len(arena_keys) + len(pool_keys))
+    slot_bytes = int(store.pack.slot_bytes)
+    t_pool = t0
+    try:
+        # 2. arena rows (host memory only).
+        for batch in _batches(arena_keys):
+            store.load_arena(batch)
+            bar.advance(len(batch))
+        # 3. pool rows, two tickets in flight.
+        t_pool = time.perf_counter()
+        pending = None
+        for batch in _batches(pool_keys):
+            ticket = store.promote(batch)
+            if pending is not None:
+                pending[0].wait()
+                bar.advance(pending[1])
+            pending = (ticket, len(batch))
+        if pending is not None:
+            pending[0].wait()
+            bar.advance(pending[1])
+    except Exception as exc:  # noqa: BLE001 - a warm start is a hint, keep serving
+        summary.reason = f"stopped early: {exc}"
+        warnings.warn(f"{path}: preheat stopped early: {exc}; keeping what is resident",
+                      WarmStartWarning, stacklevel=2)
+    finally:
+        bar.close()
+    t1 = time.perf_counter()
+    summary.seconds = t1 - t0
+    summary.arena_rows = _resident_count(store, "arena", arena_keys) if arena_cap else 0
+    summary.pool_rows = _resident_count(store, "pool", pool_keys)
+    summary.arena_bytes = summary.arena_rows * slot_bytes
+    summary.pool_bytes = summary.pool_rows * slot_bytes
+    if t1 > t_pool and summary.pool_rows:
+        summary.pool_gbps = summary.pool_bytes / (t1 - t_pool) / 1e9
+    if summary.skipped and not summary.reason:
+        summary.reason = "skipped " + describe_skipped(summary.skipped)
+    return summary
