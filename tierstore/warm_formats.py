@@ -152,7 +152,7 @@ def _tier_from_owners(t: TierOwners, path: str, where: str) -> WarmTier:
     heat = np.asarray([o[2] for o in t.owners], dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(heat) | (heat < 0))
     if bad.size:
-        raise FormatError(f"{path}: {where}[{int(bad[0])}]: heat {heat[bad[0]]!r} is not a "
+        raise FormatError(f"{path}: {where}[{int(bad[0])}]: heat {float(heat[bad[0]])!r} is not a "
                           f"finite non-negative number")
     if t.capacity < 0:
         raise FormatError(f"{path}: {where}: capacity {t.capacity} is negative")
