@@ -135,3 +135,32 @@ def test_hybrid_admit_is_vectorised_and_strict():
     lru = policies.make("lru", 8, 4)
     assert lru.admit(1, 2) is True
     assert lru.admit(np.array([1, 2]), np.array([3, 4])).tolist() == [True, True]
+
+
+@pytest.mark.parametrize("name", policies.available())
+@pytest.mark.parametrize("size", [5, 30])  # 30 >= 40/4 takes the scratch-array path
+def test_one_batch_orders_victims_by_count_then_key(name, size):
+    rng = np.random.default_rng(size)
+    keys = rng.integers(0, 40, size)
+    p = policies.make(name, 40, 40)
+    p.on_admit(np.arange(40))  # before the reads: admission stamps LRU's clock
+    p.on_access(keys)
+    counts = np.bincount(keys, minlength=40)
+    touched = counts > 0
+    by_count = sorted(range(40), key=lambda k: (counts[k], k))
+    by_touch = sorted(range(40), key=lambda k: (touched[k], k))
+    assert p.victims(40).tolist() == (by_touch if name == "lru" else by_count)
+    p.check_invariants()
+
+
+@pytest.mark.parametrize("name", policies.available())
+@pytest.mark.parametrize("size", [3, 200])
+def test_out_of_range_access_in_any_batch_size_names_the_key(name, size):
+    p = policies.make(name, 64, 8)
+    keys = np.zeros(size, dtype=np.int64); keys[-1] = 64
+    with pytest.raises(ConfigError, match=r"key 64 out of range \[0, 64\)"):
+        p.on_access(keys)
+    p.check_invariants()
+    p.on_access(np.zeros(size, dtype=np.int64))
+    s = p.scores()
+    assert s[0] > s[1:].max()

@@ -26,8 +26,6 @@ from .dense import DensePolicy, coldest, hottest_order
 
 DEFAULT_HALF_LIFE_STEPS = 375.0  # 5 s (the reference manager's halving) at 75 tok/s
 _RENORM_EXPONENT = 256.0
-# np.add.at beats a full-length bincount until the batch is this share of n_keys.
-_BINCOUNT_SHARE = 0.25
 
 
 class HeatPolicy(DensePolicy):
@@ -70,7 +68,7 @@ class HeatPolicy(DensePolicy):
 
     # -- events ---------------------------------------------------------------
     def on_access(self, keys, weights=None, now=None) -> None:
-        arr = self._checked(keys, "on_access")
+        arr = self._checked_low(keys, "on_access")
         if self.wall_clock and now is not None:
             self._advance_to(float(now) - self._t0)
         self._add_heat(arr, weights)
@@ -78,12 +76,14 @@ class HeatPolicy(DensePolicy):
     def _add_heat(self, arr: np.ndarray, weights) -> None:
         if arr.size == 0:
             return
-        w = None if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
-        if arr.size >= _BINCOUNT_SHARE * self.n_keys:
-            counts = np.bincount(arr, weights=w, minlength=self.n_keys)
-            self._raw += counts * self._gain if self._gain != 1.0 else counts
+        if weights is None:
+            inc = self._gain
         else:
-            np.add.at(self._raw, arr, self._gain if w is None else w * self._gain)
+            inc = np.asarray(weights, dtype=np.float64).reshape(-1) * self._gain
+        try:
+            np.add.at(self._raw, arr, inc)
+        except IndexError:
+            self._raise_out_of_range(arr, "on_access")
 
     # -- decisions --------------------------------------------------------------
     def victims(self, n: int, pinned=None) -> np.ndarray:
