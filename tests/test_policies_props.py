@@ -138,7 +138,7 @@ def test_hybrid_admit_is_vectorised_and_strict():
 
 
 @pytest.mark.parametrize("name", policies.available())
-@pytest.mark.parametrize("size", [5, 30])  # 30 >= 40/4 takes the scratch-array path
+@pytest.mark.parametrize("size", [5, 30])
 def test_one_batch_orders_victims_by_count_then_key(name, size):
     rng = np.random.default_rng(size)
     keys = rng.integers(0, 40, size)

@@ -16,11 +16,6 @@ from .base import Policy
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
-# A batch of at least this share of n_keys takes the scratch-array path (one
-# scatter, then dense passes) instead of scattering into each state array.
-LARGE_BATCH_SHARE = 0.25
-
-
 def as_keys(keys) -> np.ndarray:
     """``keys`` as a flat int64 array (no copy when it already is one)."""
     arr = np.asarray(keys)
@@ -69,7 +64,6 @@ class DensePolicy(Policy):
         super().__init__(n_keys, capacity)
         self._resident = np.zeros(self.n_keys, dtype=bool)
         self._n_resident = 0
-        self._scratch = np.zeros(self.n_keys, dtype=np.float64)
 
     # -- helpers for subclasses -------------------------------------------
     def _checked(self, keys, what: str) -> np.ndarray:
@@ -91,17 +85,6 @@ class DensePolicy(Policy):
         bad = arr[(arr < 0) | (arr >= self.n_keys)][0]
         raise ConfigError(f"policy {self.name!r}.{what}: key {int(bad)} out of range "
                           f"[0, {self.n_keys})")
-
-    def _touched(self, arr: np.ndarray, weights=None) -> np.ndarray:
-        """float64 [n_keys] scratch: per-key sum of ``weights`` (1 each) over
-        ``arr``. One scatter (np.add.at's fast path, ~2x cheaper here than a
-        fancy-index store or bincount); the caller must ``fill(0)`` it after use."""
-        try:
-            np.add.at(self._scratch, arr, 1.0 if weights is None else weights)
-        except IndexError:
-            self._scratch.fill(0.0)
-            self._raise_out_of_range(arr, "on_access")
-        return self._scratch
 
     def _candidates(self, pinned: np.ndarray | None) -> np.ndarray:
         if pinned is None:

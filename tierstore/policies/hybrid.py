@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dense import LARGE_BATCH_SHARE, coldest, hottest_order
+from .dense import coldest, hottest_order
 from .heat import HeatPolicy
 
 
@@ -44,16 +44,8 @@ class HybridPolicy(HeatPolicy):
         if self.wall_clock and now is not None:
             self._advance_to(float(now) - self._t0)
         self._clock += 1
-        if arr.size < LARGE_BATCH_SHARE * self.n_keys:
-            self._add_heat(arr, weights)
-            self._last[arr] = self._clock
-            return
-        # Large batch: one scatter into the scratch array, then dense passes.
-        w = None if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
-        touched = self._touched(arr, w)
-        self._raw += touched * self._gain
-        self._last[touched != 0] = self._clock  # (an access of weight 0 does not stamp)
-        touched.fill(0.0)
+        self._add_heat(arr, weights)    # raises on a key >= n_keys before the stamp
+        self._last[arr] = self._clock
 
     def victims(self, n: int, pinned=None) -> np.ndarray:
         return coldest(self._candidates(pinned), self._raw, self._last, int(n))

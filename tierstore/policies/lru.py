@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dense import LARGE_BATCH_SHARE, DensePolicy, coldest, hottest_order
+from .dense import DensePolicy, coldest, hottest_order
 
 NEVER = -1
 
@@ -29,15 +29,10 @@ class LRUPolicy(DensePolicy):
     def on_access(self, keys, weights=None, now=None) -> None:
         arr = self._checked_low(keys, "on_access")
         self._clock += 1
-        if arr.size >= LARGE_BATCH_SHARE * self.n_keys:
-            touched = self._touched(arr)
-            self._last[touched > 0] = self._clock
-            touched.fill(0.0)
-        else:
-            try:
-                self._last[arr] = self._clock
-            except IndexError:
-                self._raise_out_of_range(arr, "on_access")
+        try:
+            self._last[arr] = self._clock  # one scatter; repeats are harmless
+        except IndexError:
+            self._raise_out_of_range(arr, "on_access")
 
     def _touch_admitted(self, keys: np.ndarray) -> None:
         self._clock += 1
