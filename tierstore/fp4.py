@@ -242,20 +242,24 @@ def _frag_check(n: int, k: int) -> None:
 
 
 def to_fragmajor(q: torch.Tensor) -> torch.Tensor:
-    """Linear q [N, K/2] -> fragment-major bytes [N/16, K/64, 512]."""
-    n, k = q.shape[0], q.shape[1] * 2
+    """Linear q [..., N, K/2] -> fragment-major bytes [..., N/16, K/64, 512]."""
+    lead, n, k = q.shape[:-2], q.shape[-2], q.shape[-1] * 2
     _frag_check(n, k)
-    nib = unpack_nibbles(q).reshape(n // 16, 16, k // 64, 64).permute(0, 2, 1, 3)
-    nib = nib.reshape(n // 16, k // 64, 1024)[..., _FRAG_SRC.to(q.device)]
-    return pack_nibbles(nib)
+    nib = unpack_nibbles(q).reshape(-1, n // 16, 16, k // 64, 64).permute(0, 1, 3, 2, 4)
+    nib = nib.reshape(-1, n // 16, k // 64, 1024)[..., _FRAG_SRC.to(q.device)]
+    return pack_nibbles(nib).reshape(*lead, n // 16, k // 64, 512)
 
 
 def from_fragmajor(fq: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """Fragment-major bytes (any shape, N*K/2 bytes) -> linear q [N, K/2] (inspection)."""
+    """Fragment-major bytes of one or more [N, K] matrices -> linear q [..., N, K/2].
+
+    ``fq`` is [..., N/16, K/64, 512] or [..., N*K/2]; used for inspection and decode."""
     _frag_check(n, k)
-    nib = unpack_nibbles(fq.reshape(n // 16, k // 64, 512))[..., _FRAG_DST.to(fq.device)]
-    nib = nib.reshape(n // 16, k // 64, 16, 64).permute(0, 2, 1, 3).reshape(n, k)
-    return pack_nibbles(nib)
+    lead = fq.shape[:-3] if fq.dim() >= 3 and tuple(fq.shape[-3:]) == (n // 16, k // 64, 512) \
+        else fq.shape[:-1]
+    nib = unpack_nibbles(fq.reshape(-1, n // 16, k // 64, 512))[..., _FRAG_DST.to(fq.device)]
+    nib = nib.reshape(-1, n // 16, k // 64, 16, 64).permute(0, 1, 3, 2, 4).reshape(-1, n, k)
+    return pack_nibbles(nib).reshape(*lead, n, k // 2)
 
 
 # ---- expert rows -----------------------------------------------------------------
@@ -309,14 +313,19 @@ def _as_torch(a) -> torch.Tensor:
     return a if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a))
 
 
-def encode_expert(w13, w2, tag: str = "fp4", order: str = "linear") -> np.ndarray:
-    """w13 [2I, H], w2 [H, I] float -> one row, np.uint8 [row_bytes(tag, H, I)]."""
+def encode_experts(w13, w2, tag: str = "fp4", order: str = "linear") -> np.ndarray:
+    """w13 [..., 2I, H], w2 [..., H, I] float -> rows np.uint8 [..., row_bytes(tag, H, I)].
+
+    Vectorised over the leading dims (e.g. [n_layers, n_experts])."""
     w13, w2 = _as_torch(w13).cpu(), _as_torch(w2).cpu()
-    H = w13.shape[1]
-    I = w13.shape[0] // 2
-    if w13.shape != (2 * I, H) or w2.shape != (H, I):
+    if w13.dim() < 2 or w2.dim() != w13.dim():
         raise ConfigError(f"expert shapes w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}: "
-                          f"expected [2I, H] and [H, I]")
+                          f"expected [..., 2I, H] and [..., H, I]")
+    lead, H, I = w13.shape[:-2], w13.shape[-1], w13.shape[-2] // 2
+    if tuple(w13.shape[-2:]) != (2 * I, H) or tuple(w2.shape) != (*lead, H, I):
+        raise ConfigError(f"expert shapes w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}: "
+                          f"expected [..., 2I, H] and [..., H, I] with the same leading dims")
+    secs = row_sections(tag, H, I, order)
     parts = {}
     for name, w in (("w13", w13), ("w2", w2)):
         if tag == "base":
@@ -325,25 +334,37 @@ def encode_expert(w13, w2, tag: str = "fp4", order: str = "linear") -> np.ndarra
             q, s = quantize_mxfp4(w)
             parts[f"{name}.q"] = q if order == "linear" else to_fragmajor(q)
             parts[f"{name}.s"] = s
-    secs = row_sections(tag, H, I, order)
-    return np.concatenate([parts[s.name].reshape(-1).numpy() for s in secs]).astype(np.uint8)
+    flat = [parts[s.name].reshape(*lead, -1) for s in secs]
+    return torch.cat(flat, dim=-1).numpy().astype(np.uint8, copy=False)
+
+
+def encode_expert(w13, w2, tag: str = "fp4", order: str = "linear") -> np.ndarray:
+    """w13 [2I, H], w2 [H, I] float -> one row, np.uint8 [row_bytes(tag, H, I)]."""
+    if _as_torch(w13).dim() != 2:
+        raise ConfigError(f"encode_expert: w13 must be 2-D [2I, H], found {tuple(_as_torch(w13).shape)}")
+    return encode_experts(w13, w2, tag, order)
 
 
 def split_row(row, tag: str, H: int, I: int, order: str = "linear") -> dict[str, torch.Tensor]:
-    """Views of a row's sections (torch uint8, shaped), on the row's device."""
-    r = _as_torch(row).reshape(-1)
+    """Views of the sections of one row [bytes] or many rows [..., bytes] (torch uint8,
+    shaped [..., *section.shape]), on the rows' device. Extra trailing bytes (a pool
+    slot larger than the row) are ignored."""
+    r = _as_torch(row)
+    if r.dim() == 0:
+        r = r.reshape(1)
     secs = row_sections(tag, H, I, order)
     need = secs[-1].offset + secs[-1].bytes
-    if r.numel() < need or r.dtype != torch.uint8:
-        raise FormatError(f"{tag} row for H={H}, I={I}: {r.numel()} bytes of {r.dtype}, "
+    if r.shape[-1] < need or r.dtype != torch.uint8:
+        raise FormatError(f"{tag} row for H={H}, I={I}: {r.shape[-1]} bytes of {r.dtype}, "
                           f"expected at least {need} uint8")
-    return {s.name: r[s.offset:s.offset + s.bytes].reshape(s.shape) for s in secs}
+    lead = r.shape[:-1]
+    return {s.name: r[..., s.offset:s.offset + s.bytes].reshape(*lead, *s.shape) for s in secs}
 
 
 def decode_expert(row, tag: str, H: int, I: int, order: str = "linear",
                   scales: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row -> (w13 [2I, H], w2 [H, I]) float32. ``delta`` rows need
-    ``scales=(w13_s, w2_s)`` since their scales live elsewhere."""
+    """Row(s) [..., bytes] -> (w13 [..., 2I, H], w2 [..., H, I]) float32. ``delta`` rows
+    need ``scales=(w13_s, w2_s)`` since their scales live elsewhere."""
     p = split_row(row, tag, H, I, order)
     if tag == "delta":
         if scales is None:
@@ -358,3 +379,6 @@ def decode_expert(row, tag: str, H: int, I: int, order: str = "linear",
             q = q if order == "linear" else from_fragmajor(q, n, k)
             out.append(dequantize_mxfp4(q, p[f"{name}.s"]))
     return out[0], out[1]
+
+
+decode_experts = decode_expert   # same function; the plural reads better for batches
