@@ -9,6 +9,7 @@ forward lock across I/O (the store's own calls do the locking).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -88,14 +89,28 @@ def _arena_capacity(store) -> int:
     return int(getattr(policy, "capacity", 0) or 0) if policy is not None else 0
 
 
-def preheat(store, src, pool_fill: float = 0.9, progress: ProgressArg = None) -> PreheatSummary:
+def _seed_heat(store, policy_name: str, keys: np.ndarray, heat: np.ndarray) -> None:
+    """Give the tier policy the file's heat for the rows just loaded. Without
+    it a preheated row has no history and is the first victim of the first
+    misses, which undoes the warm start in the first steps (bench_warm.py)."""
+    policy = getattr(store, policy_name, None)
+    if policy is None or not len(keys):
+        return
+    lock = getattr(store, "lock", None)
+    with (lock if lock is not None else contextlib.nullcontext()):
+        policy.on_access(keys[:, 0] * store.pack.n_experts + keys[:, 1], weights=heat)
+
+
+def preheat(store, src, pool_fill: float = 0.9, progress: ProgressArg = None,
+            seed_heat: bool = True) -> PreheatSummary:
     """Fill ``store``'s arena and up to ``pool_fill`` of its pool from ``src``
     (a poolmon, pool-heat-v1 or arena heat path, or a WarmFile), hottest first.
 
     A missing, corrupt, mismatched or otherwise unusable file gives one
     WarmStartWarning naming it and a cold start (``summary.cold``); a read
     error part-way stops the preheat with a warning, keeping what is resident.
-    Raises ConfigError only for a bad ``pool_fill``.
+    With ``seed_heat`` the tier policies get the file's heat for the rows
+    loaded (see ``_seed_heat``). Raises ConfigError only for a bad ``pool_fill``.
     """
     if not (isinstance(pool_fill, (int, float)) and 0.0 <= float(pool_fill) <= 1.0):
         raise ConfigError(f"pool_fill {pool_fill!r}: expected a fraction in [0, 1]")
@@ -112,8 +127,9 @@ def preheat(store, src, pool_fill: float = 0.9, progress: ProgressArg = None) ->
     arena_cap = _arena_capacity(store)
     arena_src = wf.arena if len(wf.arena) else wf.pool
     arena_keys = arena_src.keys[:arena_cap] if arena_cap else arena_src.keys[:0]
+    arena_heat = arena_src.heat[:len(arena_keys)]
     n_pool = min(len(wf.pool), int(math.floor(float(pool_fill) * int(store.n_slots) + 1e-9)))
-    pool_keys = wf.pool.keys[:n_pool]
+    pool_keys, pool_heat = wf.pool.keys[:n_pool], wf.pool.heat[:n_pool]
     if len(wf.pool) > n_pool:
         summary.skipped["pool: beyond pool_fill"] = len(wf.pool) - n_pool
     if len(arena_src) > len(arena_keys) and arena_cap:
@@ -139,6 +155,9 @@ def preheat(store, src, pool_fill: float = 0.9, progress: ProgressArg = None) ->
         if pending is not None:
             pending[0].wait()
             bar.advance(pending[1])
+        if seed_heat:
+            _seed_heat(store, "arena_policy", arena_keys, arena_heat)
+            _seed_heat(store, "pool_policy", pool_keys, pool_heat)
     except Exception as exc:  # noqa: BLE001 - a warm start is a hint, keep serving
         summary.reason = f"stopped early: {exc}"
         warnings.warn(f"{path}: preheat stopped early: {exc}; keeping what is resident",
