@@ -1,0 +1,309 @@
+#include "tierstore/engine.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "tierstore/detail/batch_row.hpp"
+#include "tierstore/detail/cuda_copy.hpp"
+#include "tierstore/detail/stage_ring.hpp"
+#include "tierstore/detail/task_queue.hpp"
+#include "tierstore/error.hpp"
+
+namespace tierstore {
+
+using detail::CopyStream;
+using detail::kDirectAlign;
+using detail::Task;
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int latency_bucket(int64_t ns) {
+  const uint64_t us = ns > 0 ? uint64_t(ns) / 1000 : 0;
+  const int b = us == 0 ? 0 : 64 - __builtin_clzll(us);
+  return b < kLatencyBuckets ? b : kLatencyBuckets - 1;
+}
+
+std::string describe(const std::string& path, const Batch::Row& row, const char* what,
+                     int64_t at, int err) {
+  char head[160];
+  std::snprintf(head, sizeof head, ": row %lld (%llu B at %#llx): %s at offset %#llx: ",
+                (long long)row.index, (unsigned long long)row.length,
+                (unsigned long long)row.row_offset, what, (unsigned long long)at);
+  return path + head + detail::errno_text(err);
+}
+
+// Splits [0, length) of a row at file offset `file_offset` into read tasks: the
+// first one ends on a chunk boundary of the file so every later task starts
+// page-aligned (the O_DIRECT middle stays aligned).
+void chunk_row(Batch* batch, uint32_t row, int64_t file_offset, uint64_t length, size_t chunk,
+               std::vector<Task>& out) {
+  uint64_t begin = 0;
+  if (file_offset >= 0) {
+    const uint64_t first_end = uint64_t(file_offset) / chunk * chunk + chunk - uint64_t(file_offset);
+    begin = std::min<uint64_t>(first_end, length);
+    out.push_back(Task{batch, row, 0, begin});
+  }
+  for (; begin < length; begin += chunk)
+    out.push_back(Task{batch, row, begin, std::min<uint64_t>(chunk, length - begin)});
+}
+
+}  // namespace
+
+Engine::Engine(const std::string& path, const EngineOptions& options)
+    : options_(options), reader_(path, options.direct) {
+  TS_EXPECT(options.threads >= 1 && options.threads <= 512, "Engine: threads must be in 1..512");
+  TS_EXPECT(options.chunk_bytes >= kDirectAlign && options.chunk_bytes % kDirectAlign == 0,
+            "Engine: chunk_bytes must be a positive multiple of 4096");
+  TS_EXPECT(options.stage_bytes >= kDirectAlign && options.stage_bytes % kDirectAlign == 0,
+            "Engine: stage_bytes must be a positive multiple of 4096");
+  TS_EXPECT(options.stage_count >= 1, "Engine: stage_count must be >= 1");
+  if (options.device >= 0) stream_ = std::make_unique<CopyStream>(options.device);
+  stages_ = std::make_unique<detail::StageRing>(options.stage_bytes, options.stage_count,
+                                                stream_.get());
+  tasks_ = std::make_unique<detail::TaskQueue>();
+  staged_rows_ = std::make_unique<detail::TaskQueue>();
+  for (int i = 0; i < options.threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  dispatcher_ = std::thread([this] { dispatcher_loop(); });
+}
+
+Engine::~Engine() { close(); }
+
+uintptr_t Engine::copy_stream_handle() const noexcept { return stream_ ? stream_->handle() : 0; }
+
+std::shared_ptr<Batch> Engine::submit(const int64_t* file_offsets, const uint64_t* lengths,
+                                      const uint64_t* src, const uint64_t* dst, size_t n,
+                                      bool dst_device) {
+  if (closing_.load()) throw std::runtime_error(reader_.path() + ": engine is closed");
+  TS_EXPECT(!dst_device || stream_, "submit: dst_device=True on an engine without a CUDA device");
+  // 1. Validate every row and count internal rows (staged rows split by stage size).
+  const uint64_t stage = options_.stage_bytes;
+  size_t n_rows = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool staged = file_offsets[i] >= 0 && src[i] == 0 && (dst_device || dst[i] == 0);
+    if (file_offsets[i] < -1 || lengths[i] == 0 || (file_offsets[i] == -1 && src[i] == 0) ||
+        (file_offsets[i] >= 0 && uint64_t(file_offsets[i]) + lengths[i] < lengths[i])) {
+      char msg[200];
+      std::snprintf(msg, sizeof msg, "submit: row %zu: file_offset %lld, length %llu, src %#llx: "
+                    "expected offset >= 0 (or -1 with a src) and length > 0", i,
+                    (long long)file_offsets[i], (unsigned long long)lengths[i],
+                    (unsigned long long)src[i]);
+      TS_EXPECT(false, msg);
+    }
+    n_rows += staged ? (lengths[i] + stage - 1) / stage : 1;
+  }
+  auto batch = std::make_shared<Batch>();
+  batch->path_ = reader_.path();
+  batch->t_submit_ns_ = now_ns();
+  batch->rows_.reset(new Batch::Row[n_rows]);
+  batch->n_rows_ = n_rows;
+  batch->rows_left_.store(int64_t(n_rows));
+  batches_.fetch_add(1, std::memory_order_relaxed);
+  if (n_rows == 0) {
+    batch->done_.store(true);
+    return batch;
+  }
+  batch->has_h2d_ = dst_device;
+  if (dst_device) batch->event_ = CopyStream::create_event();
+  batch->self_ = batch;
+
+  // 2. Build internal rows.
+  size_t r = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool staged = file_offsets[i] >= 0 && src[i] == 0 && (dst_device || dst[i] == 0);
+    const uint64_t piece = staged ? stage : lengths[i];
+    for (uint64_t done = 0; done < lengths[i]; done += piece, ++r) {
+      Batch::Row& row = batch->rows_[r];
+      row.index = int64_t(i);
+      row.row_offset = file_offsets[i];
+      row.file_offset = file_offsets[i] < 0 ? -1 : file_offsets[i] + int64_t(done);
+      row.length = std::min<uint64_t>(piece, lengths[i] - done);
+      row.dst = dst[i] ? reinterpret_cast<uint8_t*>(dst[i]) + done : nullptr;
+      row.dst_device = dst_device;
+      // Host destination and no caller src: the read lands in dst directly.
+      uint8_t* land = src[i] ? reinterpret_cast<uint8_t*>(src[i]) + done
+                             : (!dst_device ? row.dst : nullptr);
+      row.read_buf = land;
+    }
+  }
+
+  // 3. Dispatch: arena rows to the device now; reads and host copies to the
+  //    reader threads; rows needing a staging buffer to the dispatcher.
+  std::vector<Task> tasks, staged;
+  tasks.reserve(n_rows * 4);
+  std::vector<uint32_t> ready_now;
+  for (uint32_t k = 0; k < n_rows; ++k) {
+    Batch::Row& row = batch->rows_[k];
+    if (row.file_offset < 0 && (row.dst == nullptr || row.dst_device)) {
+      ready_now.push_back(k);  // arena -> GPU (copied in finish_row) or nothing to do
+    } else if (row.file_offset >= 0 && row.read_buf == nullptr) {
+      staged.push_back(Task{batch.get(), k, 0, row.length});
+    } else {
+      const size_t before = tasks.size();
+      chunk_row(batch.get(), k, row.file_offset, row.length, options_.chunk_bytes, tasks);
+      row.chunks_left.store(int(tasks.size() - before), std::memory_order_relaxed);
+    }
+  }
+  if (!ready_now.empty()) {
+    // Arena copies are issued from this (caller's) thread: keep its device as found.
+    const int previous = stream_ ? detail::cuda_get_device() : -1;
+    if (stream_) stream_->bind_thread();
+    for (uint32_t k : ready_now) finish_row(batch.get(), k);
+    if (stream_ && previous >= 0 && previous != options_.device) detail::cuda_set_device(previous);
+  }
+  // A close() racing this submit refuses the queues: the tasks then run here,
+  // where they see closing_ and cancel, so the batch still completes.
+  if (!tasks_->push(tasks.data(), tasks.size()))
+    for (const Task& t : tasks) run_task(t);
+  if (!staged_rows_->push(staged.data(), staged.size())) {
+    for (const Task& t : staged) {
+      Batch::Row& row = batch->rows_[t.row];
+      batch->fail_row(row, ECANCELED, row.file_offset,
+                      describe(reader_.path(), row, "cancelled", row.file_offset, ECANCELED));
+      finish_row(batch.get(), t.row);
+    }
+  }
+  return batch;
+}
+
+void Engine::worker_loop() {
+  if (stream_) stream_->bind_thread();
+  Task task;
+  while (tasks_->pop(task)) run_task(task);
+}
+
+void Engine::dispatcher_loop() {
+  if (stream_) stream_->bind_thread();
+  Task task;
+  std::vector<Task> chunks;
+  while (staged_rows_->pop(task)) {
+    Batch::Row& row = task.batch->rows_[task.row];
+    detail::Stage* stage = nullptr;
+    std::string why = "cancelled";
+    if (!closing_.load() && !task.batch->cancelled_.load()) {
+      try {
+        stage = stages_->acquire(closing_);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    if (!stage) {
+      const int err = why == "cancelled" ? ECANCELED : ENOMEM;
+      task.batch->fail_row(row, err, row.file_offset,
+                           describe(reader_.path(), row, why.c_str(), row.file_offset, err));
+      finish_row(task.batch, task.row);
+      continue;
+    }
+    row.stage = stage;
+    row.read_buf = stage->buffer.data();
+    chunks.clear();
+    chunk_row(task.batch, task.row, row.file_offset, row.length, options_.chunk_bytes, chunks);
+    row.chunks_left.store(int(chunks.size()), std::memory_order_relaxed);
+    tasks_->push(chunks.data(), chunks.size());  // open until this thread is joined
+  }
+}
+
+void Engine::run_task(const Task& task) {
+  Batch* batch = task.batch;
+  Batch::Row& row = batch->rows_[task.row];
+  if (closing_.load(std::memory_order_relaxed) || batch->cancelled_.load(std::memory_order_relaxed)) {
+    const int64_t at = row.file_offset >= 0 ? row.file_offset + int64_t(task.begin) : -1;
+    batch->fail_row(row, ECANCELED, at, describe(reader_.path(), row, "cancelled", at, ECANCELED));
+  } else if (row.err.load(std::memory_order_relaxed) == 0) {  // a failed row reads no further
+    if (row.file_offset >= 0) {
+      int64_t at = -1;
+      bool cached = true;
+      const int64_t offset = row.file_offset + int64_t(task.begin);
+      int rc = reader_.read_exact(row.read_buf + task.begin, task.length, offset, &at, &cached);
+      if (rc != 0) {
+        batch->fail_row(row, rc, at, describe(reader_.path(), row,
+                        rc == ENODATA ? "unexpected end of file" : "read", at, rc));
+      } else {
+        if (!cached) row.all_cached.store(false, std::memory_order_relaxed);
+        if (row.dst && !row.dst_device && row.dst != row.read_buf) {
+          std::memcpy(row.dst + task.begin, row.read_buf + task.begin, task.length);
+          host_copy_bytes_.fetch_add(task.length, std::memory_order_relaxed);
+        }
+      }
+    } else {  // arena row into host memory
+      std::memcpy(row.dst + task.begin, row.read_buf + task.begin, task.length);
+      host_copy_bytes_.fetch_add(task.length, std::memory_order_relaxed);
+    }
+  }
+  if (row.chunks_left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_row(batch, task.row);
+}
+
+void Engine::finish_row(Batch* batch, uint32_t k) {
+  Batch::Row& row = batch->rows_[k];
+  bool copy_issued = false;
+  if (row.err.load(std::memory_order_acquire) == 0 && row.dst && row.dst_device) {
+    const int code = stream_->memcpy_h2d(row.dst, row.read_buf, row.length);
+    if (code != 0) {
+      batch->fail_row(row, EIO, row.file_offset,
+                      describe(reader_.path(), row, ("H2D copy: " + CopyStream::error_string(code)).c_str(),
+                               row.file_offset, EIO));
+    } else {
+      copy_issued = true;
+      h2d_bytes_.fetch_add(row.length, std::memory_order_relaxed);
+    }
+  }
+  if (row.stage) {
+    if (copy_issued) stages_->release_after_copy(row.stage); else stages_->release_now(row.stage);
+    row.stage = nullptr;
+  }
+  if (row.err.load(std::memory_order_acquire) == 0) {
+    const Source source = row.file_offset < 0 ? Source::arena
+                          : row.all_cached.load(std::memory_order_relaxed) ? Source::pagecache
+                                                                           : Source::disk;
+    record_row(batch, row, source);
+  } else {
+    failed_rows_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (batch->rows_left_.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->finish(stream_.get());
+}
+
+void Engine::record_row(Batch* batch, const Batch::Row& row, Source source) {
+  AtomicSource& s = source_stats_[int(source)];
+  s.rows.fetch_add(1, std::memory_order_relaxed);
+  s.bytes.fetch_add(row.length, std::memory_order_relaxed);
+  s.hist[latency_bucket(now_ns() - batch->t_submit_ns_)].fetch_add(1, std::memory_order_relaxed);
+}
+
+EngineStats Engine::stats() const {
+  EngineStats out;
+  for (int i = 0; i < kSourceCount; ++i) {
+    out.source[i].rows = source_stats_[i].rows.load();
+    out.source[i].bytes = source_stats_[i].bytes.load();
+    for (int b = 0; b < kLatencyBuckets; ++b) out.source[i].latency_hist[b] = source_stats_[i].hist[b].load();
+  }
+  out.batches = batches_.load();
+  out.failed_rows = failed_rows_.load();
+  out.h2d_bytes = h2d_bytes_.load();
+  out.host_copy_bytes = host_copy_bytes_.load();
+  return out;
+}
+
+void Engine::close() {
+  std::lock_guard<std::mutex> lock(close_mutex_);
+  if (closing_.exchange(true)) return;
+  // The dispatcher first (it fails its rows and pushes nothing more), then the
+  // readers (they fail what is queued; syscalls in flight finish), then the
+  // copies already on the stream.
+  staged_rows_->close();
+  stages_->wake_all();
+  if (dispatcher_.joinable()) dispatcher_.join();
+  tasks_->close();
+  for (auto& t : workers_) if (t.joinable()) t.join();
+  workers_.clear();
+  if (stream_) stream_->synchronize();
+}
+
+}  // namespace tierstore
