@@ -179,7 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pool-gb", type=float, default=6.0)
     ap.add_argument("--slot-bytes", type=int, default=12 << 20)
-    ap.add_argument("--dir", default=None, help="where the preheat pack is written")
+    ap.add_argument("--dir", default=None,
+                    help="where the preheat pack is written (default: a temp dir under the cwd)")
     args = ap.parse_args(argv)
     warnings.simplefilter("error")  # a warning here means the bench measured a cold start
     if args.preheat:
