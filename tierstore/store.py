@@ -1,0 +1,474 @@
+"""ExpertStore: the three tiers (VRAM pool, pinned RAM arena, pack on disk) as one store.
+
+Calls and who makes them::
+
+    record(layer, topk_ids)   forward thread, every MoE layer: heat only, no I/O
+    fire(routed)              forward thread, on an uncertain step: synchronous promotion
+    release(fire_result)      forward thread, when the re-run step is done
+    step()                    forward thread, end of a decode step: lazy promotions, decay
+    promote(keys) -> Ticket   any thread: asynchronous, the background worker does the I/O
+
+Locking: ``store.lock`` (an RLock) guards the bookkeeping (slot state, the host
+mirror of the slot table, pins, policies, counters). It is held for array work
+only: slots are reserved under it, the reads happen with it released, and it is
+taken again to publish or roll back (``tierstore.store_io``). Nothing holding it
+reads the disk or waits for a read.
+
+Heat: ``record`` only queues the ids (CPU) or adds them into a device counter
+(CUDA, capturable in a CUDA graph); they are folded into the policies and the
+hit counters, vectorised, at the next fire / step / stats call. Ids < 0 (padding)
+are ignored.
+
+Errors: bad keys raise ConfigError / FormatError (tierstore.pack.check_keys); a
+failed read raises TierIOError naming the file, offset, layer and expert, after
+every slot the batch took is back (nothing is published); use after close()
+raises ClosedError.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from . import settings
+from .errors import ClosedError, ConfigError
+from .store_config import StoreConfig
+from .store_io import Mover
+from .store_stats import Counters, FireResult, StoreStats, TierStats  # noqa: F401 (re-export)
+
+log = logging.getLogger("tierstore.store")
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+class Ticket:
+    """Handle of an asynchronous promotion. ``wait`` re-raises the promotion's error."""
+
+    def __init__(self, requested: int):
+        self.requested = int(requested)
+        self.promoted = 0
+        self._error: BaseException | None = None
+        self._event = threading.Event()
+
+    def _finish(self, promoted: int = 0, error: BaseException | None = None) -> None:
+        self.promoted, self._error = int(promoted), error
+        self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the promotion finished (False on timeout); raises its error."""
+        if not self._event.wait(timeout):
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+
+class ExpertStore:
+    """Expert rows of one pack in a VRAM pool + RAM arena; see the module docstring
+    and ../shared/DESIGN.md for the contract."""
+
+    def __init__(self, pack, vram_slots=None, vram_gb=None, ram_gb=0.0, policy=None,
+                 device="cuda", max_promote=None, top_k=None, n_spec=0, max_seqs=1,
+                 force=False, warm_start=None, **options):
+        cfg = StoreConfig.build(pack, vram_slots=vram_slots, vram_gb=vram_gb, ram_gb=ram_gb,
+                                policy=policy, device=device, max_promote=max_promote,
+                                top_k=top_k, n_spec=n_spec, max_seqs=max_seqs, force=force,
+                                options=options)
+        self.config = cfg
+        self.pack = pack
+        self.device = cfg.device
+        self.n_slots, self.slot_bytes = cfg.n_slots, int(pack.slot_bytes)
+        self.max_promote = cfg.max_promote
+        self._E, self._L = int(pack.n_experts), int(pack.n_layers)
+        self._n_keys = self._E * self._L
+        self._written = np.repeat(np.asarray(pack.written, dtype=bool), self._E)
+        self.lock = threading.RLock()
+        self._idle = threading.Condition(self.lock)
+        self._active = 0
+        self._closed = False
+        self.step_count = 0
+        self.counters = Counters(cfg.latency_window)
+        self.engine, self._owns_engine = cfg.open_engine(pack)
+        try:
+            self._pool, self._arena = cfg.allocate_tiers(pack, self.engine)
+        except BaseException:
+            if self._owns_engine:
+                self.engine.close()
+            raise
+        self.pool_policy, self.arena_policy = self._pool.policy, self._arena.policy
+        self._stream = cfg.consumer_stream()
+        self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
+                            self.counters, cfg.scan_keep)
+        # record(): host ids queue (deque append/popleft are thread-safe) and a device
+        # counter [n_keys + 1] (last bucket: out-of-range ids) that graphs may capture.
+        self._pending: deque = deque()
+        self._dev_counts = None
+        self._dev_one = None
+        self._seen: list[np.ndarray] = []
+        self._prefill: FireResult | None = None
+        self._lazy_busy = False
+        self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._work, name="tierstore-store", daemon=True)
+        self._worker.start()
+        if warm_start is not None:
+            self.preheat(warm_start)
+
+    # -- views -------------------------------------------------------------------------
+    @property
+    def pool(self) -> torch.Tensor:
+        return self._pool.pool
+
+    @property
+    def slot_table(self) -> torch.Tensor:
+        return self._pool.slot_table
+
+    @property
+    def n_arena_rows(self) -> int:
+        return self._arena.n_slots
+
+    @property
+    def arena(self):
+        return self._arena
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def resident_keys(self, tier: str = "pool") -> np.ndarray:
+        """int64 [N, 2] (layer, expert) of the tier's resident rows, hottest first."""
+        states = {"pool": self._pool, "arena": self._arena}.get(tier)
+        if states is None:
+            raise ConfigError(f"resident_keys: tier must be 'pool' or 'arena', found {tier!r}")
+        with self.lock:
+            dense = states.resident_keys()
+        return np.stack([dense // self._E, dense % self._E], axis=1)
+
+    # -- record ------------------------------------------------------------------------
+    def record(self, layer: int, topk_ids) -> None:
+        """Routing of one MoE layer was observed. Heat only: no I/O, no lock, no host
+        sync (a CUDA tensor is counted on the device). ``topk_ids`` [T, k] ints."""
+        if self._closed:
+            raise ClosedError(f"{self.pack.path}: record() on a closed store")
+        if not 0 <= layer < self._L:
+            raise ConfigError(f"record: layer {layer} out of range [0, {self._L})")
+        if isinstance(topk_ids, torch.Tensor):
+            if topk_ids.device.type != "cpu":
+                self._record_device(layer, topk_ids)
+                return
+            ids = topk_ids.numpy()
+        else:
+            ids = np.asarray(topk_ids)
+        if ids.size and int(ids.max()) >= self._E:
+            raise ConfigError(f"record(layer {layer}): expert id {int(ids.max())} out of range "
+                              f"[0, {self._E})")
+        self._pending.append((layer, ids.copy()))
+
+    def _record_device(self, layer: int, ids: torch.Tensor) -> None:
+        if self._dev_counts is None:
+            with self.lock:
+                if self._dev_counts is None:
+                    self._dev_one = torch.ones((), dtype=torch.int32, device=ids.device)
+                    self._dev_counts = torch.zeros(self._n_keys + 1, dtype=torch.int32,
+                                                   device=ids.device)
+        flat = ids.reshape(-1).to(torch.int64)
+        ok = (flat >= 0) & (flat < self._E)
+        keys = torch.where(ok, flat + layer * self._E, self._n_keys)
+        keys = torch.where(flat < 0, self._n_keys, keys)
+        self._dev_counts.index_put_((keys,), self._dev_one, accumulate=True)
+
+    def _take_records(self) -> np.ndarray:
+        """Token counts per key since the last call (caller holds the lock)."""
+        n = len(self._pending)
+        counts = None
+        if n:
+            items = [self._pending.popleft() for _ in range(n)]
+            arrays = [a.reshape(-1) for _, a in items]
+            sizes = np.fromiter((a.size for a in arrays), np.int64, n)
+            base = np.fromiter((l for l, _ in items), np.int64, n) * self._E
+            ids = np.concatenate(arrays).astype(np.int64, copy=False)
+            keys = np.repeat(base, sizes) + ids
+            counts = np.bincount(keys[ids >= 0], minlength=self._n_keys)
+        if self._dev_counts is not None:
+            with self._stream_ctx():
+                snap = self._dev_counts.clone()
+                self._dev_counts.zero_()
+            dev = snap.cpu().numpy().astype(np.int64)  # one host sync per fold, not per record
+            counts = dev[:self._n_keys] if counts is None else counts + dev[:self._n_keys]
+        return counts
+
+    def _fold_records(self) -> None:
+        """Fold queued routing into hit counters and both policies (caller holds the lock)."""
+        counts = self._take_records()
+        if counts is None:
+            return
+        keys = np.flatnonzero(counts)
+        if not len(keys):
+            return
+        weights = counts[keys]
+        self.counters.count_hits(keys, weights, self._pool.resident_slot[keys] >= 0,
+                                 self._arena.resident_slot[keys] >= 0)
+        self._pool.policy.on_access(keys, weights=weights.astype(np.float64))
+        self._arena.policy.on_access(keys, weights=weights.astype(np.float64))
+        self._seen.append(keys)
+
+    # -- fire / release ------------------------------------------------------------------
+    def fire(self, routed, max_promote=None, stream=None) -> FireResult:
+        """Make every routed (layer, expert) resident (at most ``max_promote`` new ones,
+        hottest first, no admission control) and pin them until ``release``. Returns
+        once the reads are done and the copies and table writes are ordered on
+        ``stream`` (default: the store's consumer stream)."""
+        cap = self.max_promote if max_promote is None else int(max_promote)
+        return self._fire(self._dense(routed), cap, stream, scan=False)
+
+    def ensure_resident(self, layer: int, topk_ids, stream=None) -> FireResult:
+        """Prefill: make one layer's routed experts resident as a scan (fills free
+        slots, never evicts the hot share ``scan_keep``), pinned until the next
+        ensure_resident or step()."""
+        ids = np.asarray(topk_ids.cpu() if isinstance(topk_ids, torch.Tensor) else topk_ids)
+        ids = np.unique(ids.reshape(-1))
+        ids = ids[ids >= 0]
+        keys = self._dense(np.stack([np.full(len(ids), int(layer)), ids], axis=1))
+        self._release_prefill()
+        self._prefill = self._fire(keys, self.n_slots, stream, scan=True)
+        return self._prefill
+
+    def release(self, fire_result: FireResult) -> None:
+        """Unpin what ``fire_result`` pinned. Releasing twice is a ConfigError."""
+        with self.lock:
+            self._check_open("release")
+            if fire_result.released:
+                raise ConfigError("release: this FireResult was already released")
+            self._pool.unpin(fire_result.keys)
+            fire_result.released = True
+
+    def _release_prefill(self) -> None:
+        if self._prefill is not None and not self._prefill.released:
+            self.release(self._prefill)
+        self._prefill = None
+
+    def _fire(self, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResult:
+        from .store_fire import run_fire  # the fire's rounds, kept in their own module
+        t0 = time.perf_counter()
+        self._enter("fire")
+        try:
+            result = run_fire(self, keys, cap, self._resolve_stream(stream), scan)
+        finally:
+            self._exit()
+        result.latency_s = time.perf_counter() - t0
+        with self.lock:
+            if not scan:
+                c = self.counters
+                c.fires += 1
+                c.fire_promoted += result.promoted
+                c.fire_over_cap += result.over_cap + result.no_slot
+                c.fire_latency.append(result.latency_s)
+        return result
+
+    # -- promote / load_arena / evict -----------------------------------------------------
+    def promote(self, keys) -> Ticket:
+        """Queue keys for the background worker (evicting cold unpinned keys); returns a
+        Ticket. Bad keys raise here; I/O errors surface at ``ticket.wait()``."""
+        dense = self._dense(keys)
+        self._check_open("promote")
+        ticket = Ticket(len(dense))
+        self._jobs.put(("promote", dense, ticket, False))
+        return ticket
+
+    def load_arena(self, keys) -> int:
+        """Read ``keys`` into arena rows (no pool copy), synchronously; rows loaded."""
+        dense = self._dense(keys)
+        self._enter("load_arena")
+        try:
+            with self.lock:
+                batch = self._mover.plan(dense, to_pool=False, stream=self._stream)
+            if batch is None:
+                return 0
+            self._mover.run(batch)
+            return len(batch.keys)
+        finally:
+            self._exit()
+
+    def evict(self, keys) -> int:
+        """Evict resident, unpinned ``keys`` from the pool; returns how many left."""
+        dense = self._dense(keys)
+        self._enter("evict")
+        try:
+            with self.lock:
+                gone, slots = self._pool.evict(dense)
+                event = self._pool.unpublish(gone, self._stream)
+            if event is not None:
+                event.synchronize()
+            with self.lock:
+                self._pool.finish_evict(slots)
+            return len(gone)
+        finally:
+            self._exit()
+
+    # -- step / stats ----------------------------------------------------------------------
+    def step(self) -> None:
+        """End of a decode step: fold heat, decay, queue lazy promotions (at most
+        ``lazy_per_step``, hottest first, through the admission filter), snapshots."""
+        from .store_fire import lazy_candidates
+        with self.lock:
+            self._check_open("step")
+            self._fold_records()
+            self._release_prefill()
+            self._pool.policy.decay(steps=1)
+            self._arena.policy.decay(steps=1)
+            self.step_count += 1
+            seen = np.unique(np.concatenate(self._seen)) if self._seen else _EMPTY
+            self._seen = []
+            if not self._lazy_busy and self.config.lazy_per_step:
+                keys, rejected = lazy_candidates(self, seen)
+                self.counters.lazy_rejected += rejected
+                if len(keys):
+                    self._lazy_busy = True
+                    self.counters.lazy_queued += len(keys)
+                    self._jobs.put(("promote", keys, Ticket(len(keys)), True))
+            every = self.config.snapshot_every_s
+            if self._snapshot_path and every and time.monotonic() - self._last_snapshot >= every:
+                self._last_snapshot = time.monotonic()
+                self._jobs.put(("snapshot", self._snapshot_path))
+
+    def stats(self) -> StoreStats:
+        with self.lock:
+            self._check_open("stats")
+            self._fold_records()
+            snap_args = (self._pool, self._arena, self.step_count)
+            engine_stats = self.engine.stats() if hasattr(self.engine, "stats") else None
+            return self.counters.snapshot(*snap_args, engine_stats)
+
+    def check_invariants(self) -> None:
+        """AssertionError when tier bookkeeping, policies and the device slot table
+        disagree (a host sync on CUDA; tests and debugging)."""
+        with self.lock:
+            self._pool.check_invariants(device=True)
+            self._arena.check_invariants()
+            self._pool.policy.check_invariants()
+            self._arena.policy.check_invariants()
+
+    # -- warm start ---------------------------------------------------------------------------
+    def save_poolmon(self, path):
+        from . import warmstart
+        return warmstart.save_poolmon(self, path)
+
+    def preheat(self, src, pool_fill: float = 0.9, progress=None):
+        from . import warmstart
+        return warmstart.preheat(self, src, pool_fill=pool_fill, progress=progress)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Finish in-flight fires and the running promotion, cancel queued ones
+        (their tickets raise ClosedError), stop the worker, close the engine."""
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._idle.wait()
+        self._jobs.put(None)
+        self._worker.join()
+        if self._owns_engine:
+            self.engine.close()
+
+    def __enter__(self) -> "ExpertStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"ExpertStore({self.pack.path!r}, device={self.device}, {self.n_slots} slots, "
+                f"{self.n_arena_rows} arena rows{', closed' if self._closed else ''})")
+
+    # -- internals --------------------------------------------------------------------------------
+    def _dense(self, keys) -> np.ndarray:
+        """Unique dense ids of (layer, expert) pairs, first-seen order; validated by the pack."""
+        if isinstance(keys, dict):
+            parts = [np.stack(np.broadcast_arrays(int(l), np.asarray(
+                v.cpu() if isinstance(v, torch.Tensor) else v).reshape(-1)), axis=1)
+                for l, v in keys.items()]
+            arr = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
+        elif isinstance(keys, torch.Tensor):
+            arr = keys.detach().cpu().numpy()
+        else:
+            arr = np.asarray(keys if isinstance(keys, (list, tuple, np.ndarray)) else list(keys))
+        if arr.size == 0:
+            return _EMPTY
+        arr = arr.reshape(-1, 2) if arr.ndim == 1 and arr.size == 2 else arr
+        dense = self.pack.check_keys(arr)
+        _, first = np.unique(dense, return_index=True)
+        return dense[np.sort(first)]
+
+    def _resolve_stream(self, stream):
+        return self._stream if stream is None else stream
+
+    def _stream_ctx(self):
+        import contextlib
+        return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ClosedError(f"{self.pack.path}: {what}() on a closed store")
+
+    def _enter(self, what: str) -> None:
+        with self.lock:
+            self._check_open(what)
+            self._active += 1
+
+    def _exit(self) -> None:
+        with self.lock:
+            self._active -= 1
+            self._idle.notify_all()
+
+    def _work(self) -> None:
+        """Background worker: promotions, deferred source unpins, snapshots."""
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            kind = job[0]
+            if kind == "promote":
+                _, keys, ticket, lazy = job
+                try:
+                    if self._closed:
+                        raise ClosedError(f"{self.pack.path}: store closed before this "
+                                          f"promotion of {len(keys)} keys ran")
+                    ticket._finish(self._promote_now(keys))
+                except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
+                    ticket._finish(error=exc)
+                    if lazy:
+                        log.warning("lazy promotion failed: %s", exc)
+                finally:
+                    if lazy:
+                        self._lazy_busy = False
+            elif kind == "sources":
+                try:
+                    self._mover.finish_sources(job[1])
+                except BaseException as exc:  # noqa: BLE001
+                    log.warning("copy completion failed: %s", exc)
+            elif kind == "snapshot" and not self._closed:
+                try:
+                    self.save_poolmon(job[1])
+                except Exception as exc:  # noqa: BLE001 - a snapshot is a hint
+                    log.warning("%s: poolmon snapshot failed: %s", job[1], exc)
+
+    def _promote_now(self, keys: np.ndarray) -> int:
+        with self.lock:
+            keys = keys[self._pool.slot_of[keys] < 0]
+            batch = self._mover.plan(keys, to_pool=True, stream=self._stream) if len(keys) else None
+        if batch is None:
+            return 0
+        self._mover.run(batch)  # the worker may block on the copies itself
+        return len(batch.keys)
+
+    def _defer_sources(self, batch) -> None:
+        self._jobs.put(("sources", batch))

@@ -1,0 +1,135 @@
+"""Counters of an ExpertStore and the StoreStats / FireResult structs it reports.
+
+Hits are counted when recorded routing is folded into the policies (at the next
+fire, step or stats call), against residency at that moment: a routed key that
+is in the pool is a pool hit; a pool miss whose row is in the arena is an arena
+hit; anything else is an arena miss (the bytes come from the page cache or the
+disk). "Token-weighted" counts every (token, expert) pair; "distinct" counts each
+key once per recorded batch.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import msgspec
+import numpy as np
+
+
+class TierStats(msgspec.Struct, frozen=True):
+    hits: int = 0                    # token-weighted
+    misses: int = 0
+    distinct_hits: int = 0           # each key once per recorded batch
+    distinct_misses: int = 0
+    hit_rate: float = 0.0            # hits / (hits + misses), 0 when nothing was recorded
+    distinct_hit_rate: float = 0.0
+    promotions: int = 0              # keys that became resident in this tier
+    evictions: int = 0
+    resident: int = 0
+    capacity: int = 0
+
+
+class StoreStats(msgspec.Struct, frozen=True):
+    pool: TierStats
+    arena: TierStats
+    step_count: int = 0
+    fires: int = 0
+    fire_promoted: int = 0           # keys promoted inside fires
+    fire_over_cap: int = 0           # routed misses a fire left out (over max_promote or no slot)
+    fire_p50_ms: float = 0.0
+    fire_p99_ms: float = 0.0
+    lazy_queued: int = 0             # lazy promotions step() handed to the worker
+    lazy_rejected: int = 0           # candidates the admission filter turned away
+    bytes_arena: int = 0             # pool copies sourced from arena rows
+    bytes_pagecache: int = 0         # pack reads the engine saw served by the page cache
+    bytes_disk: int = 0              # pack reads from the device (or unclassified reads)
+    bytes_read: int = 0              # all pack bytes read (pool + arena loads)
+    promote_gbps: float = 0.0        # bytes moved into the pool / seconds spent moving them
+    failed_reads: int = 0
+
+
+class FireResult(msgspec.Struct):
+    """What one fire did. ``keys`` are the dense ids it pinned; pass the result to
+    ``store.release`` when the step that needed them is done."""
+    keys: np.ndarray
+    promoted: int = 0
+    already_resident: int = 0
+    over_cap: int = 0                # new promotions beyond max_promote
+    no_slot: int = 0                 # every slot pinned: could not be placed
+    latency_s: float = 0.0
+    sources: dict = msgspec.field(default_factory=dict)   # {"arena": n, "read": n}
+    rounds: int = 1
+    released: bool = False
+
+
+class Counters:
+    """Mutable tallies; updated under the store lock."""
+
+    def __init__(self, latency_window: int):
+        self.tier = {t: dict(hits=0, misses=0, distinct_hits=0, distinct_misses=0)
+                     for t in ("pool", "arena")}
+        self.fires = self.fire_promoted = self.fire_over_cap = 0
+        self.lazy_queued = self.lazy_rejected = 0
+        self.bytes_arena = self.bytes_read = self.bytes_to_pool = 0
+        self.move_seconds = 0.0
+        self.failed_reads = 0
+        self.fire_latency = deque(maxlen=int(latency_window))
+
+    def count_hits(self, keys: np.ndarray, counts: np.ndarray, in_pool: np.ndarray,
+                   in_arena: np.ndarray) -> None:
+        """``keys`` unique dense ids with token ``counts``; residency masks per key."""
+        pool, arena = self.tier["pool"], self.tier["arena"]
+        arena_hit = ~in_pool & in_arena
+        pool["hits"] += int(counts[in_pool].sum())
+        pool["misses"] += int(counts[~in_pool].sum())
+        pool["distinct_hits"] += int(np.count_nonzero(in_pool))
+        pool["distinct_misses"] += int(np.count_nonzero(~in_pool))
+        arena["hits"] += int(counts[arena_hit].sum())
+        arena["misses"] += int(counts[~in_pool & ~in_arena].sum())
+        arena["distinct_hits"] += int(np.count_nonzero(arena_hit))
+        arena["distinct_misses"] += int(np.count_nonzero(~in_pool & ~in_arena))
+
+    def tier_stats(self, tier: str, states) -> TierStats:
+        c = self.tier[tier]
+        tot, dtot = c["hits"] + c["misses"], c["distinct_hits"] + c["distinct_misses"]
+        return TierStats(hits=c["hits"], misses=c["misses"], distinct_hits=c["distinct_hits"],
+                         distinct_misses=c["distinct_misses"],
+                         hit_rate=c["hits"] / tot if tot else 0.0,
+                         distinct_hit_rate=c["distinct_hits"] / dtot if dtot else 0.0,
+                         promotions=states.admissions, evictions=states.evictions,
+                         resident=states.n_resident, capacity=states.n_slots)
+
+    def snapshot(self, pool, arena, step_count: int, engine_stats: dict | None) -> StoreStats:
+        lat = np.asarray(self.fire_latency, dtype=np.float64)
+        p50, p99 = (np.percentile(lat, [50, 99]) * 1e3) if len(lat) else (0.0, 0.0)
+        pagecache, disk = _read_split(engine_stats, self.bytes_read)
+        return StoreStats(
+            pool=self.tier_stats("pool", pool), arena=self.tier_stats("arena", arena),
+            step_count=step_count, fires=self.fires, fire_promoted=self.fire_promoted,
+            fire_over_cap=self.fire_over_cap, fire_p50_ms=float(p50), fire_p99_ms=float(p99),
+            lazy_queued=self.lazy_queued, lazy_rejected=self.lazy_rejected,
+            bytes_arena=self.bytes_arena, bytes_pagecache=pagecache, bytes_disk=disk,
+            bytes_read=self.bytes_read,
+            promote_gbps=(self.bytes_to_pool / self.move_seconds / 1e9) if self.move_seconds else 0.0,
+            failed_reads=self.failed_reads)
+
+
+def _source_bytes(engine_stats: dict, name: str) -> int | None:
+    """Bytes the engine attributes to one source; accepts {"disk": {"bytes": n}} or
+    {"disk_bytes": n} / {"bytes_disk": n}."""
+    src = engine_stats.get(name)
+    if isinstance(src, dict) and "bytes" in src:
+        return int(src["bytes"])
+    for flat in (f"{name}_bytes", f"bytes_{name}"):
+        if flat in engine_stats:
+            return int(engine_stats[flat])
+    return None
+
+
+def _read_split(engine_stats: dict | None, bytes_read: int) -> tuple[int, int]:
+    """(page cache, disk) bytes: the engine's classification when it gives one, else
+    every read counts as disk."""
+    if isinstance(engine_stats, dict):
+        pc, disk = _source_bytes(engine_stats, "pagecache"), _source_bytes(engine_stats, "disk")
+        if pc is not None or disk is not None:
+            return int(pc or 0), int(disk or 0)
+    return 0, int(bytes_read)
