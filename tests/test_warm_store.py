@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 import warnings
 
 import numpy as np
@@ -66,6 +67,13 @@ def record_some(store, seed=1, steps=6):
             topk = rng.choice(E, size=(4, 2), p=np.arange(E, 0, -1) / (E * (E + 1) / 2))
             store.record(layer, topk)
         store.step()
+    store.wait_idle()  # step() queues lazy promotions on the store's worker; let them land
+    drain(store)
+
+
+def drain(store):
+    """Wait until the worker has run every job queued so far (one FIFO worker)."""
+    assert store.promote(np.zeros((0, 2), np.int64)).wait(timeout=30)
 
 
 def test_preheat_fills_pool_hottest_first_up_to_fill(pack, tmp_path, device):
@@ -86,9 +94,13 @@ def test_preheat_arena_then_pool_and_seeds_heat(pack, tmp_path, device):
     src = poolmon_file(tmp_path / "pm.json", pack, pool_owners, arena_owners)
     with open_store(pack, device) as store:
         summary = ws.preheat(store, src, pool_fill=1.0, progress=False)
-        assert summary.pool_rows == 10 and summary.arena_rows == min(30, ARENA_ROWS)
+        # the arena holds the pool's rows, then the recorded arena rows, up to its size
+        plan = [(l, e) for l, e, _ in pool_owners]
+        plan += [(l, e) for l, e, _ in arena_owners if (l, e) not in plan]
+        assert summary.pool_rows == 10 and summary.arena_rows == ARENA_ROWS
+        assert summary.skipped["arena: beyond arena capacity"] == len(plan) - ARENA_ROWS
         arena = {tuple(k) for k in store.resident_keys("arena").tolist()}
-        assert arena == {(l, e) for l, e, _ in arena_owners[:ARENA_ROWS]}
+        assert arena == set(plan[:ARENA_ROWS])
         assert_pool_rows_match_pack(store, pack)
         scores = store.pool_policy.scores()
         dense = [l * E + e for l, e, _ in pool_owners]
@@ -176,7 +188,6 @@ def test_periodic_snapshot_every_steps_and_final(pack, tmp_path):
             if out.exists():
                 break
             store.step()
-            import time
             time.sleep(0.01)
         snap.stop(final=True)
         assert out.exists() and snap.writes >= 2 and snap.failures == 0
@@ -227,8 +238,9 @@ def test_preheat_read_error_stops_with_warning_and_no_wrong_rows(pack, tmp_path)
             warnings.simplefilter("always")
             summary = ws.preheat(store, src, pool_fill=1.0, progress=False)
         msgs = [str(w.message) for w in rec if issubclass(w.category, ws.WarmStartWarning)]
-        if any(l >= 2 for l, _, _ in hot_owners(16, seed=9)):
-            assert msgs and "preheat stopped early" in msgs[0] and summary.reason
+        assert any(l >= 2 for l, _, _ in hot_owners(16, seed=9))  # the fault is reached
+        assert len(msgs) == 1 and msgs[0].startswith(src + ": preheat stopped early")
+        assert pack.path in msgs[0] and summary.reason.startswith("stopped early")
         keys = store.resident_keys("pool")
         assert all(l < 2 for l, _ in keys.tolist())
         os.truncate(pack.path, L * E * pack.stride)  # restore the size for the checks below

@@ -21,7 +21,7 @@ import msgspec
 import numpy as np
 
 from .errors import ConfigError
-from .warm_formats import WarmFile
+from .warm_formats import WarmFile, WarmTier
 from .warm_validate import WarmStartWarning, describe_skipped, load_hint
 
 BATCH_ROWS = 64  # one fire's worth (VLLM_MOE_W2_GATE_MAX_PROMOTE)
@@ -89,6 +89,15 @@ def _arena_capacity(store) -> int:
     return int(getattr(policy, "capacity", 0) or 0) if policy is not None else 0
 
 
+def _arena_plan(pool_keys, pool_heat, arena: WarmTier, n_experts: int):
+    """Pool rows first, then the recorded arena rows not among them."""
+    keys = np.concatenate([pool_keys, arena.keys])
+    heat = np.concatenate([pool_heat, arena.heat])
+    _, first = np.unique(keys[:, 0] * n_experts + keys[:, 1], return_index=True)
+    first.sort()
+    return keys[first], heat[first]
+
+
 def _seed_heat(store, policy_name: str, keys: np.ndarray, heat: np.ndarray) -> None:
     """Give the tier policy the file's heat for the rows just loaded. Without
     it a preheated row has no history and is the first victim of the first
@@ -123,17 +132,19 @@ def preheat(store, src, pool_fill: float = 0.9, progress: ProgressArg = None,
         return summary
     summary.kind, summary.cold, summary.skipped = wf.kind, False, dict(wf.skipped)
 
-    # 1. choose rows: the recorded arena (or the pool list when none), then the pool.
-    arena_cap = _arena_capacity(store)
-    arena_src = wf.arena if len(wf.arena) else wf.pool
-    arena_keys = arena_src.keys[:arena_cap] if arena_cap else arena_src.keys[:0]
-    arena_heat = arena_src.heat[:len(arena_keys)]
+    # 1. choose rows: the pool's share of its owners; the arena gets those first
+    #    (a pool read lands in an arena row anyway, so listing them first keeps
+    #    the pool promotions from evicting preheated arena rows), then the
+    #    recorded arena owners, up to the arena's capacity.
     n_pool = min(len(wf.pool), int(math.floor(float(pool_fill) * int(store.n_slots) + 1e-9)))
     pool_keys, pool_heat = wf.pool.keys[:n_pool], wf.pool.heat[:n_pool]
     if len(wf.pool) > n_pool:
         summary.skipped["pool: beyond pool_fill"] = len(wf.pool) - n_pool
-    if len(arena_src) > len(arena_keys) and arena_cap:
-        summary.skipped["arena: beyond arena capacity"] = len(arena_src) - len(arena_keys)
+    arena_cap = _arena_capacity(store)
+    arena_keys, arena_heat = _arena_plan(pool_keys, pool_heat, wf.arena, store.pack.n_experts)
+    if arena_cap and len(arena_keys) > arena_cap:
+        summary.skipped["arena: beyond arena capacity"] = len(arena_keys) - arena_cap
+    arena_keys, arena_heat = arena_keys[:arena_cap], arena_heat[:arena_cap]
 
     bar = _Progress(progress, len(arena_keys) + len(pool_keys))
     slot_bytes = int(store.pack.slot_bytes)

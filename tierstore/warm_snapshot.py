@@ -75,12 +75,14 @@ def snapshot(store) -> WarmFile:
     arena_policy = getattr(store, "arena_policy", None)
     arena_cap = int(getattr(arena_policy, "capacity", 0) or 0)
     with _store_lock(store):
+        # stats() first: it folds routing recorded since the last step into the
+        # policies, so the scores below include it.
+        stats = store.stats()
         pool = _tier_snapshot(store, "pool", getattr(store, "pool_policy", None),
                               int(store.n_slots))
         arena = (_tier_snapshot(store, "arena", arena_policy, arena_cap)
                  if arena_policy is not None and arena_cap > 0 else WarmTier.empty(arena_cap))
         steps = int(getattr(store, "step_count", 0))
-    stats = store.stats()
     counters = PoolmonCounters(pool=_tier_counters(stats, "pool"),
                                arena=_tier_counters(stats, "arena"))
     policy = getattr(getattr(store, "pool_policy", None), "name", "")
