@@ -160,6 +160,8 @@ def load_sidecar(path: str, *, key20_in_name: bool) -> tuple[Sidecar, list[str]]
                          parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise FormatError(f"{path}: sidecar is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise FormatError(f"{path}: sidecar JSON is nested too deeply") from None
     if not isinstance(obj, dict):
         raise FormatError(f"{path}: sidecar must be a JSON object, found {type(obj).__name__}")
     # 3. typed decode; unknown keys: strict for tierstore's own sidecars
