@@ -116,6 +116,8 @@ class ExpertStore:
         self._lazy_busy = False
         self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs_cv = threading.Condition()  # not store.lock: waiting never blocks the forward
+        self._jobs_open = 0                    # queued or running jobs
         self._worker = threading.Thread(target=self._work, name="tierstore-store", daemon=True)
         self._worker.start()
         if warm_start is not None:
@@ -279,7 +281,7 @@ class ExpertStore:
         dense = self._dense(keys)
         self._check_open("promote")
         ticket = Ticket(len(dense))
-        self._jobs.put(("promote", dense, ticket, False))
+        self._submit_job(("promote", dense, ticket, False))
         return ticket
 
     def load_arena(self, keys) -> int:
@@ -332,11 +334,11 @@ class ExpertStore:
                 if len(keys):
                     self._lazy_busy = True
                     self.counters.lazy_queued += len(keys)
-                    self._jobs.put(("promote", keys, Ticket(len(keys)), True))
+                    self._submit_job(("promote", keys, Ticket(len(keys)), True))
             every = self.config.snapshot_every_s
             if self._snapshot_path and every and time.monotonic() - self._last_snapshot >= every:
                 self._last_snapshot = time.monotonic()
-                self._jobs.put(("snapshot", self._snapshot_path))
+                self._submit_job(("snapshot", self._snapshot_path))
 
     def stats(self) -> StoreStats:
         with self.lock:
@@ -435,31 +437,39 @@ class ExpertStore:
             job = self._jobs.get()
             if job is None:
                 return
-            kind = job[0]
-            if kind == "promote":
-                _, keys, ticket, lazy = job
-                try:
-                    if self._closed:
-                        raise ClosedError(f"{self.pack.path}: store closed before this "
-                                          f"promotion of {len(keys)} keys ran")
-                    ticket._finish(self._promote_now(keys))
-                except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
-                    ticket._finish(error=exc)
-                    if lazy:
-                        log.warning("lazy promotion failed: %s", exc)
-                finally:
-                    if lazy:
-                        self._lazy_busy = False
-            elif kind == "sources":
-                try:
-                    self._mover.finish_sources(job[1])
-                except BaseException as exc:  # noqa: BLE001
-                    log.warning("copy completion failed: %s", exc)
-            elif kind == "snapshot" and not self._closed:
-                try:
-                    self.save_poolmon(job[1])
-                except Exception as exc:  # noqa: BLE001 - a snapshot is a hint
-                    log.warning("%s: poolmon snapshot failed: %s", job[1], exc)
+            try:
+                self._run_job(job)
+            finally:
+                with self._jobs_cv:
+                    self._jobs_open -= 1
+                    self._jobs_cv.notify_all()
+
+    def _run_job(self, job) -> None:
+        kind = job[0]
+        if kind == "promote":
+            _, keys, ticket, lazy = job
+            try:
+                if self._closed:
+                    raise ClosedError(f"{self.pack.path}: store closed before this "
+                                      f"promotion of {len(keys)} keys ran")
+                ticket._finish(self._promote_now(keys))
+            except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
+                ticket._finish(error=exc)
+                if lazy:
+                    log.warning("lazy promotion failed: %s", exc)
+            finally:
+                if lazy:
+                    self._lazy_busy = False
+        elif kind == "sources":
+            try:
+                self._mover.finish_sources(job[1])
+            except BaseException as exc:  # noqa: BLE001
+                log.warning("copy completion failed: %s", exc)
+        elif kind == "snapshot" and not self._closed:
+            try:
+                self.save_poolmon(job[1])
+            except Exception as exc:  # noqa: BLE001 - a snapshot is a hint
+                log.warning("%s: poolmon snapshot failed: %s", job[1], exc)
 
     def _promote_now(self, keys: np.ndarray) -> int:
         with self.lock:
@@ -471,4 +481,16 @@ class ExpertStore:
         return len(batch.keys)
 
     def _defer_sources(self, batch) -> None:
-        self._jobs.put(("sources", batch))
+        self._submit_job(("sources", batch))
+
+    def _submit_job(self, job) -> None:
+        with self._jobs_cv:
+            self._jobs_open += 1
+        self._jobs.put(job)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until the background worker has nothing queued or running (lazy
+        promotions, promote() tickets, snapshots); False on timeout. The runner calls
+        this at a step boundary when it needs a settled pool (tests, snapshots)."""
+        with self._jobs_cv:
+            return self._jobs_cv.wait_for(lambda: self._jobs_open == 0, timeout)

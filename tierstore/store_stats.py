@@ -18,7 +18,7 @@ import numpy as np
 class TierStats(msgspec.Struct, frozen=True):
     hits: int = 0                    # token-weighted
     misses: int = 0
-    distinct_hits: int = 0           # each key once per recorded batch
+    distinct_hits: int = 0           # each key once per fold (~ per step)
     distinct_misses: int = 0
     hit_rate: float = 0.0            # hits / (hits + misses), 0 when nothing was recorded
     distinct_hit_rate: float = 0.0
