@@ -34,14 +34,21 @@ DEFAULT_TRACE = "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"
 
 # ------------------------------------------------------------------ trace replay
 def load_trace(path: str):
-    """(per-tick dense key arrays, n_layers, n_experts); layers renumbered densely."""
-    rows = np.load(path)
-    layers = np.unique(rows[:, 1])
-    n_layers, n_experts = len(layers), int(rows[:, 2].max()) + 1
-    dense_layer = np.searchsorted(layers, rows[:, 1])
-    keys = dense_layer.astype(np.int64) * n_experts + rows[:, 2]
-    cuts = np.flatnonzero(np.diff(rows[:, 0])) + 1
-    return np.split(keys, cuts), n_layers, n_experts
+    """(per-tick dense key arrays, n_layers, n_experts, Trace) via tierstore.traces."""
+    from tierstore.traces import load_trace as _load
+    trace = _load(path)
+    keys, starts = trace.keys, trace.tick_starts
+    ticks = [keys[starts[i]:starts[i + 1]] for i in range(starts.size - 1)]
+    return ticks, trace.n_layers, trace.n_experts, trace
+
+
+def sim_window(trace, first_tick: int, n_ticks: int):
+    """The measured window as its own Trace, for tierstore.sim's cold references."""
+    from tierstore.traces import Trace
+    starts = trace.tick_starts
+    a, b = int(starts[first_tick]), int(starts[first_tick + n_ticks])
+    return Trace(trace.ticks[a:b], trace.layers[a:b], trace.experts[a:b], trace.layer_ids,
+                 trace.n_experts, f"{trace.name}[{first_tick}:{first_tick + n_ticks}]")
 
 
 class ReplayPool:
@@ -57,17 +64,30 @@ class ReplayPool:
         self.hits = self.reads = 0
 
     def admit(self, keys: np.ndarray, pinned: np.ndarray | None = None) -> None:
+        """Make ``keys`` resident: free slots first, then the policy's victims
+        (never a ``pinned`` key), through its admission filter when it has one
+        (the same order of calls as tierstore.sim's demand fill)."""
+        from tierstore.policies.base import Policy
         keys = keys[~self.resident[keys]]
         if not len(keys):
             return
-        over = int(self.resident.sum()) + len(keys) - self.capacity
-        if over > 0:
-            victims = self.policy.victims(over, pinned=pinned)
-            self.policy.on_evict(victims)
-            self.resident[victims] = False
-            keys = keys[:len(keys) - (over - len(victims))]
-        self.policy.on_admit(keys)
-        self.resident[keys] = True
+        free = max(self.capacity - int(self.resident.sum()), 0)
+        if len(keys) > free:
+            filters = type(self.policy).admit is not Policy.admit
+            if filters:
+                keys = self.policy.rank(keys)  # the hottest misses take the free slots
+            victims = self.policy.victims(len(keys) - free, pinned=pinned)
+            contenders = keys[free:free + len(victims)]
+            if filters and len(victims):
+                ok = np.asarray(self.policy.admit(contenders, victims), dtype=bool)
+                victims, contenders = victims[ok], contenders[ok]
+            keys = np.concatenate((keys[:free], contenders))
+            if len(victims):
+                self.policy.on_evict(victims)
+                self.resident[victims] = False
+        if len(keys):
+            self.policy.on_admit(keys)
+            self.resident[keys] = True
 
     def step(self, keys: np.ndarray) -> None:
         hit = self.resident[keys]
@@ -99,22 +119,51 @@ def replay_snapshot_file(pool: ReplayPool, pack, path: str, fmt: str) -> None:
 
 
 def warm_started(policy: str, n_keys: int, capacity: int, pack, path: str,
-                 pool_fill: float, seed_heat: bool) -> ReplayPool:
-    """A fresh pool preheated from ``path`` the way warmstart.preheat does it."""
+                 pool_fill: float, seed_heat) -> ReplayPool:
+    """A fresh pool preheated from ``path`` the way warmstart.preheat does it;
+    ``seed_heat``: True (preheat's scaled seed), "raw" (the file's heat), False."""
     from tierstore.warmstart import load_hint
     wf = load_hint(path, pack)
     pool = ReplayPool(policy, n_keys, capacity)
     n = min(len(wf.pool), int(pool_fill * capacity))
     dense = wf.pool.keys[:n, 0] * pack.n_experts + wf.pool.keys[:n, 1]
     pool.admit(dense)
-    if seed_heat:
+    if seed_heat == "raw":
         pool.policy.on_access(dense, weights=wf.pool.heat[:n])
+    elif seed_heat:
+        from tierstore.warm_preheat import seed_weights
+        pool.policy.on_access(dense, weights=seed_weights(wf.pool.heat[:n]))
     return pool
+
+
+def live_store_replay(pack, ticks, cap: int, policy: str, warm_src=None,
+                      pool_fill: float = 0.9) -> float:
+    """The same window through a real ExpertStore on the CPU pool: record the
+    routing, fire (demand fill: every routed miss promoted), release, step; no
+    lazy promotions. ``warm_src`` goes through ``ExpertStore(warm_start=...)``
+    semantics via ``store.preheat``. Returns the store's own pool hit rate."""
+    from tierstore.store import ExpertStore
+    E = pack.n_experts
+    with ExpertStore(pack, vram_slots=cap, ram_gb=0.0, device="cpu", policy=policy,
+                     lazy_per_step=0, max_promote=pack.n_layers * E, force=True) as store:
+        if warm_src is not None:
+            store.preheat(warm_src, pool_fill=pool_fill, progress=False)
+        base = store.stats().pool
+        for keys in ticks:
+            layer, expert = keys // E, keys % E
+            for l in np.unique(layer):
+                store.record(int(l), expert[layer == l].reshape(-1, 1))
+            store.release(store.fire(np.stack([layer, expert], axis=1)))
+            store.step()
+        st = store.stats().pool
+    hits, misses = st.hits - base.hits, st.misses - base.misses
+    return hits / max(hits + misses, 1)
 
 
 def bench_hits(args) -> dict:
     from tierstore.testing import make_random_pack
-    ticks, n_layers, n_experts = load_trace(args.trace)
+    from tierstore import sim
+    ticks, n_layers, n_experts, trace = load_trace(args.trace)
     n_keys = n_layers * n_experts
     warm_end = len(ticks) - args.steps if args.warmup is None else args.warmup
     if warm_end <= 0 or warm_end + args.steps > len(ticks):
@@ -135,6 +184,9 @@ def bench_hits(args) -> dict:
                 replay_snapshot_file(earlier, pack, path, fmt)
                 variants[f"warm_{fmt}"] = (lambda p=path: warm_started(
                     args.policy, n_keys, cap, pack, p, args.pool_fill, True))
+            variants["warm_poolmon_raw_heat_seed"] = lambda: warm_started(
+                args.policy, n_keys, cap, pack, os.path.join(tmp, "poolmon.json"),
+                args.pool_fill, "raw")
             variants["warm_poolmon_no_heat_seed"] = lambda: warm_started(
                 args.policy, n_keys, cap, pack, os.path.join(tmp, "poolmon.json"),
                 args.pool_fill, False)
@@ -149,16 +201,20 @@ def bench_hits(args) -> dict:
                 row[name + "_first10"] = round(hits_at[10], 4)
                 row[name + "_first100"] = round(hits_at[100], 4)
                 row[name + "_misses"] = pool.reads - pool.hits
-            # upper bound: every key ever seen before stays resident (no capacity limit)
-            seen = np.zeros(n_keys, bool)
-            for keys in ticks[:warm_end]:
-                seen[keys] = True
-            hits = reads = 0
-            for keys in ticks[warm_end:warm_end + args.steps]:
-                hits += int(seen[keys].sum())
-                reads += len(keys)
-                seen[keys] = True
-            row["unbounded_warm"] = round(hits / reads, 4)
+            # tierstore.sim on the same window, cold: the same policy (must equal
+            # our cold replay: same classes, same admission), Belady's MIN and
+            # the unbounded cache (only first uses miss)
+            window = sim_window(trace, warm_end, args.steps)
+            for r in sim.replay(window, (args.policy, "belady", "unbounded"), (cap,)):
+                row[f"sim_{r.policy}_cold"] = round(r.hit_rate, 4)
+            row["replay_matches_sim"] = row["cold"] == row[f"sim_{args.policy}_cold"]
+            if args.live:
+                window_ticks = ticks[warm_end:warm_end + args.steps]
+                row["live_store_cold"] = round(live_store_replay(
+                    pack, window_ticks, cap, args.policy), 4)
+                row["live_store_warm_poolmon"] = round(live_store_replay(
+                    pack, window_ticks, cap, args.policy, os.path.join(tmp, "poolmon.json"),
+                    args.pool_fill), 4)
             results.append(row)
     return {"bench": "warm_hits", "trace": args.trace, "policy": args.policy,
             "warmup_ticks": warm_end, "steps": args.steps, "pool_fill": args.pool_fill,
@@ -175,6 +231,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pool-fill", type=float, default=0.9)
     ap.add_argument("--shares", type=float, nargs="+", default=[0.1, 0.2, 0.4])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-live", dest="live", action="store_false",
+                    help="skip the replay through a real ExpertStore (CPU pool)")
     ap.add_argument("--preheat", action="store_true", help="GPU preheat timing instead")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pool-gb", type=float, default=6.0)
@@ -194,14 +252,19 @@ def main(argv=None) -> int:
     else:
         print(f"{out['trace']}: policy {out['policy']}, warm-up {out['warmup_ticks']} ticks, "
               f"measured {out['steps']} steps, pool_fill {out['pool_fill']}")
-        cols = ["cold", "warm_poolmon", "warm_pool-heat", "warm_poolmon_no_heat_seed",
-                "unbounded_warm"]
+        cols = ["cold", "warm_poolmon", "warm_pool-heat", "warm_poolmon_raw_heat_seed",
+                "warm_poolmon_no_heat_seed",
+                "sim_belady_cold", "sim_unbounded_cold"]
+        cols += [c for c in ("live_store_cold", "live_store_warm_poolmon") if c in out["results"][0]]
         print(f"{'slots':>6} " + " ".join(f"{c:>28}" for c in cols))
         for r in out["results"]:
             print(f"{r['slots']:>6} " + " ".join(
                 f"{r[c]:>12.4f}" + (f" ({r[c + '_first10']:.3f} / {r[c + '_first100']:.3f})"
                                     if c + "_first10" in r else " " * 16) for c in cols))
-        print("hit rate over all measured steps (first 10 / first 100 steps)")
+        print("hit rate over all measured steps (first 10 / first 100 steps); "
+              "sim_* = tierstore.sim, cold")
+        if not all(r["replay_matches_sim"] for r in out["results"]):
+            print("WARNING: the cold replay differs from tierstore.sim's")
     return 0
 
 

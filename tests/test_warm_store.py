@@ -104,7 +104,9 @@ def test_preheat_arena_then_pool_and_seeds_heat(pack, tmp_path, device):
         assert_pool_rows_match_pack(store, pack)
         scores = store.pool_policy.scores()
         dense = [l * E + e for l, e, _ in pool_owners]
-        assert np.all(np.diff(scores[dense]) <= 0) and scores[dense[0]] >= pool_owners[0][2]
+        # fresh store, no routing yet: the pool policy's heat is exactly the scaled seed
+        top = pool_owners[0][2]
+        np.testing.assert_allclose(scores[dense], [h / top for _, _, h in pool_owners])
 
 
 def test_preheat_progress_callback_sees_every_row(pack, tmp_path):

@@ -98,16 +98,30 @@ def _arena_plan(pool_keys, pool_heat, arena: WarmTier, n_experts: int):
     return keys[first], heat[first]
 
 
+def seed_weights(heat: np.ndarray) -> np.ndarray:
+    """Access weights that seed a fresh policy from a file's heat: the file's
+    order, scaled so the hottest row counts as one access.
+
+    Why scaled: without a seed a preheated row has no history and is the first
+    victim of the first misses (the warm start is undone within a few steps);
+    with the raw heat of a long run, rows that were hot an hour ago outlive
+    the new workload's (stale heat). One access at most keeps the order for the
+    first evictions and lets real accesses win at once (bench/results/warm.md).
+    """
+    heat = np.asarray(heat, dtype=np.float64)
+    top = float(heat.max()) if heat.size else 0.0
+    return heat / top if top > 0 else np.zeros_like(heat)
+
+
 def _seed_heat(store, policy_name: str, keys: np.ndarray, heat: np.ndarray) -> None:
-    """Give the tier policy the file's heat for the rows just loaded. Without
-    it a preheated row has no history and is the first victim of the first
-    misses, which undoes the warm start in the first steps (bench_warm.py)."""
+    """Seed the tier policy with ``seed_weights(heat)`` for the rows just loaded."""
     policy = getattr(store, policy_name, None)
     if policy is None or not len(keys):
         return
     lock = getattr(store, "lock", None)
     with (lock if lock is not None else contextlib.nullcontext()):
-        policy.on_access(keys[:, 0] * store.pack.n_experts + keys[:, 1], weights=heat)
+        policy.on_access(keys[:, 0] * store.pack.n_experts + keys[:, 1],
+                         weights=seed_weights(heat))
 
 
 def preheat(store, src, pool_fill: float = 0.9, progress: ProgressArg = None,
