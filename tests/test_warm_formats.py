@@ -224,3 +224,48 @@ def test_strict_msgspec_types_reject_bool_layer(tmp_path):
         read_warm_file(write(tmp_path, pool_heat_dict([(True, 1)])))
     assert msgspec.json.decode(encode(to_arena_heat(WarmFile("m", "arena-heat", None,
                                WarmTier.empty(), WarmTier.empty())))) == {"version": 1, "keys": []}
+
+
+# ------------------------------------------------------------------ fuzz: never a crash
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["meta", "owners", "version", "keys", "tiers", "pack", "pool", "tag",
+                         "n_layers", "E", "slot_bytes", "capacity", "x"]), inner, max_size=5),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=json_values)
+def test_fuzz_any_json_parses_or_raises_format_error(value):
+    try:
+        raw = json.dumps(value).encode()
+    except ValueError:
+        return
+    try:
+        wf = parse_warm_bytes(raw, "fuzz.json")
+    except FormatError as exc:
+        assert str(exc).startswith("fuzz.json:")
+        return
+    assert wf.kind in ("poolmon", "pool-heat", "arena-heat")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzz_mutated_pool_heat_never_crashes_a_hint(pack, tmp_path, data):
+    raw = bytearray(json.dumps(pool_heat_dict([(0, 1), (1, 2), (3, 7)])).encode())
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    p = tmp_path / "mut.json"
+    p.write_bytes(bytes(raw))
+    wf, msgs = hint(str(p), pack)
+    if wf is None:
+        assert len(msgs) == 1 and msgs[0].startswith(str(p))
+    else:
+        assert ((wf.pool.keys[:, 0] < L) & (wf.pool.keys[:, 1] < E)).all()
+
+
+def test_huge_layer_number_is_a_format_error(tmp_path):
+    with pytest.raises(FormatError, match="out of the int64 range"):
+        read_warm_file(write(tmp_path, b'{"version": 1, "keys": [[0, 1], [18446744073709551616, 0]]}'))

@@ -138,7 +138,11 @@ def rank_heat(n: int) -> np.ndarray:
 
 
 def _pairs(rows, path: str, where: str) -> np.ndarray:
-    keys = np.asarray(rows, dtype=np.int64).reshape(-1, 2) if rows else np.zeros((0, 2), np.int64)
+    try:
+        keys = np.asarray(rows, dtype=np.int64).reshape(-1, 2) if rows else np.zeros((0, 2), np.int64)
+    except OverflowError:
+        raise FormatError(f"{path}: {where}: a layer or expert number is out of the int64 "
+                          f"range") from None
     bad = np.flatnonzero((keys < 0).any(axis=1))
     if bad.size:
         i = int(bad[0])
