@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -101,10 +102,22 @@ def test_stats_classify_arena_pagecache_and_odirect_rows(data_file):
         assert s["arena"]["bytes"] == 1 << 20 and s["host_copy_bytes"] == 1 << 20
         assert s["batches"] == 3 and s["failed_rows"] == 0
         assert sum(s["arena"]["latency_hist_us_log2"]) == 1 and s["arena"]["p50_ms"] > 0
-    with Engine(path, threads=2, direct="on") as eng:
+    with Engine(path, threads=2, direct="on", probe_cache=False) as eng:
         buf = eng.alloc_host(1 << 20)
         eng.submit([0], [1 << 20], None, [buf.data_ptr()]).wait()
         assert eng.stats()["disk"]["rows"] == 1  # O_DIRECT bypasses the cache: always disk
+    with Engine(path, threads=2, direct="on") as eng:  # probe_cache: cached rows stay cached
+        buf = eng.alloc_host(1 << 20)
+        with open(path, "rb") as f:
+            # Evict the whole (clean, fsync'ed) file: a partial range can sit inside a
+            # large folio and survive. Then bring [0, 1 MiB) back into the page cache.
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            f.read(1 << 20)
+        eng.submit([0], [1 << 20], None, [buf.data_ptr()]).wait()
+        eng.submit([8 << 20], [1 << 20], None, [buf.data_ptr()]).wait()
+        s = eng.stats()
+        assert s["pagecache"]["rows"] == 1 and s["disk"]["rows"] == 1
+        assert np.array_equal(buf.numpy(), data[8 << 20:9 << 20])
 
 
 def test_direct_on_refused_by_filesystem_names_path_and_errno():

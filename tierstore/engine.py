@@ -132,14 +132,17 @@ class Engine:
 
     ``threads`` native readers; ``direct``: "on" requires O_DIRECT (TierIOError
     when the filesystem refuses it), "off" reads buffered, "auto" probes at
-    open and falls back to buffered, logging once. ``chunk_bytes``: read task
+    open and falls back to buffered, logging once. With O_DIRECT in use and
+    ``probe_cache`` (default), each read first takes what the page cache holds
+    without blocking (RWF_NOWAIT) and sends only the rest to O_DIRECT, so the
+    page cache stays an opportunistic tier. ``chunk_bytes``: read task
     size; ``stage_bytes`` x ``stage_count``: the pinned staging ring used for
     rows read without a caller buffer.
     """
 
     def __init__(self, path: str | os.PathLike, *, threads: int = 8, direct: str = "auto",
                  device: str = "cpu", device_index: int = 0, chunk_bytes: int = 2 << 20,
-                 stage_bytes: int = 16 << 20, stage_count: int = 8):
+                 stage_bytes: int = 16 << 20, stage_count: int = 8, probe_cache: bool = True):
         self.path = os.fspath(path)
         problems = []
         if not isinstance(threads, int) or not 1 <= threads <= 512:
@@ -166,7 +169,8 @@ class Engine:
         try:
             self._native = _C.NativeEngine(self.path, threads, direct,
                                            self.device_index if device == "cuda" else -1,
-                                           chunk_bytes, stage_bytes, stage_count)
+                                           chunk_bytes, stage_bytes, stage_count,
+                                           bool(probe_cache))
         except _C.NativeIOError as exc:
             raise _from_native(exc) from None
         reason = self._native.fallback_reason

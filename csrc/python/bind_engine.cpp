@@ -99,7 +99,8 @@ void bind_engine(nb::module_& m) {
   nb::class_<Engine>(m, "NativeEngine")
       .def("__init__",
            [](Engine* self, const std::string& path, int threads, const std::string& direct,
-              int device, size_t chunk_bytes, size_t stage_bytes, int stage_count) {
+              int device, size_t chunk_bytes, size_t stage_bytes, int stage_count,
+              bool probe_cache) {
              EngineOptions o;
              o.threads = threads;
              o.direct = parse_direct(direct);
@@ -107,11 +108,12 @@ void bind_engine(nb::module_& m) {
              o.chunk_bytes = chunk_bytes;
              o.stage_bytes = stage_bytes;
              o.stage_count = stage_count;
+             o.probe_cache = probe_cache;
              nb::gil_scoped_release release;
              new (self) Engine(path, o);
            },
            "path"_a, "threads"_a, "direct"_a, "device"_a, "chunk_bytes"_a, "stage_bytes"_a,
-           "stage_count"_a)
+           "stage_count"_a, "probe_cache"_a = true)
       .def("submit",
            [](Engine& e, Column<int64_t> offsets, Column<uint64_t> lengths, Column<uint64_t> src,
               Column<uint64_t> dst, bool dst_device) {

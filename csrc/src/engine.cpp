@@ -59,7 +59,7 @@ void chunk_row(Batch* batch, uint32_t row, int64_t file_offset, uint64_t length,
 }  // namespace
 
 Engine::Engine(const std::string& path, const EngineOptions& options)
-    : options_(options), reader_(path, options.direct) {
+    : options_(options), reader_(path, options.direct, options.probe_cache) {
   TS_EXPECT(options.threads >= 1 && options.threads <= 512, "Engine: threads must be in 1..512");
   TS_EXPECT(options.chunk_bytes >= kDirectAlign && options.chunk_bytes % kDirectAlign == 0,
             "Engine: chunk_bytes must be a positive multiple of 4096");

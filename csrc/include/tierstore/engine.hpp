@@ -41,6 +41,7 @@ struct EngineOptions {
   size_t chunk_bytes = size_t(2) << 20;  // read task size (multiple of 4 KiB)
   size_t stage_bytes = size_t(16) << 20; // one staging buffer; larger rows are split
   int stage_count = 8;                   // staging buffers (pinned) at most
+  bool probe_cache = true;               // with O_DIRECT: serve page-cache hits from the cache
 };
 
 struct SourceStats {

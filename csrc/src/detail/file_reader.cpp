@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -18,7 +19,8 @@ inline int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 inline int64_t round_down(int64_t v, int64_t a) { return v / a * a; }
 }  // namespace
 
-FileReader::FileReader(std::string path, DirectMode mode) : path_(std::move(path)) {
+FileReader::FileReader(std::string path, DirectMode mode, bool probe_cache)
+    : path_(std::move(path)), probe_cache_(probe_cache) {
   fd_buffered_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   TS_CHECK_ERRNO(fd_buffered_ >= 0, path_, -1, "open");
   struct stat st {};
@@ -86,11 +88,11 @@ ssize_t FileReader::sys_read(int fd, bool direct, uint8_t* buf, size_t len, int6
   return n < 0 ? -errno : n;
 }
 
-int FileReader::read_loop(int fd, bool direct, uint8_t* buf, size_t len, int64_t offset,
-                          int64_t* err_offset, bool* from_cache) noexcept {
+int FileReader::read_loop(int fd, bool direct, bool try_nowait, uint8_t* buf, size_t len,
+                          int64_t offset, int64_t* err_offset, bool* from_cache) noexcept {
   size_t done = 0;
   // Try the page cache without blocking first: a full answer means "cached".
-  bool nowait = !direct && nowait_supported_.load(std::memory_order_relaxed);
+  bool nowait = try_nowait && !direct && nowait_supported_.load(std::memory_order_relaxed);
   while (done < len) {
     const int64_t at = offset + int64_t(done);
     ssize_t n = sys_read(fd, direct, buf + done, len - done, at, nowait);
@@ -111,7 +113,7 @@ int FileReader::read_loop(int fd, bool direct, uint8_t* buf, size_t len, int64_t
       nowait = false;
       // An O_DIRECT read that stopped off-alignment cannot continue with O_DIRECT.
       if (direct && (done % kDirectAlign) != 0) {
-        return read_loop(fd_buffered_, false, buf + done, len - done, at + n, err_offset,
+        return read_loop(fd_buffered_, false, false, buf + done, len - done, at + n, err_offset,
                          from_cache);
       }
     }
@@ -123,22 +125,48 @@ int FileReader::read_exact(uint8_t* buf, size_t len, int64_t offset, int64_t* er
                            bool* from_cache) noexcept {
   *from_cache = true;
   if (len == 0) return 0;
+  if (fd_direct_ < 0) return read_loop(fd_buffered_, false, true, buf, len, offset, err_offset, from_cache);
+  // 1. Fully cached ranges are read from the page cache. The check is
+  //    cachestat (Linux 6.5+), which does no I/O: an RWF_NOWAIT probe would
+  //    start buffered readahead on a miss and double the disk traffic.
+  if (probe_cache_ && cachestat_supported_.load(std::memory_order_relaxed) &&
+      range_cached(offset, len)) {
+    return read_loop(fd_buffered_, false, false, buf, len, offset, err_offset, from_cache);
+  }
+  // 2. Otherwise from disk.
+  *from_cache = false;
+  return read_direct(buf, len, offset, err_offset, from_cache);
+}
+
+bool FileReader::range_cached(int64_t offset, size_t len) noexcept {
+  struct { uint64_t off, len; } range{uint64_t(round_down(offset, kDirectAlign)), 0};
+  range.len = uint64_t(round_up(offset + int64_t(len), kDirectAlign)) - range.off;
+  struct { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; } cs{};
+  constexpr long kSysCachestat = 451;  // same number on every architecture
+  if (::syscall(kSysCachestat, fd_buffered_, &range, &cs, 0) != 0) {
+    cachestat_supported_.store(false);  // ENOSYS (kernel < 6.5) or refused: stop asking
+    return false;
+  }
+  return cs.nr_cache * kDirectAlign >= range.len;
+}
+
+int FileReader::read_direct(uint8_t* buf, size_t len, int64_t offset, int64_t* err_offset,
+                            bool* from_cache) noexcept {
   const int64_t end = offset + int64_t(len);
   const int64_t a = round_up(offset, kDirectAlign);
   const int64_t b = round_down(end, kDirectAlign);
   const bool buffer_lines_up =
       ((reinterpret_cast<uintptr_t>(buf) + uintptr_t(a - offset)) % kDirectAlign) == 0;
-  if (fd_direct_ < 0 || b <= a || !buffer_lines_up) {
-    return read_loop(fd_buffered_, false, buf, len, offset, err_offset, from_cache);
-  }
+  if (b <= a || !buffer_lines_up)
+    return read_loop(fd_buffered_, false, false, buf, len, offset, err_offset, from_cache);
   // Unaligned head and tail buffered, aligned middle O_DIRECT.
   int rc = 0;
-  if (a > offset) rc = read_loop(fd_buffered_, false, buf, size_t(a - offset), offset, err_offset,
-                                 from_cache);
+  if (a > offset)
+    rc = read_loop(fd_buffered_, false, false, buf, size_t(a - offset), offset, err_offset, from_cache);
   if (rc == 0)
-    rc = read_loop(fd_direct_, true, buf + (a - offset), size_t(b - a), a, err_offset, from_cache);
+    rc = read_loop(fd_direct_, true, false, buf + (a - offset), size_t(b - a), a, err_offset, from_cache);
   if (rc == 0 && end > b)
-    rc = read_loop(fd_buffered_, false, buf + (b - offset), size_t(end - b), b, err_offset,
+    rc = read_loop(fd_buffered_, false, false, buf + (b - offset), size_t(end - b), b, err_offset,
                    from_cache);
   *from_cache = false;  // O_DIRECT bypasses the page cache: count the row as disk
   return rc;

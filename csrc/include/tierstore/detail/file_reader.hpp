@@ -29,7 +29,11 @@ class FileReader {
   // Opens `path` read-only. mode on: O_DIRECT must open and read, else IoError
   // naming the path and errno; automatic: probe O_DIRECT, fall back to
   // buffered (fallback_reason() says why); off: buffered only.
-  FileReader(std::string path, DirectMode mode);
+  // probe_cache (O_DIRECT in use): a range the page cache holds entirely
+  // (cachestat, no I/O) is read buffered; everything else goes to O_DIRECT.
+  // The page cache then stays an opportunistic tier. Without cachestat
+  // (kernel < 6.5) every O_DIRECT-eligible range goes to O_DIRECT.
+  FileReader(std::string path, DirectMode mode, bool probe_cache = true);
   ~FileReader();
   FileReader(const FileReader&) = delete;
   FileReader& operator=(const FileReader&) = delete;
@@ -50,8 +54,12 @@ class FileReader {
 
  private:
   // Loops until [buf, buf+len) is filled from fd; nowait tries RWF_NOWAIT first.
-  int read_loop(int fd, bool direct, uint8_t* buf, size_t len, int64_t offset,
+  int read_loop(int fd, bool direct, bool try_nowait, uint8_t* buf, size_t len, int64_t offset,
                 int64_t* err_offset, bool* from_cache) noexcept;
+  bool range_cached(int64_t offset, size_t len) noexcept;
+  // The O_DIRECT path: unaligned head/tail buffered, aligned middle direct.
+  int read_direct(uint8_t* buf, size_t len, int64_t offset, int64_t* err_offset,
+                  bool* from_cache) noexcept;
   // One syscall, faults applied. Returns bytes read or -errno.
   ssize_t sys_read(int fd, bool direct, uint8_t* buf, size_t len, int64_t offset,
                    bool nowait) noexcept;
@@ -61,7 +69,9 @@ class FileReader {
   int fd_direct_ = -1;
   int64_t size_at_open_ = 0;
   std::string fallback_reason_;
+  bool probe_cache_ = true;
   std::atomic<bool> nowait_supported_{true};
+  std::atomic<bool> cachestat_supported_{true};
 
   std::atomic<bool> faults_on_{false};
   std::mutex faults_mutex_;  // guards faults_ when it is replaced
