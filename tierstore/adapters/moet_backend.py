@@ -1,0 +1,94 @@
+"""``rows_for``: vLLM-Moet's store-backend call, served by tierstore's I/O engine.
+
+vLLM-Moet's own tiers (its base cache, its stage buffers) ask a backend for host
+rows of (layer, expert) pairs. This backend answers from the pinned RAM arena
+when it can (zero-copy views) and otherwise with one batched engine read
+(threaded pread / O_DIRECT) into a fresh page-aligned buffer — never one
+``os.preadv`` per row under a Python lock as the reference does.
+
+Lifetime of the returned rows: a fresh row is owned by the caller. An arena view
+is valid until the next call into the store that may evict (the next
+``rows_for``, ``promote``, ``fire`` or ``step``): copy it before then, or pass
+``copy=True``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+
+
+class TierstoreBackend:
+    """Host rows of any (layer, expert) pairs of one store's pack.
+
+    Thread safety: as the store's; calls from several threads are serialised by it.
+    """
+
+    def __init__(self, store):
+        self.store = store
+        self.pack = store.pack
+        self.hits = 0        # rows answered from the arena
+        self.reads = 0       # rows read from the pack
+
+    def rows_for(self, pairs, scan: bool = False, copy: bool = False) -> list[np.ndarray]:
+        """One uint8 [slot_bytes] row per pair, in the order given (repeats allowed).
+
+        ``scan=False``: rows are admitted to the arena (``store.load_arena``) and
+        served from it; ``scan=True`` (a prefill-sized sweep): arena hits are used
+        but misses are read into a private buffer and NOT admitted, so a sweep
+        does not wipe the arena's hot set. Bad pairs raise ConfigError /
+        FormatError naming the pack, layer and expert before any read.
+        """
+        keys = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        if keys.size == 0:
+            return []
+        dense = self.pack.check_keys(keys)
+        uniq, first = np.unique(dense, return_index=True)
+        if not scan and self._arena() is not None:
+            self.store.load_arena(keys[first])
+        rows: dict[int, np.ndarray] = {}
+        in_arena = self._arena_rows(uniq)
+        hit = in_arena >= 0
+        arena = self._arena()
+        for key, row in zip(uniq[hit], in_arena[hit]):
+            view = arena.rows[int(row), : self.pack.slot_bytes].numpy()
+            rows[int(key)] = view.copy() if copy else view
+        self.hits += int(hit.sum())
+        if (~hit).any():
+            rows.update(self._read_fresh(uniq[~hit]))
+        return [rows[int(k)] for k in dense]
+
+    # -- helpers -----------------------------------------------------------------
+    def _arena(self):
+        arena = getattr(self.store, "arena", None)
+        return arena if arena is not None and getattr(arena, "n_slots", 0) else None
+
+    def _arena_rows(self, dense: np.ndarray) -> np.ndarray:
+        arena = self._arena()
+        if arena is None:
+            return np.full(len(dense), -1, dtype=np.int64)
+        return arena.resident_slot[dense].astype(np.int64)
+
+    def _read_fresh(self, dense: np.ndarray) -> dict[int, np.ndarray]:
+        """One batched engine read of ``dense`` rows into a new page-aligned buffer."""
+        pack, n = self.pack, len(dense)
+        engine = getattr(self.store, "engine", None)
+        if engine is None:
+            raise ConfigError(f"{pack.path}: store has no I/O engine to read rows with")
+        buf = engine.alloc_host(n * pack.stride)
+        base = int(buf.data_ptr())
+        dst = base + np.arange(n, dtype=np.uint64) * np.uint64(pack.stride)
+        done = engine.submit(pack.row_offsets(dense).astype(np.int64),
+                             np.full(n, pack.slot_bytes, dtype=np.int64),
+                             np.zeros(n, dtype=np.uint64), dst.astype(np.uint64),
+                             dst_device=False)
+        done.wait()
+        self.reads += n
+        view = buf.view(n, pack.stride)[:, : pack.slot_bytes]
+        return {int(k): view[i].numpy() for i, k in enumerate(dense)}
+
+
+def as_tensor_rows(rows: list[np.ndarray]) -> list[torch.Tensor]:
+    """The same rows as torch uint8 tensors (no copy)."""
+    return [torch.from_numpy(r) for r in rows]
