@@ -119,9 +119,9 @@ class Completion:
                             f"{self._native.path}: cudaStreamWaitEvent failed (CUDA error {rc})")
 
     def synchronize(self) -> None:
-        """Host waits until the batch's copies have completed, too."""
-        self.wait()
+        """Host waits until the batch's copies have completed, too (then raises like wait())."""
         rc = self._native.synchronize()
+        self.wait()
         if rc:
             raise _io_error(self._native.path, 0, _errno.EIO,
                             f"{self._native.path}: cudaEventSynchronize failed (CUDA error {rc})")
