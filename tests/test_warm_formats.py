@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 
 import msgspec
@@ -269,3 +270,14 @@ def test_fuzz_mutated_pool_heat_never_crashes_a_hint(pack, tmp_path, data):
 def test_huge_layer_number_is_a_format_error(tmp_path):
     with pytest.raises(FormatError, match="out of the int64 range"):
         read_warm_file(write(tmp_path, b'{"version": 1, "keys": [[0, 1], [18446744073709551616, 0]]}'))
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (b'{"meta": {"version": "pool-heat-v1", "tag": "fp4", "n_layers": 4, "E": 8, "slot_bytes": 64}}',
+     "pool-heat: Object missing required field `owners`"),
+    (b'{"keys": [[0, 1]]}', "arena heat version None, expected 1"),
+    (b'{"version": "tierstore-poolmon-v1", "pack": {}}', "Object missing required field"),
+])
+def test_missing_required_field_names_the_format(tmp_path, raw, reason):
+    with pytest.raises(FormatError, match=re.escape(reason)):
+        read_warm_file(write(tmp_path, raw))

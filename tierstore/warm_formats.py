@@ -171,15 +171,17 @@ def _ranked_tier(rows, path: str, where: str) -> WarmTier:
 
 def sniff_kind(obj) -> Optional[str]:
     """Which warm format a parsed JSON value is, or None."""
+    # Decided by the most specific key present, so a file missing another
+    # required key still gets that format's precise error message.
     if not isinstance(obj, dict):
         return None
-    if "meta" in obj and "owners" in obj:
-        return "pool-heat"
-    if "keys" in obj and "version" in obj:
-        return "arena-heat"
-    if "tiers" in obj or (isinstance(obj.get("version"), str)
-                          and obj["version"].startswith("tierstore-poolmon")):
+    version = obj.get("version")
+    if "tiers" in obj or (isinstance(version, str) and version.startswith("tierstore-poolmon")):
         return "poolmon"
+    if "meta" in obj:
+        return "pool-heat"
+    if "keys" in obj:
+        return "arena-heat"
     return None
 
 

@@ -113,6 +113,10 @@ def load_hint(src, pack, *, stacklevel: int = 2) -> Optional[WarmFile]:
         msg = str(exc) if str(exc).startswith(path) else f"{path}: {exc}"
         warnings.warn(f"{msg}; starting cold", WarmStartWarning, stacklevel=stacklevel + 1)
         return None
+    except Exception as exc:  # noqa: BLE001 - a hint must never stop the server
+        warnings.warn(f"{path}: unreadable warm-start file ({type(exc).__name__}: {exc}); "
+                      f"starting cold", WarmStartWarning, stacklevel=stacklevel + 1)
+        return None
     if fitted.skipped:
         warnings.warn(f"{path}: dropped entries ({describe_skipped(fitted.skipped)}); "
                       f"warming with the remaining {len(fitted.pool)} pool and "
