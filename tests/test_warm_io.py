@@ -1,0 +1,63 @@
+"""Atomic writes under real faults: a full/limited filesystem never leaves a
+half-written warm file or a stray temp file behind."""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tierstore.errors import TierIOError
+from tierstore.warm_io import read_capped, write_atomic, write_atomic_async
+
+_LIMITED_WRITE = textwrap.dedent("""
+    import resource, signal, sys
+    from tierstore.errors import TierIOError
+    from tierstore.warm_io import write_atomic
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # get EFBIG instead of a signal
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+    try:
+        write_atomic(sys.argv[1], b"x" * 65536)
+    except TierIOError as exc:
+        print(exc)
+        sys.exit(3)
+""")
+
+
+def test_write_past_file_size_limit_keeps_old_file_and_no_temp(tmp_path):
+    target = tmp_path / "poolmon.json"
+    target.write_bytes(b'{"old": true}')
+    proc = subprocess.run([sys.executable, "-c", _LIMITED_WRITE, str(target)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert f"{target}: write at offset 0x1000 failed: EFBIG" in proc.stdout
+    assert target.read_bytes() == b'{"old": true}'
+    assert os.listdir(tmp_path) == ["poolmon.json"]
+
+
+def test_async_write_into_missing_dir_raises_and_leaves_nothing(tmp_path):
+    with pytest.raises(TierIOError, match="nodir/p.json: write"):
+        asyncio.run(write_atomic_async(tmp_path / "nodir" / "p.json", b"x"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_async_write_replaces_atomically(tmp_path):
+    target = tmp_path / "p.json"
+    target.write_bytes(b"old")
+    asyncio.run(write_atomic_async(target, b"new" * 1000))
+    assert target.read_bytes() == b"new" * 1000 and os.listdir(tmp_path) == ["p.json"]
+
+
+def test_read_capped_refuses_directory_and_large_file(tmp_path):
+    from tierstore.errors import FormatError
+    with pytest.raises(FormatError, match="is a directory"):
+        read_capped(tmp_path)
+    big = tmp_path / "big.json"
+    big.write_bytes(b"x" * 101)
+    with pytest.raises(FormatError, match="101 bytes, larger than the 100-byte cap"):
+        read_capped(big, cap=100)
+    write_atomic(big, b"y")
+    assert read_capped(big, cap=100) == b"y"
