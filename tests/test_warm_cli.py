@@ -157,3 +157,13 @@ def test_convert_refuses_file_of_another_pack(tmp_path, pack, capsys):
                      "--to", "poolmon", "--pack", pack.path)
     assert rc == 1 and "is for another pack" in err and "n_experts 4, pack has 8" in err
     assert os.listdir(tmp_path) == ["ph.json"]
+
+
+def test_inspect_against_pack_reports_usable_or_cold(tmp_path, pack, capsys):
+    ok = pool_heat(tmp_path, "ok.json", [(0, 0), (3, 9)])
+    rc, out, _ = run(capsys, "warm", "inspect", ok, "--pack", pack.path)
+    assert rc == 0 and f"against {pack.path}: usable, 1 pool" in out and "1 pool: out of range" in out
+    bad = pool_heat(tmp_path, "bad.json", [(0, 0)], E_=32)
+    rc, out, _ = run(capsys, "warm", "inspect", bad, "--pack", pack.path, "--json")
+    against = json.loads(out)["against_pack"]
+    assert rc == 0 and against["usable"] is False and "n_experts 32, pack has 8" in against["reason"]

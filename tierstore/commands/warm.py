@@ -54,12 +54,39 @@ def _print_summary(s: dict) -> None:
                 print(f"  {tier} counters: " + ", ".join(f"{k} {v}" for k, v in c.items()))
     if s["problems"]:
         print("  a pack would drop: " + ", ".join(f"{n} {r}" for r, n in s["problems"].items()))
+    against = s.get("against_pack")
+    if against:
+        if against["usable"]:
+            dropped = ", ".join(f"{n} {r}" for r, n in against["dropped"].items()) or "nothing"
+            print(f"  against {against['pack']}: usable, {against['pool_entries']} pool and "
+                  f"{against['arena_entries']} arena entries (drops {dropped})")
+        else:
+            print(f"  against {against['pack']}: NOT usable, a store would start cold: "
+                  f"{against['reason']}")
+
+
+def _against_pack(wf, pack_path) -> dict:
+    """What a store on ``pack_path`` would do with ``wf``: use it (dropping
+    what it lists) or start cold, and why."""
+    from ..errors import FormatError
+    from ..pack import Pack
+    from ..warm_validate import fit_to_pack
+    with Pack.open(pack_path) as pack:
+        try:
+            fitted = fit_to_pack(wf, pack)
+        except FormatError as exc:
+            return {"pack": pack.path, "usable": False, "reason": str(exc), "dropped": {}}
+    return {"pack": pack.path, "usable": True, "reason": "", "dropped": fitted.skipped,
+            "pool_entries": len(fitted.pool), "arena_entries": len(fitted.arena)}
 
 
 def _inspect(args) -> int:
     from ..warm_formats import read_warm_file
     from ..warm_tools import summarize
-    summary = summarize(read_warm_file(args.file), top_n=args.top)
+    wf = read_warm_file(args.file)
+    summary = summarize(wf, top_n=args.top)
+    if args.pack:
+        summary["against_pack"] = _against_pack(wf, args.pack)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -105,6 +132,8 @@ def register(sub) -> None:
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--top", type=int, default=64, help="N for the top-N heat share (64)")
+    p.add_argument("--pack", default=None,
+                   help="also check the file against this pack (identity, written layers)")
     p.set_defaults(func=_inspect)
 
     m = sub.add_parser("merge", help="Merge heat from several runs, decayed by age",
