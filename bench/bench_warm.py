@@ -9,6 +9,9 @@ geometry); then the next ``--steps`` ticks are replayed cold and warm-started.
 
     python bench/bench_warm.py [--trace T.npy] [--steps 1000] [--policy heat] [--json]
 
+Snapshot cost (CPU): ``--snapshot`` times one DS4-sized poolmon snapshot: the
+part under the store's lock, the encoding and the atomic write.
+
 Preheat (GPU machine): time ``store.preheat`` of a ``--pool-gb`` pool of
 12 MiB rows from the page cache and from disk (pages dropped with
 POSIX_FADV_DONTNEED), next to the engine's own ceiling measured in the same run.
@@ -221,6 +224,42 @@ def bench_hits(args) -> dict:
             "n_layers": n_layers, "n_experts": n_experts, "results": results}
 
 
+def bench_snapshot(args) -> dict:
+    """Cost of one DS4-sized snapshot (43 x 256 keys, 512-slot pool, 2,048-row
+    arena; 1,000-byte rows so it fits any machine): the part under the store's
+    lock (``snapshot``), then encoding and the atomic write outside it."""
+    from tierstore import warmstart as ws
+    from tierstore.store import ExpertStore
+    from tierstore.testing import make_random_pack
+    L, E = 43, 256
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(dir=args.dir or ".", prefix=".bench-warm-") as tmp:
+        pack = make_random_pack(tmp, L, E, 1000)
+        with ExpertStore(pack, vram_slots=512, ram_gb=2048 * pack.stride / 2**30,
+                         device="cpu", lazy_per_step=0) as store:
+            hot = rng.permutation(L * E)[:2048]
+            store.load_arena(np.stack([hot // E, hot % E], axis=1))
+            store.promote(np.stack([hot[:512] // E, hot[:512] % E], axis=1)).wait()
+            for layer in range(L):
+                store.record(layer, rng.integers(0, E, size=(64, 6)))
+            store.step()
+            times = {"locked_snapshot_ms": [], "encode_ms": [], "write_ms": []}
+            path = os.path.join(tmp, "poolmon.json")
+            for _ in range(args.repeat):
+                t0 = time.perf_counter()
+                snap = ws.snapshot(store)
+                t1 = time.perf_counter()
+                data = ws.encode(ws.to_poolmon(snap))
+                t2 = time.perf_counter()
+                ws.write_atomic(path, data)
+                t3 = time.perf_counter()
+                for k, v in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
+                    times[k].append(v * 1e3)
+    return {"bench": "warm_snapshot", "keys": L * E, "pool_owners": len(snap.pool),
+            "arena_owners": len(snap.arena), "file_bytes": len(data), "repeat": args.repeat,
+            **{k: round(float(np.median(v)), 3) for k, v in times.items()}}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=DEFAULT_TRACE)
@@ -234,6 +273,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-live", dest="live", action="store_false",
                     help="skip the replay through a real ExpertStore (CPU pool)")
     ap.add_argument("--preheat", action="store_true", help="GPU preheat timing instead")
+    ap.add_argument("--snapshot", action="store_true",
+                    help="cost of one DS4-sized snapshot (lock hold, encode, write) instead")
+    ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pool-gb", type=float, default=6.0)
     ap.add_argument("--slot-bytes", type=int, default=12 << 20)
@@ -241,6 +283,9 @@ def main(argv=None) -> int:
                     help="where the preheat pack is written (default: a temp dir under the cwd)")
     args = ap.parse_args(argv)
     warnings.simplefilter("error")  # a warning here means the bench measured a cold start
+    if args.snapshot:
+        print(json.dumps(bench_snapshot(args), indent=2))
+        return 0
     if args.preheat:
         from bench_warm_preheat import bench_preheat
         out = bench_preheat(args)
