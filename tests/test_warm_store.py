@@ -49,6 +49,9 @@ def hot_owners(n, seed=0):
 
 
 def assert_pool_rows_match_pack(store, pack):
+    if store.pool.is_cuda:  # copies and table writes are ordered on the store's stream
+        import torch
+        torch.cuda.synchronize()
     keys = store.resident_keys("pool")
     table = store.slot_table.cpu().numpy()
     pool = store.pool.cpu().numpy()
