@@ -281,3 +281,20 @@ def test_huge_layer_number_is_a_format_error(tmp_path):
 def test_missing_required_field_names_the_format(tmp_path, raw, reason):
     with pytest.raises(FormatError, match=re.escape(reason)):
         read_warm_file(write(tmp_path, raw))
+
+
+HOSTILE = os.path.join(os.path.dirname(__file__), "data", "warm")
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(HOSTILE)))
+def test_hostile_sample_file_is_an_error_strict_and_a_cold_start_as_hint(pack, name, capsys):
+    from tierstore.cli import main
+    path = os.path.join(HOSTILE, name)
+    with pytest.raises(FormatError) as ei:
+        read_warm_file(path)
+    assert str(ei.value).startswith(path + ": ") and "\n" not in str(ei.value)
+    wf, msgs = hint(path, pack)
+    assert wf is None and len(msgs) == 1 and msgs[0].startswith(path)
+    assert main(["warm", "inspect", path]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"tierstore: error: {path}: ") and err.count("\n") == 1

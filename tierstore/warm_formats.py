@@ -193,6 +193,8 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
         obj = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         raise FormatError(f"{path}: corrupt JSON: {exc}") from exc
+    except RecursionError:
+        raise FormatError(f"{path}: corrupt JSON: nested too deeply") from None
     kind = sniff_kind(obj)
     if kind is None:
         raise FormatError(f"{path}: not a warm-start file (expected a poolmon, "
