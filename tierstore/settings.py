@@ -94,7 +94,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("pool_policy", "heat", str, "replacement policy of the VRAM pool"),
     Knob("arena_policy", "lru", str, "replacement policy of the pinned RAM arena"),
     Knob("scan_keep", 0.5, _fraction,
-         "share of each tier's hottest residents a prefill (scan) batch may not evict"),
+         "share of each tier's capacity (its hottest residents) a prefill (scan) batch may not evict"),
     Knob("fire_rounds", 3, _positive_int,
          "rounds a fire retries keys another thread was loading before giving up"),
     Knob("latency_window", 4096, _positive_int,

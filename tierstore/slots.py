@@ -67,11 +67,12 @@ class SlotStates:
         return int(np.count_nonzero(self.state == RESIDENT))
 
     def hot_mask(self, share: float) -> np.ndarray | None:
-        """Boolean [n_keys]: the hottest ``share`` of the RESIDENT keys (scan protection)."""
+        """Boolean [n_keys]: the hottest RESIDENT keys, up to ``share`` of the tier's
+        capacity (scan protection: "keep the hottest half of the pool")."""
         if share <= 0:
             return None
         res = self.owner[self.state == RESIDENT]
-        k = int(len(res) * share)
+        k = min(int(self.n_slots * share), len(res))
         mask = np.zeros(self.n_keys, dtype=bool)
         if k >= len(res):
             mask[res] = True

@@ -93,12 +93,12 @@ class Mover:
         # when there is one, else into the engine's own staging buffers.
         a_slot = arena.resident_slot[keys]
         hit = a_slot >= 0
+        hit_keys = keys[hit]
+        arena.pin(hit_keys)  # before taking rows: a source row must not become a victim
         got = arena.take(keys[~hit & (arena.slot_of[keys] < 0)], allow_evict=True,
                          protect=protect)
         if len(got.reused):
             arena.begin_load(got.reused)
-        hit_keys = keys[hit]
-        arena.pin(hit_keys)
         arena.pin(got.keys)
         batch.arena_new = got.slots
         batch.arena_pinned = np.concatenate([hit_keys, got.keys])
@@ -196,8 +196,13 @@ class Mover:
                 return exc
             dense = int(batch.keys[int(rows[0])])
         layer, expert = divmod(int(dense), self.pack.n_experts)
-        return TierIOError(exc.path, exc.offset, exc.errno or 5,
-                           what=f"layer {layer} expert {expert} read")
+        out = TierIOError(exc.path, exc.offset, exc.errno or 5,
+                          what=f"layer {layer} expert {expert} read")
+        detail = str(exc)
+        if detail and detail not in str(out):  # keep the engine's own words (short read, ...)
+            out.args = (out.errno, f"{out} [{detail}]")
+        out.layer, out.expert = layer, expert
+        return out
 
     def _account(self, batch: LoadBatch, seconds: float) -> None:
         c, nbytes = self.counters, self.pack.slot_bytes
