@@ -253,3 +253,16 @@ def test_preheat_read_error_stops_with_warning_and_no_wrong_rows(pack, tmp_path)
             slot = store.slot_table.cpu().numpy()[l, e]
             np.testing.assert_array_equal(store.pool.cpu().numpy()[slot, :SLOT],
                                           pack.read_row(l, e))
+
+
+def test_preheat_accepts_an_in_memory_merge_and_rejects_bad_fill(pack, tmp_path):
+    from tierstore.errors import ConfigError
+    a = poolmon_file(tmp_path / "a.json", pack, hot_owners(6, seed=1))
+    b = poolmon_file(tmp_path / "b.json", pack, hot_owners(6, seed=2))
+    merged = ws.merge([ws.read_warm_file(a), ws.read_warm_file(b)])
+    with open_store(pack, ram_gb=0.0) as store:
+        with pytest.raises(ConfigError, match="pool_fill 1.5: expected a fraction in"):
+            ws.preheat(store, merged, pool_fill=1.5)
+        summary = ws.preheat(store, merged, pool_fill=1.0, progress=False)
+        assert summary.source == "<merged>" and summary.pool_rows == len(merged.pool)
+        assert_pool_rows_match_pack(store, pack)
