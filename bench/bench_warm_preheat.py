@@ -102,8 +102,10 @@ def _timed_preheat(pack, poolmon: str, args) -> dict:
     from tierstore.store import ExpertStore
     with ExpertStore(pack, vram_gb=args.pool_gb, ram_gb=0.0, device=args.device,
                      force=True) as store:
+        _sync(args.device)
         t0 = time.perf_counter()
         s = warmstart.preheat(store, poolmon, pool_fill=args.pool_fill, progress=False)
+        _sync(args.device)  # count the copies still in flight, as the engine ceiling does
         dt = time.perf_counter() - t0
         n_slots = store.n_slots
     return {"seconds": round(dt, 3), "rows": s.pool_rows, "bytes": s.pool_bytes,
