@@ -152,3 +152,19 @@ def pool_benefit(model: MoEModel, n_tokens: int = 64, top_k: int = 4, layers=Non
             "top_k": top_k, "layers": layers, "dist": model.dist,
             "shape": {"n_layers": model.n_layers, "n_experts": model.n_experts,
                       "H": model.H, "I": model.I}}
+
+
+def random_expert_rows(n: int, tag: str, H: int, I: int, seed: int = 0, device="cpu",
+                       scale_exp=(-8, -4)) -> torch.Tensor:
+    """``n`` valid rows of random codes (every nibble / 2-bit code value occurs) with e8m0
+    scales 2^e, e uniform in ``scale_exp``: uint8 [n, row_bytes]. Fast at DS4 shapes
+    (no quantisation), for kernel checks and benchmarks."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    rows = torch.randint(0, 256, (n, fp4.row_bytes(tag, H, I)), dtype=torch.uint8,
+                         generator=g, device=device)
+    lo, hi = scale_exp
+    for s in fp4.row_sections(tag, H, I):
+        if s.codec == "e8m0":
+            rows[:, s.offset:s.offset + s.bytes] = torch.randint(
+                127 + lo, 127 + hi + 1, (n, s.bytes), dtype=torch.uint8, generator=g, device=device)
+    return rows

@@ -185,12 +185,18 @@ def _check_args(x, topk_weights, topk_ids, layer, store, base) -> None:
 
 # ---- dispatch --------------------------------------------------------------------
 
-def fused_moe(x, topk_weights, topk_ids, layer: int, store, base: BaseWeights) -> torch.Tensor:
-    """Routed-expert MoE output [T, H] in x's dtype. CUDA + T <= 16 -> decode kernel."""
-    if x.is_cuda and x.shape[0] <= DECODE_MAX_TOKENS and _kernel_available():
+def fused_moe(x, topk_weights, topk_ids, layer: int, store, base: BaseWeights, *,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """Routed-expert MoE output [T, H] in x's dtype (written into ``out`` when given).
+
+    CUDA tensors with T <= 16 and k <= 16 take the decode kernel; everything else the
+    torch reference. ``store`` needs ``slot_table``, ``pool`` and ``slot_bytes``."""
+    if x.is_cuda and x.shape[0] <= DECODE_MAX_TOKENS and topk_ids.shape[-1] <= 16 \
+            and _kernel_available():
         from .moe_cuda import fused_moe_decode
-        return fused_moe_decode(x, topk_weights, topk_ids, layer, store, base)
-    return fused_moe_reference(x, topk_weights, topk_ids, layer, store, base).to(x.dtype)
+        return fused_moe_decode(x, topk_weights, topk_ids, layer, store, base, out=out)
+    y = fused_moe_reference(x, topk_weights, topk_ids, layer, store, base).to(x.dtype)
+    return y if out is None else out.copy_(y)
 
 
 def _kernel_available() -> bool:
