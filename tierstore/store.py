@@ -199,10 +199,14 @@ class ExpertStore:
             keys = np.repeat(base, sizes) + ids
             counts = np.bincount(keys[ids >= 0], minlength=self._n_keys)
         if self._dev_counts is not None:
-            with self._stream_ctx():
+            # record() ran on the caller's current stream; order the fold after it.
+            current = torch.cuda.current_stream(self._dev_counts.device)
+            stream = self._stream if self._stream is not None else current
+            stream.wait_stream(current)
+            with torch.cuda.stream(stream):
                 snap = self._dev_counts.clone()
                 self._dev_counts.zero_()
-            dev = snap.cpu().numpy().astype(np.int64)  # one host sync per fold, not per record
+                dev = snap.cpu().numpy().astype(np.int64)  # one host sync per fold, not per record
             counts = dev[:self._n_keys] if counts is None else counts + dev[:self._n_keys]
         return counts
 
@@ -412,10 +416,6 @@ class ExpertStore:
 
     def _resolve_stream(self, stream):
         return self._stream if stream is None else stream
-
-    def _stream_ctx(self):
-        import contextlib
-        return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
 
     def _check_open(self, what: str) -> None:
         if self._closed:
