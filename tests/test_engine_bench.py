@@ -1,0 +1,36 @@
+"""`tierstore bench io` end to end on the CPU pool with a tiny file: runs, writes its JSON
+atomically, and reports every source with a ratio to its ceiling."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tierstore.cli import main
+
+
+def test_bench_io_cpu_small_run_reports_every_source(tmp_path, capsys):
+    out = tmp_path / "io.json"
+    rc = main(["bench", "io", "--pack", str(tmp_path / "rows.bin"), "--create-gb", "0.02",
+               "--row-bytes", "1048576", "--device", "cpu", "--fires", "1,4", "--threads", "2",
+               "--repeats", "2", "--cold-repeats", "1", "--ceiling-gb", "0.01", "--h2d-gb", "0.01",
+               "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert set(res["tierstore"]) == {f"{s}_{n}" for s in ("arena", "pagecache", "cold") for n in (1, 4)}
+    for r in res["tierstore"].values():
+        assert r["gbps_p50"] > 0 and r["ratio_to_ceiling"] > 0 and r["p99_ms"] >= r["p50_ms"]
+    assert res["baselines"]["kvikio"].startswith("skipped")
+    assert "python8t_pagecache_4" in res["baselines"]
+    assert "ceilings:" in capsys.readouterr().out
+
+
+def test_bench_io_missing_file_without_create_is_one_line_error(tmp_path, capsys):
+    assert main(["bench", "io", "--pack", str(tmp_path / "absent.bin")]) == 1
+    assert "absent.bin" in capsys.readouterr().err
+
+
+def test_bench_io_fire_larger_than_file_is_rejected(tmp_path, capsys):
+    rc = main(["bench", "io", "--pack", str(tmp_path / "r.bin"), "--create-gb", "0.005",
+               "--row-bytes", "1048576", "--device", "cpu", "--fires", "64"])
+    assert rc == 1 and "largest fire needs 64" in capsys.readouterr().err
