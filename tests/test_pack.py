@@ -200,3 +200,38 @@ def test_closed_pack_refuses_reads(tmp_path):
     p.close()
     with pytest.raises(Exception, match="closed"):
         p.read_row(0, 0)
+
+
+def test_file_truncated_after_open_gives_format_error_with_offset(tmp_path):
+    with make_random_pack(tmp_path, L, E, SLOT) as p:
+        os.truncate(p.path, (2 * E + 3) * 8192 + 100)
+        with pytest.raises(FormatError, match=rf"end of file at offset {(2 * E + 3) * 8192 + 100:#x}"
+                                              r", expected 4900 more bytes \(truncated pack\)"):
+            p.read_row(2, 3)
+        with pytest.raises(FormatError, match="truncated pack"):
+            p.verify()
+
+
+def test_read_error_becomes_tier_io_error_naming_offset(tmp_path, monkeypatch):
+    from tierstore import TierIOError
+
+    def failing_preadv(fd, bufs, off):
+        raise OSError(errno.EIO, "Input/output error")
+
+    with make_random_pack(tmp_path, L, E, SLOT) as p:
+        monkeypatch.setattr(os, "preadv", failing_preadv)
+        with pytest.raises(TierIOError, match=rf"read at offset {(E + 1) * 8192:#x} failed: EIO") as ei:
+            p.read_row(1, 1)
+        assert ei.value.errno == errno.EIO and ei.value.offset == (E + 1) * 8192
+
+
+def test_short_reads_are_continued(tmp_path, monkeypatch):
+    real = os.preadv
+
+    def short_preadv(fd, bufs, off):
+        return real(fd, [bufs[0][:777]], off)
+
+    with make_random_pack(tmp_path, L, E, SLOT, seed=3) as p:
+        monkeypatch.setattr(os, "preadv", short_preadv)
+        assert np.array_equal(p.read_row(2, 7), random_layer_rows(3, 2, E, SLOT)[7])
+        p.verify()

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import xxhash
 
-from .errors import ConfigError, FormatError
+from .errors import ConfigError, FormatError, TierIOError
 from .pack_format import (DEFAULT_CHECKSUM, PackName, RowLayout, RowSection, Sidecar,
                           key20_of, load_sidecar, sidecar_path_of)
 
@@ -188,7 +188,10 @@ class Pack:
             raise ClosedError(f"{self.path}: pack is closed")
         done = 0
         while done < len(buf):
-            n = os.preadv(self._fd, [buf[done:]], offset + done)
+            try:
+                n = os.preadv(self._fd, [buf[done:]], offset + done)
+            except OSError as exc:
+                raise TierIOError(self.path, offset + done, exc.errno or 0) from None
             if n == 0:
                 raise FormatError(f"{self.path}: end of file at offset {offset + done:#x}, "
                                   f"expected {len(buf) - done} more bytes (truncated pack)")
