@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import os
 
 import numpy as np
@@ -73,6 +74,7 @@ class PackWriter:
         self.lock_path = lock_path_of(self.path)
         self._take_lock()
         try:
+            self._remove_stale_temps()
             self._sidecar = self._open_or_create(sc)
         except BaseException:
             self.close()
@@ -100,6 +102,14 @@ class PackWriter:
             os.close(self._lock_fd)
             self._lock_fd = -1
             raise PackBusyError(self.lock_path) from None
+
+    def _remove_stale_temps(self) -> None:
+        """Temp files a killed writer left; safe to remove: we hold the lock."""
+        d = os.path.dirname(os.path.abspath(self.path))
+        for target in (self.path, self.sidecar_path):
+            for stale in glob.glob(os.path.join(glob.escape(d),
+                                                f".{glob.escape(os.path.basename(target))}.tmp-*")):
+                os.unlink(stale)
 
     def _open_or_create(self, fresh: Sidecar) -> Sidecar:
         size = fresh.n_layers * fresh.E * fresh.stride
