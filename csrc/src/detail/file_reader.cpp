@@ -129,13 +129,25 @@ int FileReader::read_exact(uint8_t* buf, size_t len, int64_t offset, int64_t* er
   // 1. Fully cached ranges are read from the page cache. The check is
   //    cachestat (Linux 6.5+), which does no I/O: an RWF_NOWAIT probe would
   //    start buffered readahead on a miss and double the disk traffic.
-  if (probe_cache_ && cachestat_supported_.load(std::memory_order_relaxed) &&
-      range_cached(offset, len)) {
-    return read_loop(fd_buffered_, false, false, buf, len, offset, err_offset, from_cache);
+  size_t done = 0;
+  if (probe_cache_ && cachestat_supported_.load(std::memory_order_relaxed)) {
+    if (range_cached(offset, len))
+      return read_loop(fd_buffered_, false, false, buf, len, offset, err_offset, from_cache);
+  }
+  if (probe_cache_ && !cachestat_supported_.load(std::memory_order_relaxed) &&
+      nowait_supported_.load(std::memory_order_relaxed)) {
+    // Kernel without cachestat: take what the cache holds with RWF_NOWAIT (a
+    // miss may start some readahead; better than sending cached rows to disk).
+    ssize_t n = sys_read(fd_buffered_, false, buf, len, offset, /*nowait=*/true);
+    if (n == ssize_t(len)) return 0;
+    if (n == -EOPNOTSUPP || n == -EINVAL) nowait_supported_.store(false);
+    else if (n == 0) { *err_offset = offset; return ENODATA; }
+    else if (n > 0) done = size_t(n);
+    else if (n != -EAGAIN && n != -EWOULDBLOCK && n != -EINTR) { *err_offset = offset; return int(-n); }
   }
   // 2. Otherwise from disk.
   *from_cache = false;
-  return read_direct(buf, len, offset, err_offset, from_cache);
+  return read_direct(buf + done, len - done, offset + int64_t(done), err_offset, from_cache);
 }
 
 bool FileReader::range_cached(int64_t offset, size_t len) noexcept {
