@@ -38,12 +38,14 @@ class DecodeStats(msgspec.Struct, frozen=True):
 class TinyDecoder:
     """Residual stack of the model's MoE layers + an LM head. Weights live on ``device``."""
 
-    def __init__(self, model, top_k: int, vocab: int = 64, device="cpu", seed: int = 0):
+    def __init__(self, model, top_k: int, vocab: int = 64, device="cpu", seed: int = 0,
+                 logit_std: float = 8.0):
         self.top_k, self.n_layers = int(top_k), model.n_layers
         g = torch.Generator().manual_seed(seed + 1)
         self.router = model.router.to(device)                       # [L, H, E]
-        # head scale chosen so a few rows are confident and a few are not
-        self.head = (torch.randn(model.H, vocab, generator=g) * 2.0).to(device)
+        # logits of std ~logit_std over 64 words: some rows sure, some not (the gate's range)
+        scale = logit_std / model.H ** 0.5
+        self.head = (torch.randn(model.H, vocab, generator=g) * scale).to(device)
 
     def route(self, h: torch.Tensor, layer: int):
         logits = h.float() @ self.router[layer]
