@@ -62,22 +62,25 @@ class DensePolicy(Policy):
         if int(capacity) < 0:
             raise ConfigError(f"policy {self.name!r}: capacity must be >= 0, got {capacity}")
         super().__init__(n_keys, capacity)
+        self._n_keys_u64 = np.uint64(self.n_keys)
         self._resident = np.zeros(self.n_keys, dtype=bool)
         self._n_resident = 0
 
     # -- helpers for subclasses -------------------------------------------
     def _checked(self, keys, what: str) -> np.ndarray:
         arr = as_keys(keys)
-        if arr.size and (arr.min() < 0 or arr.max() >= self.n_keys):
+        # One comparison catches both ends: a negative key viewed as uint64 is huge.
+        if arr.size and np.count_nonzero(arr.view(np.uint64) >= self._n_keys_u64):
             self._raise_out_of_range(arr, what)
         return arr
 
     def _checked_low(self, keys, what: str) -> np.ndarray:
-        """Hot-path check: only the lower bound (one pass). The scatter that
-        follows raises IndexError on a key >= n_keys; callers turn that into
-        ``_raise_out_of_range`` (negative keys would silently wrap instead)."""
+        """Hot-path check, same as ``_checked`` (kept apart so the hot path can
+        change on its own); callers still turn an IndexError from their scatter
+        into ``_raise_out_of_range``."""
         arr = as_keys(keys)
-        if arr.size and arr.min() < 0:
+        # One comparison catches both ends: a negative key viewed as uint64 is huge.
+        if arr.size and np.count_nonzero(arr.view(np.uint64) >= self._n_keys_u64):
             self._raise_out_of_range(arr, what)
         return arr
 
