@@ -39,6 +39,8 @@ def register(sub) -> None:
     p.add_argument("--h2d-gb", type=float, default=2.0, help="size of the H2D ceiling copy")
     p.add_argument("--kvikio-threads", default="1,8,16,32")
     p.add_argument("--no-baselines", action="store_true", help="skip Python baseline and kvikio")
+    p.add_argument("--sweep", default="", metavar="THREADS:CHUNK_MIB,...",
+                   help="also time 64-row page-cache and cold fires for these engine settings")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--out", help="also write the JSON results to this file (atomically)")
     p.set_defaults(func=main)
@@ -67,7 +69,12 @@ def _file_rows(path: str, row_bytes: int) -> tuple[np.ndarray, int]:
         return np.arange(n, dtype=np.int64) * stride, row_bytes
 
 
-def run(args) -> dict:
+def _progress(text: str) -> None:
+    print(f"[bench io] {text}", file=sys.stderr, flush=True)
+
+
+def run(args, res: dict | None = None) -> dict:
+    """Fill `res` (a fresh dict when None) step by step, so a failure keeps what was measured."""
     import torch
     from .. import cuda_available
     from ..engine import Engine
@@ -84,8 +91,10 @@ def run(args) -> dict:
                           f"{max(fires)}")
     file_bytes = int(offsets[-1]) + row
     rng = np.random.default_rng(0)
-    res: dict = {"file": path, "file_bytes": file_bytes, "row_bytes": row, "device": device,
-                 "threads": args.threads, "ceilings": {}, "tierstore": {}, "baselines": {}}
+    res = {} if res is None else res
+    res.update({"file": path, "file_bytes": file_bytes, "row_bytes": row, "device": device,
+                "threads": args.threads, "ceilings": {}, "tierstore": {}, "baselines": {},
+                "sweep": {}})
     ceil = res["ceilings"]
     # 1. Ceilings, on this file, now.
     ceil["h2d_gbps"] = m.ceiling_h2d(torch, device, int(args.h2d_gb * (1 << 30)))
@@ -93,6 +102,7 @@ def run(args) -> dict:
     ceil["odirect_16t_gbps"] = m.ceiling_read(path, span, row, 16, direct=True)
     m.warm(path, file_bytes)
     ceil["pagecache_16t_gbps"] = m.ceiling_read(path, span, row, 16, direct=False)
+    _progress(f"ceilings {ceil}")
 
     top = max(fires)
     pool = torch.empty((top, row), dtype=torch.uint8, device=device)
@@ -113,12 +123,14 @@ def run(args) -> dict:
                      for _ in range(args.repeats)]
                 ts[f"arena_{n}"] = m.summarize(t[1:] or t, n, row)
             del arena
+            _progress("arena fires done")
         if "pagecache" in sources:
             m.warm(path, file_bytes)
             for n in fires:
                 t = [m.tierstore_fire(torch, engine, device, pick(n), row, pool)
                      for _ in range(args.repeats)]
                 ts[f"pagecache_{n}"] = m.summarize(t[1:] or t, n, row)
+            _progress("page-cache fires done")
         base_n = min(64, top)
         if not args.no_baselines:
             _baselines(args, res, torch, device, path, pool, row, base_n, pick, cold=False)
@@ -131,13 +143,45 @@ def run(args) -> dict:
                     res["evict"] = m.evict(path)
                     t.append(m.tierstore_fire(torch, engine, device, pick(n), row, pool))
                 ts[f"cold_{n}"] = m.summarize(t, n, row)
+                _progress(f"cold {n} done: {ts[f'cold_{n}']['gbps_p50']:.2f} GB/s")
             if not args.no_baselines:
                 _baselines(args, res, torch, device, path, pool, row, base_n, pick, cold=True)
         res["engine_stats"] = {k: v for k, v in engine.stats().items()}
     finally:
         engine.close()
+    if args.sweep:
+        _sweep(args, res, torch, device, path, pool, row, min(64, top), pick, file_bytes)
     _ratios(res)
     return res
+
+
+def _sweep(args, res, torch, device, path, pool, row, n, pick, file_bytes) -> None:
+    """Engine settings side by side: all page-cache fires first (one warm-up of the file),
+    then the cold ones (each after an eviction)."""
+    from ..engine import Engine
+    items = args.sweep.split(",")
+    engines = {}
+    try:
+        for item in items:
+            threads, chunk_mib = item.split(":")
+            engines[item] = Engine(path, threads=int(threads), direct="auto", device=device,
+                                   chunk_bytes=int(float(chunk_mib) * (1 << 20)) // m.PAGE * m.PAGE,
+                                   stage_bytes=(row + m.PAGE - 1) // m.PAGE * m.PAGE,
+                                   stage_count=args.stage_count)
+        m.warm(path, file_bytes)
+        for item, eng in engines.items():
+            t = [m.tierstore_fire(torch, eng, device, pick(n), row, pool) for _ in range(6)]
+            res["sweep"][f"pagecache_{n}_{item}"] = m.summarize(t[1:], n, row)
+        for item, eng in engines.items():
+            m.evict(path)
+            t = [m.tierstore_fire(torch, eng, device, pick(n), row, pool)]
+            res["sweep"][f"cold_{n}_{item}"] = m.summarize(t, n, row)
+            _progress(f"sweep {item}: page cache "
+                      f"{res['sweep'][f'pagecache_{n}_{item}']['gbps_p50']:.1f} GB/s, "
+                      f"cold {res['sweep'][f'cold_{n}_{item}']['gbps_p50']:.2f} GB/s")
+    finally:
+        for eng in engines.values():
+            eng.close()
 
 
 def _baselines(args, res, torch, device, path, pool, row, n, pick, *, cold: bool) -> None:
@@ -161,17 +205,22 @@ def _baselines(args, res, torch, device, path, pool, row, n, pick, *, cold: bool
         res["baselines"]["kvikio"] = f"skipped: import failed ({type(exc).__name__}: {exc})"
         return
     for threads in _ints(args.kvikio_threads, "kvikio-threads"):
-        m.kvikio_set_threads(kvikio, threads)
-        f = kvikio.CuFile(path, "r")
         try:
-            t = []
-            for _ in range(reps + (0 if cold else 1)):
-                if cold:
-                    m.evict(path)
-                t.append(m.kvikio_fire(kvikio, f, pick(n), row, pool))
-        finally:
-            f.close()
+            m.kvikio_set_threads(kvikio, threads)
+            f = kvikio.CuFile(path, "r")
+            try:
+                t = []
+                for _ in range(reps + (0 if cold else 1)):
+                    if cold:
+                        m.evict(path)
+                    t.append(m.kvikio_fire(kvikio, f, pick(n), row, pool))
+            finally:
+                f.close()
+        except Exception as exc:  # noqa: BLE001 - a baseline failing must not lose the run
+            res["baselines"][f"kvikio{threads}t_{key}_{n}"] = f"failed: {type(exc).__name__}: {exc}"
+            continue
         res["baselines"][f"kvikio{threads}t_{key}_{n}"] = m.summarize(t if cold else t[1:], n, row)
+    _progress(f"baselines ({key}) done")
 
 
 def _ratios(res: dict) -> None:
@@ -203,7 +252,9 @@ def report(res: dict) -> str:
              f"ceilings: H2D {c['h2d_gbps']:.1f} GB/s, O_DIRECT 16t {c['odirect_16t_gbps']:.2f} GB/s, "
              f"page cache 16t {c['pagecache_16t_gbps']:.1f} GB/s",
              f"{'fire':<22}{'p50 ms':>10}{'p99 ms':>10}{'GB/s':>8}{'ceiling':>9}{'ratio':>7}  notes"]
-    for key, r in res["tierstore"].items():
+    for key, r in list(res["tierstore"].items()) + [("sweep " + k, v) for k, v in res["sweep"].items()]:
+        if "ratio_to_ceiling" not in r:
+            r = dict(r, ceiling_gbps=float("nan"), ratio_to_ceiling=float("nan"))
         notes = " ".join(f"{k}={r[k]:.2f}x" for k in ("vs_kvikio_best", "vs_python_baseline") if k in r)
         notes += (" " + r["note"]) if "note" in r else ""
         lines.append(f"tierstore {key:<12}{r['p50_ms']:>10.2f}{r['p99_ms']:>10.2f}{r['gbps_p50']:>8.2f}"
@@ -216,14 +267,25 @@ def report(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _write_json(path: str, res: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def main(args) -> int:
-    res = run(args)
+    res: dict = {}
+    try:
+        run(args, res)
+    except BaseException:
+        if args.out and res:
+            res["incomplete"] = True
+            _write_json(args.out, res)  # keep what was measured
+        raise
     if args.out:
-        tmp = f"{args.out}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(res, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, args.out)
+        _write_json(args.out, res)
     print(json.dumps(res, indent=1) if args.json else report(res), file=sys.stdout)
     return 0

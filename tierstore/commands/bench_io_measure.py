@@ -140,15 +140,11 @@ def kvikio_fire(kvikio, cufile, offsets, row_bytes, pool) -> float:
 
 
 def kvikio_set_threads(kvikio, n: int) -> None:
-    d = kvikio.defaults
-    if hasattr(d, "set"):
-        try:
-            d.set({"num_threads": n})
-            return
-        except TypeError:
-            d.set("num_threads", n)
-            return
-    d.num_threads_reset(n)
+    import kvikio.defaults as defaults  # a submodule: not imported by `import kvikio`
+    if hasattr(defaults, "set"):
+        defaults.set({"num_threads": n})
+    else:  # kvikio < 24.x
+        defaults.num_threads_reset(n)
 
 
 # -- tierstore fires --------------------------------------------------------------------------
