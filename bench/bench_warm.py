@@ -204,12 +204,16 @@ def bench_hits(args) -> dict:
                 row[name + "_first10"] = round(hits_at[10], 4)
                 row[name + "_first100"] = round(hits_at[100], 4)
                 row[name + "_misses"] = pool.reads - pool.hits
-            # tierstore.sim on the same window, cold: the same policy (must equal
-            # our cold replay: same classes, same admission), Belady's MIN and
-            # the unbounded cache (only first uses miss)
+            # tierstore.sim on the same window, cold, tick granularity (a step's
+            # keys all known and pinned, like this replay and a fire): the same
+            # policy (must equal our cold replay), Belady's MIN, the unbounded
+            # cache; and the sim's layer-by-layer model of the same policy.
             window = sim_window(trace, warm_end, args.steps)
-            for r in sim.replay(window, (args.policy, "belady", "unbounded"), (cap,)):
+            for r in sim.replay(window, (args.policy, "belady", "unbounded"), (cap,),
+                                granularity="tick"):
                 row[f"sim_{r.policy}_cold"] = round(r.hit_rate, 4)
+            for r in sim.replay(window, (args.policy,), (cap,), granularity="layer"):
+                row[f"sim_{r.policy}_cold_layer_granular"] = round(r.hit_rate, 4)
             row["replay_matches_sim"] = row["cold"] == row[f"sim_{args.policy}_cold"]
             if args.live:
                 window_ticks = ticks[warm_end:warm_end + args.steps]
