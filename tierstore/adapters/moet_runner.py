@@ -105,7 +105,9 @@ class EngineReplay:
         torch.cuda.current_stream().wait_stream(side)
         self.tier.seen.zero_()              # warm-up marks are not a step's routing
         self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
+        # thread_local: the store's worker thread may touch CUDA (lazy promotions)
+        # while this thread captures; that must not invalidate the capture
+        with torch.cuda.graph(self._graph, capture_error_mode="thread_local"):
             self._static_out = self.decoder.forward(self.tier, self._static_x)
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
