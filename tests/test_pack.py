@@ -235,3 +235,12 @@ def test_short_reads_are_continued(tmp_path, monkeypatch):
         monkeypatch.setattr(os, "preadv", short_preadv)
         assert np.array_equal(p.read_row(2, 7), random_layer_rows(3, 2, E, SLOT)[7])
         p.verify()
+
+
+def test_verify_reports_progress_per_layer(tmp_path):
+    seen = []
+    with make_random_pack(tmp_path, L, E, SLOT, layers=[0, 2]) as p:
+        report = p.verify(progress=lambda done, total: seen.append((done, total)))
+        assert seen == [(E, 2 * E), (2 * E, 2 * E)]
+        assert (report.rows_checked, report.bytes_checked) == (2 * E, 2 * E * SLOT)
+        assert p.verify(progress=True).rows_checked == 2 * E     # rich bar, no terminal needed
