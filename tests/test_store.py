@@ -114,10 +114,23 @@ def test_bad_keys_and_unwritten_layers_are_rejected_with_clear_errors(make_store
         store.fire([(3, 0)])
     with pytest.raises(ConfigError, match="record: layer 4 out of range"):
         store.record(4, np.zeros((1, 2), np.int64))
-    with pytest.raises(ConfigError, match=r"record\(layer 1\): expert id 16"):
-        store.record(1, np.array([[0, 16]]))
     assert not store._pool.key_pins.any()
     assert_store_consistent(store)
+
+
+def test_record_of_out_of_range_ids_drops_counts_and_logs_them_once(make_store, caplog):
+    store = make_store(ram_gb=0)
+    store.record(1, np.array([[0, 16], [17, 2]]))
+    store.record(2, [[3, 99]])
+    with caplog.at_level("WARNING", logger="tierstore.store"):
+        st = store.stats()
+    assert st.record_dropped == 3 and st.pool.misses == 3
+    assert "dropped 3 expert id(s) out of range [0, 16), first: layer 1 expert id 16" in caplog.text
+    store.record(0, np.array([[20]]))
+    with caplog.at_level("WARNING", logger="tierstore.store"):
+        assert store.stats().record_dropped == 4
+    assert caplog.text.count("dropped") == 1
+    assert store.pool_policy.scores()[1 * E + 0] > 0 and store.pool_policy.scores()[2 * E + 3] > 0
 
 
 def test_record_counts_token_weighted_and_distinct_hits_per_tier(make_store):

@@ -45,6 +45,18 @@ log = logging.getLogger("tierstore.store")
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
+def _sorted_unique_counts(ranked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique values of a sorted array and their counts (np.unique without its sort or
+    hash table: the hot path folds a few hundred keys per step)."""
+    if not len(ranked):
+        return ranked, ranked
+    first = np.empty(len(ranked), dtype=bool)
+    first[0] = True
+    np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    return ranked[starts], np.diff(np.append(starts, len(ranked)))
+
+
 class Ticket:
     """Handle of an asynchronous promotion. ``wait`` re-raises the promotion's error."""
 
@@ -111,7 +123,7 @@ class ExpertStore:
         self._pending: deque = deque()
         self._dev_counts = None
         self._dev_one = None
-        self._seen: list[np.ndarray] = []
+        self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
         self._prefill: FireResult | None = None
         self._lazy_busy = False
         self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
@@ -156,22 +168,24 @@ class ExpertStore:
     # -- record ------------------------------------------------------------------------
     def record(self, layer: int, topk_ids) -> None:
         """Routing of one MoE layer was observed. Heat only: no I/O, no lock, no host
-        sync (a CUDA tensor is counted on the device). ``topk_ids`` [T, k] ints."""
+        sync (a CUDA tensor is counted on the device). ``topk_ids`` [T, k] ints; the
+        ids are copied, so the caller may reuse its buffer. Ids < 0 are padding. Ids
+        >= n_experts are dropped when folded, counted in ``stats().record_dropped``
+        and logged once: checking them here would cost a reduction per call on the
+        CPU and a host sync on CUDA."""
         if self._closed:
             raise ClosedError(f"{self.pack.path}: record() on a closed store")
         if not 0 <= layer < self._L:
             raise ConfigError(f"record: layer {layer} out of range [0, {self._L})")
-        if isinstance(topk_ids, torch.Tensor):
-            if topk_ids.device.type != "cpu":
+        if type(topk_ids) is np.ndarray:
+            self._pending.append((layer, topk_ids.copy()))
+        elif isinstance(topk_ids, torch.Tensor):
+            if topk_ids.is_cuda:
                 self._record_device(layer, topk_ids)
-                return
-            ids = topk_ids.numpy()
+            else:
+                self._pending.append((layer, topk_ids.numpy().copy()))
         else:
-            ids = np.asarray(topk_ids)
-        if ids.size and int(ids.max()) >= self._E:
-            raise ConfigError(f"record(layer {layer}): expert id {int(ids.max())} out of range "
-                              f"[0, {self._E})")
-        self._pending.append((layer, ids.copy()))
+            self._pending.append((layer, np.array(topk_ids, dtype=np.int64)))
 
     def _record_device(self, layer: int, ids: torch.Tensor) -> None:
         if self._dev_counts is None:
@@ -186,18 +200,29 @@ class ExpertStore:
         keys = torch.where(flat < 0, self._n_keys, keys)
         self._dev_counts.index_put_((keys,), self._dev_one, accumulate=True)
 
-    def _take_records(self) -> np.ndarray:
-        """Token counts per key since the last call (caller holds the lock)."""
+    def _take_records(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(unique keys, token counts) recorded since the last call; caller holds the lock."""
+        keys, counts = [], []
         n = len(self._pending)
-        counts = None
         if n:
             items = [self._pending.popleft() for _ in range(n)]
             arrays = [a.reshape(-1) for _, a in items]
             sizes = np.fromiter((a.size for a in arrays), np.int64, n)
-            base = np.fromiter((l for l, _ in items), np.int64, n) * self._E
+            layers = np.fromiter((l for l, _ in items), np.int64, n)
             ids = np.concatenate(arrays).astype(np.int64, copy=False)
-            keys = np.repeat(base, sizes) + ids
-            counts = np.bincount(keys[ids >= 0], minlength=self._n_keys)
+            bad = ids >= self._E
+            if bad.any():
+                self._dropped(int(np.count_nonzero(bad)),
+                              int(np.repeat(layers, sizes)[np.argmax(bad)]), int(ids[np.argmax(bad)]))
+            flat = (np.repeat(layers * self._E, sizes) + ids)[(ids >= 0) & ~bad]
+            if len(flat) * 4 < self._n_keys:   # few keys: sort them; many: count densely
+                k, c = _sorted_unique_counts(np.sort(flat))
+            else:
+                dense = np.bincount(flat, minlength=self._n_keys)
+                k = np.flatnonzero(dense)
+                c = dense[k]
+            keys.append(k)
+            counts.append(c)
         if self._dev_counts is not None:
             # record() ran on the caller's current stream; order the fold after it.
             current = torch.cuda.current_stream(self._dev_counts.device)
@@ -207,23 +232,39 @@ class ExpertStore:
                 snap = self._dev_counts.clone()
                 self._dev_counts.zero_()
                 dev = snap.cpu().numpy().astype(np.int64)  # one host sync per fold, not per record
-            counts = dev[:self._n_keys] if counts is None else counts + dev[:self._n_keys]
-        return counts
+            if dev[self._n_keys]:
+                self._dropped(int(dev[self._n_keys]), -1, -1)
+            k = np.flatnonzero(dev[:self._n_keys])
+            keys.append(k)
+            counts.append(dev[k])
+        if not keys:
+            return None
+        if len(keys) == 1:
+            return keys[0], counts[0]
+        dense = np.bincount(np.concatenate(keys), weights=np.concatenate(counts),
+                            minlength=self._n_keys).astype(np.int64)
+        k = np.flatnonzero(dense)
+        return k, dense[k]
+
+    def _dropped(self, n: int, layer: int, expert: int) -> None:
+        if not self.counters.record_dropped:
+            where = f"layer {layer} expert id {expert}" if layer >= 0 else "a CUDA record"
+            log.warning("%s: record(): dropped %d expert id(s) out of range [0, %d), first: %s",
+                        self.pack.path, n, self._E, where)
+        self.counters.record_dropped += n
 
     def _fold_records(self) -> None:
         """Fold queued routing into hit counters and both policies (caller holds the lock)."""
-        counts = self._take_records()
-        if counts is None:
+        taken = self._take_records()
+        if taken is None or not len(taken[0]):
             return
-        keys = np.flatnonzero(counts)
-        if not len(keys):
-            return
-        weights = counts[keys]
-        self.counters.count_hits(keys, weights, self._pool.resident_slot[keys] >= 0,
+        keys, counts = taken
+        self.counters.count_hits(keys, counts, self._pool.resident_slot[keys] >= 0,
                                  self._arena.resident_slot[keys] >= 0)
-        self._pool.policy.on_access(keys, weights=weights.astype(np.float64))
-        self._arena.policy.on_access(keys, weights=weights.astype(np.float64))
-        self._seen.append(keys)
+        weights = counts.astype(np.float64)
+        self._pool.policy.on_access(keys, weights=weights)
+        self._arena.policy.on_access(keys, weights=weights)
+        self._seen[keys] = True
 
     # -- fire / release ------------------------------------------------------------------
     def fire(self, routed, max_promote=None, stream=None) -> FireResult:
@@ -330,15 +371,14 @@ class ExpertStore:
             self._pool.policy.decay(steps=1)
             self._arena.policy.decay(steps=1)
             self.step_count += 1
-            seen = np.unique(np.concatenate(self._seen)) if self._seen else _EMPTY
-            self._seen = []
             if not self._lazy_busy and self.config.lazy_per_step:
-                keys, rejected = lazy_candidates(self, seen)
+                keys, rejected = lazy_candidates(self, np.flatnonzero(self._seen))
                 self.counters.lazy_rejected += rejected
                 if len(keys):
                     self._lazy_busy = True
                     self.counters.lazy_queued += len(keys)
                     self._submit_job(("promote", keys, Ticket(len(keys)), True))
+            self._seen[:] = False
             every = self.config.snapshot_every_s
             if self._snapshot_path and every and time.monotonic() - self._last_snapshot >= every:
                 self._last_snapshot = time.monotonic()
@@ -411,8 +451,14 @@ class ExpertStore:
             return _EMPTY
         arr = arr.reshape(-1, 2) if arr.ndim == 1 and arr.size == 2 else arr
         dense = self.pack.check_keys(arr)
-        _, first = np.unique(dense, return_index=True)
-        return dense[np.sort(first)]
+        if len(dense) <= 1:
+            return dense
+        order = np.argsort(dense, kind="stable")
+        ranked = dense[order]
+        first = np.empty(len(dense), dtype=bool)
+        first[0] = True
+        np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+        return dense[np.sort(order[first])]  # unique, in first-seen order
 
     def _resolve_stream(self, stream):
         return self._stream if stream is None else stream

@@ -54,8 +54,9 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResul
                 placed = batch.keys if batch is not None else _EMPTY
                 unplaced = _drop(new, placed)
                 result.no_slot += len(unplaced)
-                ids = np.unique(pool.batch_of_slot[pool.slot_of[pinned[loading]]])
-                others = [mover.inflight[b] for b in ids.tolist() if b in mover.inflight]
+                ids = (set(pool.batch_of_slot[pool.slot_of[pinned[loading]]].tolist())
+                       if loading.any() else ())
+                others = [mover.inflight[b] for b in ids if b in mover.inflight]
                 gone = np.concatenate([over, unplaced])
                 if len(gone):
                     pool.unpin(gone)

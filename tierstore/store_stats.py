@@ -45,6 +45,7 @@ class StoreStats(msgspec.Struct, frozen=True):
     bytes_read: int = 0              # all pack bytes read (pool + arena loads)
     promote_gbps: float = 0.0        # bytes moved into the pool / seconds spent moving them
     failed_reads: int = 0
+    record_dropped: int = 0          # recorded expert ids >= n_experts (logged once)
 
 
 class FireResult(msgspec.Struct):
@@ -72,21 +73,25 @@ class Counters:
         self.bytes_arena = self.bytes_read = self.bytes_to_pool = 0
         self.move_seconds = 0.0
         self.failed_reads = 0
+        self.record_dropped = 0
         self.fire_latency = deque(maxlen=int(latency_window))
 
     def count_hits(self, keys: np.ndarray, counts: np.ndarray, in_pool: np.ndarray,
                    in_arena: np.ndarray) -> None:
         """``keys`` unique dense ids with token ``counts``; residency masks per key."""
         pool, arena = self.tier["pool"], self.tier["arena"]
-        arena_hit = ~in_pool & in_arena
-        pool["hits"] += int(counts[in_pool].sum())
-        pool["misses"] += int(counts[~in_pool].sum())
-        pool["distinct_hits"] += int(np.count_nonzero(in_pool))
-        pool["distinct_misses"] += int(np.count_nonzero(~in_pool))
-        arena["hits"] += int(counts[arena_hit].sum())
-        arena["misses"] += int(counts[~in_pool & ~in_arena].sum())
-        arena["distinct_hits"] += int(np.count_nonzero(arena_hit))
-        arena["distinct_misses"] += int(np.count_nonzero(~in_pool & ~in_arena))
+        # One category per key (0 miss both, 1 arena only, 2/3 pool): two bincounts.
+        cat = in_pool.astype(np.intp) * 2 + in_arena
+        tok = np.bincount(cat, weights=counts, minlength=4).astype(np.int64).tolist()
+        dis = np.bincount(cat, minlength=4).tolist()
+        pool["hits"] += tok[2] + tok[3]
+        pool["misses"] += tok[0] + tok[1]
+        pool["distinct_hits"] += dis[2] + dis[3]
+        pool["distinct_misses"] += dis[0] + dis[1]
+        arena["hits"] += tok[1]
+        arena["misses"] += tok[0]
+        arena["distinct_hits"] += dis[1]
+        arena["distinct_misses"] += dis[0]
 
     def tier_stats(self, tier: str, states) -> TierStats:
         c = self.tier[tier]
@@ -110,7 +115,7 @@ class Counters:
             bytes_arena=self.bytes_arena, bytes_pagecache=pagecache, bytes_disk=disk,
             bytes_read=self.bytes_read,
             promote_gbps=(self.bytes_to_pool / self.move_seconds / 1e9) if self.move_seconds else 0.0,
-            failed_reads=self.failed_reads)
+            failed_reads=self.failed_reads, record_dropped=self.record_dropped)
 
 
 def _source_bytes(engine_stats: dict, name: str) -> int | None:
