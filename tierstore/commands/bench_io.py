@@ -101,7 +101,7 @@ def run(args, res: dict | None = None) -> dict:
     span = min(file_bytes, int(args.ceiling_gb * 1e9))
     ceil["odirect_16t_gbps"] = m.ceiling_read(path, span, row, 16, direct=True)
     m.warm(path, file_bytes)
-    ceil["pagecache_16t_gbps"] = m.ceiling_read(path, span, row, 16, direct=False)
+    ceil["pagecache_16t_gbps"] = m.ceiling_read(path, span, row, 16, direct=False, passes=3)
     _progress(f"ceilings {ceil}")
 
     top = max(fires)

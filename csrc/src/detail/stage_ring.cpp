@@ -20,6 +20,13 @@ Stage* StageRing::acquire(const std::atomic<bool>& stop) {
       free_.pop_back();
       return s;
     }
+    // A stage whose copy already completed beats a new allocation (pinning
+    // 12 MiB costs milliseconds): the ring stays as small as the load needs.
+    if (!copying_.empty() && CopyStream::event_query(copying_.front()->copy_done) != 0) {
+      Stage* s = copying_.front();
+      copying_.pop_front();
+      return s;
+    }
     if (int(all_.size()) < count_) {  // grow lazily up to count_
       auto s = std::make_unique<Stage>(Stage{HostBuffer(stage_bytes_, stream_ != nullptr)});
       if (stream_) s->copy_done = CopyStream::create_event();
