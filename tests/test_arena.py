@@ -75,6 +75,7 @@ def test_full_arena_never_evicts_a_row_that_is_this_batchs_copy_source(pack, dev
         store.load_arena([(1, 8)])
         store.load_arena([(1, 9)])                   # (1, 8) is now the LRU victim
         store.fire([(1, 8), (1, 10)])                # hit on (1, 8) + a miss needing a row
+        assert store.wait_idle(10)                   # CUDA: the worker unpins copy sources
         assert_store_consistent(store)
         assert not store.arena.key_pins.any()
 
