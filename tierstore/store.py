@@ -178,14 +178,14 @@ class ExpertStore:
         if not 0 <= layer < self._L:
             raise ConfigError(f"record: layer {layer} out of range [0, {self._L})")
         if type(topk_ids) is np.ndarray:
-            self._pending.append((layer, topk_ids.copy()))
+            self._pending.append((layer, topk_ids.flatten()))   # flatten() copies
         elif isinstance(topk_ids, torch.Tensor):
             if topk_ids.is_cuda:
                 self._record_device(layer, topk_ids)
             else:
-                self._pending.append((layer, topk_ids.numpy().copy()))
+                self._pending.append((layer, topk_ids.numpy().flatten()))
         else:
-            self._pending.append((layer, np.array(topk_ids, dtype=np.int64)))
+            self._pending.append((layer, np.array(topk_ids, dtype=np.int64).reshape(-1)))
 
     def _record_device(self, layer: int, ids: torch.Tensor) -> None:
         if self._dev_counts is None:
@@ -206,8 +206,8 @@ class ExpertStore:
         n = len(self._pending)
         if n:
             items = [self._pending.popleft() for _ in range(n)]
-            arrays = [a.reshape(-1) for _, a in items]
-            sizes = np.fromiter((a.size for a in arrays), np.int64, n)
+            arrays = [a for _, a in items]
+            sizes = np.fromiter(map(len, arrays), np.int64, n)
             layers = np.fromiter((l for l, _ in items), np.int64, n)
             ids = np.concatenate(arrays).astype(np.int64, copy=False)
             bad = ids >= self._E
