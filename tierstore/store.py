@@ -178,12 +178,12 @@ class ExpertStore:
         if not 0 <= layer < self._L:
             raise ConfigError(f"record: layer {layer} out of range [0, {self._L})")
         if type(topk_ids) is np.ndarray:
-            self._pending.append((layer, topk_ids.flatten()))   # flatten() copies
+            self._pending.append((layer, topk_ids.ravel().copy()))
         elif isinstance(topk_ids, torch.Tensor):
             if topk_ids.is_cuda:
                 self._record_device(layer, topk_ids)
             else:
-                self._pending.append((layer, topk_ids.numpy().flatten()))
+                self._pending.append((layer, topk_ids.numpy().ravel().copy()))
         else:
             self._pending.append((layer, np.array(topk_ids, dtype=np.int64).reshape(-1)))
 
