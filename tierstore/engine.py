@@ -141,7 +141,7 @@ class Engine:
     """
 
     def __init__(self, path: str | os.PathLike, *, threads: int = 8, direct: str = "auto",
-                 device: str = "cpu", device_index: int = 0, chunk_bytes: int = 2 << 20,
+                 device: str = "cpu", device_index: int = 0, chunk_bytes: int = 4 << 20,
                  stage_bytes: int = 16 << 20, stage_count: int = 8, probe_cache: bool = True):
         self.path = os.fspath(path)
         problems = []

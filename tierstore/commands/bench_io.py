@@ -31,7 +31,7 @@ def register(sub) -> None:
     p.add_argument("--fires", default="1,8,64,512", help="fire sizes in rows")
     p.add_argument("--sources", default="arena,pagecache,cold")
     p.add_argument("--threads", type=int, default=16)
-    p.add_argument("--chunk-mib", type=float, default=2.0)
+    p.add_argument("--chunk-mib", type=float, default=4.0)
     p.add_argument("--stage-count", type=int, default=16)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--cold-repeats", type=int, default=3)

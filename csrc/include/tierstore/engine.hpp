@@ -38,7 +38,7 @@ struct EngineOptions {
   int threads = 8;
   detail::DirectMode direct = detail::DirectMode::automatic;
   int device = -1;                       // CUDA device for H2D copies; -1: host only
-  size_t chunk_bytes = size_t(2) << 20;  // read task size (multiple of 4 KiB)
+  size_t chunk_bytes = size_t(4) << 20;  // read task size (multiple of 4 KiB)
   size_t stage_bytes = size_t(16) << 20; // one staging buffer; larger rows are split
   int stage_count = 8;                   // staging buffers (pinned) at most
   bool probe_cache = true;               // with O_DIRECT: serve page-cache hits from the cache
