@@ -14,10 +14,9 @@ only: slots are reserved under it, the reads happen with it released, and it is
 taken again to publish or roll back (``tierstore.store_io``). Nothing holding it
 reads the disk or waits for a read.
 
-Heat: ``record`` only queues the ids (CPU) or adds them into a device counter
-(CUDA, capturable in a CUDA graph); they are folded into the policies and the
-hit counters, vectorised, at the next fire / step / stats call. Ids < 0 (padding)
-are ignored.
+Heat: ``record`` only queues the ids (tierstore.store_record); they are folded
+into the policies and the hit counters, vectorised, at the next fire / step /
+stats call.
 
 Errors: bad keys raise ConfigError / FormatError (tierstore.pack.check_keys); a
 failed read raises TierIOError naming the file, offset, layer and expert, after
@@ -30,31 +29,18 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 
 import numpy as np
 import torch
 
-from . import settings
 from .errors import ClosedError, ConfigError
 from .store_config import StoreConfig
 from .store_io import Mover
+from .store_record import RoutingRecorder
 from .store_stats import Counters, FireResult, StoreStats, TierStats  # noqa: F401 (re-export)
 
 log = logging.getLogger("tierstore.store")
 _EMPTY = np.empty(0, dtype=np.int64)
-
-
-def _sorted_unique_counts(ranked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique values of a sorted array and their counts (np.unique without its sort or
-    hash table: the hot path folds a few hundred keys per step)."""
-    if not len(ranked):
-        return ranked, ranked
-    first = np.empty(len(ranked), dtype=bool)
-    first[0] = True
-    np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    return ranked[starts], np.diff(np.append(starts, len(ranked)))
 
 
 class Ticket:
@@ -118,11 +104,7 @@ class ExpertStore:
         self._stream = cfg.consumer_stream()
         self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
                             self.counters, cfg.scan_keep)
-        # record(): host ids queue (deque append/popleft are thread-safe) and a device
-        # counter [n_keys + 1] (last bucket: out-of-range ids) that graphs may capture.
-        self._pending: deque = deque()
-        self._dev_counts = None
-        self._dev_one = None
+        self._recorder = RoutingRecorder(pack, self.counters, self.lock)
         self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
         self._prefill: FireResult | None = None
         self._lazy_busy = False
@@ -168,94 +150,14 @@ class ExpertStore:
     # -- record ------------------------------------------------------------------------
     def record(self, layer: int, topk_ids) -> None:
         """Routing of one MoE layer was observed. Heat only: no I/O, no lock, no host
-        sync (a CUDA tensor is counted on the device). ``topk_ids`` [T, k] ints; the
-        ids are copied, so the caller may reuse its buffer. Ids < 0 are padding. Ids
-        >= n_experts are dropped when folded, counted in ``stats().record_dropped``
-        and logged once: checking them here would cost a reduction per call on the
-        CPU and a host sync on CUDA."""
+        sync. See tierstore.store_record for what happens to the ids."""
         if self._closed:
             raise ClosedError(f"{self.pack.path}: record() on a closed store")
-        if not 0 <= layer < self._L:
-            raise ConfigError(f"record: layer {layer} out of range [0, {self._L})")
-        if type(topk_ids) is np.ndarray:
-            self._pending.append((layer, topk_ids.ravel().copy()))
-        elif isinstance(topk_ids, torch.Tensor):
-            if topk_ids.is_cuda:
-                self._record_device(layer, topk_ids)
-            else:
-                self._pending.append((layer, topk_ids.numpy().ravel().copy()))
-        else:
-            self._pending.append((layer, np.array(topk_ids, dtype=np.int64).reshape(-1)))
-
-    def _record_device(self, layer: int, ids: torch.Tensor) -> None:
-        if self._dev_counts is None:
-            with self.lock:
-                if self._dev_counts is None:
-                    self._dev_one = torch.ones((), dtype=torch.int32, device=ids.device)
-                    self._dev_counts = torch.zeros(self._n_keys + 1, dtype=torch.int32,
-                                                   device=ids.device)
-        flat = ids.reshape(-1).to(torch.int64)
-        ok = (flat >= 0) & (flat < self._E)
-        keys = torch.where(ok, flat + layer * self._E, self._n_keys)
-        keys = torch.where(flat < 0, self._n_keys, keys)
-        self._dev_counts.index_put_((keys,), self._dev_one, accumulate=True)
-
-    def _take_records(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """(unique keys, token counts) recorded since the last call; caller holds the lock."""
-        keys, counts = [], []
-        n = len(self._pending)
-        if n:
-            items = [self._pending.popleft() for _ in range(n)]
-            arrays = [a for _, a in items]
-            sizes = np.fromiter(map(len, arrays), np.int64, n)
-            layers = np.fromiter((l for l, _ in items), np.int64, n)
-            ids = np.concatenate(arrays).astype(np.int64, copy=False)
-            bad = ids >= self._E
-            if bad.any():
-                self._dropped(int(np.count_nonzero(bad)),
-                              int(np.repeat(layers, sizes)[np.argmax(bad)]), int(ids[np.argmax(bad)]))
-            flat = (np.repeat(layers * self._E, sizes) + ids)[(ids >= 0) & ~bad]
-            if len(flat) * 4 < self._n_keys:   # few keys: sort them; many: count densely
-                k, c = _sorted_unique_counts(np.sort(flat))
-            else:
-                dense = np.bincount(flat, minlength=self._n_keys)
-                k = np.flatnonzero(dense)
-                c = dense[k]
-            keys.append(k)
-            counts.append(c)
-        if self._dev_counts is not None:
-            # record() ran on the caller's current stream; order the fold after it.
-            current = torch.cuda.current_stream(self._dev_counts.device)
-            stream = self._stream if self._stream is not None else current
-            stream.wait_stream(current)
-            with torch.cuda.stream(stream):
-                snap = self._dev_counts.clone()
-                self._dev_counts.zero_()
-                dev = snap.cpu().numpy().astype(np.int64)  # one host sync per fold, not per record
-            if dev[self._n_keys]:
-                self._dropped(int(dev[self._n_keys]), -1, -1)
-            k = np.flatnonzero(dev[:self._n_keys])
-            keys.append(k)
-            counts.append(dev[k])
-        if not keys:
-            return None
-        if len(keys) == 1:
-            return keys[0], counts[0]
-        dense = np.bincount(np.concatenate(keys), weights=np.concatenate(counts),
-                            minlength=self._n_keys).astype(np.int64)
-        k = np.flatnonzero(dense)
-        return k, dense[k]
-
-    def _dropped(self, n: int, layer: int, expert: int) -> None:
-        if not self.counters.record_dropped:
-            where = f"layer {layer} expert id {expert}" if layer >= 0 else "a CUDA record"
-            log.warning("%s: record(): dropped %d expert id(s) out of range [0, %d), first: %s",
-                        self.pack.path, n, self._E, where)
-        self.counters.record_dropped += n
+        self._recorder.record(layer, topk_ids)
 
     def _fold_records(self) -> None:
         """Fold queued routing into hit counters and both policies (caller holds the lock)."""
-        taken = self._take_records()
+        taken = self._recorder.take(self._stream)
         if taken is None or not len(taken[0]):
             return
         keys, counts = taken
