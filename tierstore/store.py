@@ -29,6 +29,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -41,6 +42,23 @@ from .store_stats import Counters, FireResult, StoreStats, TierStats  # noqa: F4
 
 log = logging.getLogger("tierstore.store")
 _EMPTY = np.empty(0, dtype=np.int64)
+
+
+def _work(store_ref, jobs) -> None:
+    """Background worker of one store: promotions, deferred source unpins, snapshots.
+    Holds the store only while running a job."""
+    while True:
+        job = jobs.get()
+        store = store_ref()
+        if job is None or store is None:
+            return
+        try:
+            store._run_job(job)
+        finally:
+            with store._jobs_cv:
+                store._jobs_open -= 1
+                store._jobs_cv.notify_all()
+            del store
 
 
 class Ticket:
@@ -112,7 +130,10 @@ class ExpertStore:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._jobs_cv = threading.Condition()  # not store.lock: waiting never blocks the forward
         self._jobs_open = 0                    # queued or running jobs
-        self._worker = threading.Thread(target=self._work, name="tierstore-store", daemon=True)
+        # The worker holds only a weak reference, so a store nobody closed can still be
+        # collected (and __del__ closes it).
+        self._worker = threading.Thread(target=_work, args=(weakref.ref(self), self._jobs),
+                                        name="tierstore-store", daemon=True)
         self._worker.start()
         if warm_start is not None:
             self.preheat(warm_start)
@@ -323,9 +344,17 @@ class ExpertStore:
             while self._active:
                 self._idle.wait()
         self._jobs.put(None)
-        self._worker.join()
+        if threading.current_thread() is not self._worker:
+            self._worker.join()
         if self._owns_engine:
             self.engine.close()
+
+    def __del__(self):
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     def __enter__(self) -> "ExpertStore":
         return self
@@ -379,19 +408,6 @@ class ExpertStore:
             self._active -= 1
             self._idle.notify_all()
 
-    def _work(self) -> None:
-        """Background worker: promotions, deferred source unpins, snapshots."""
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            try:
-                self._run_job(job)
-            finally:
-                with self._jobs_cv:
-                    self._jobs_open -= 1
-                    self._jobs_cv.notify_all()
-
     def _run_job(self, job) -> None:
         kind = job[0]
         if kind == "promote":
@@ -403,7 +419,7 @@ class ExpertStore:
                 ticket._finish(self._promote_now(keys))
             except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
                 ticket._finish(error=exc)
-                if lazy:
+                if lazy and not isinstance(exc, ClosedError):
                     log.warning("lazy promotion failed: %s", exc)
             finally:
                 if lazy:
