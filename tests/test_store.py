@@ -228,3 +228,15 @@ def test_shared_engine_is_not_closed_by_the_store(pack):
         store.fire([(1, 1)])
     assert not engine.closed
     engine.close()
+
+
+def test_an_unclosed_store_is_closed_when_collected(pack):
+    import gc
+    store = ts.ExpertStore(pack, vram_slots=8, device="cpu")
+    store.release(store.fire([(0, 1)]))
+    store.step()
+    assert store.wait_idle(10)
+    engine = store.engine
+    del store
+    gc.collect()
+    assert engine.closed  # the worker thread did not keep the store (and its engine) alive
