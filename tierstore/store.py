@@ -26,6 +26,7 @@ raises ClosedError.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -87,12 +88,35 @@ class Ticket:
 
 
 class ExpertStore:
-    """Expert rows of one pack in a VRAM pool + RAM arena; see the module docstring
-    and ../shared/DESIGN.md for the contract."""
+    """Expert rows of one pack in a VRAM pool + RAM arena (contract: ../shared/DESIGN.md).
+
+    pack        a Pack (or a path for Pack.open); the store reads it through its engine
+    vram_slots  pool slots; or vram_gb (GiB, or "auto" = free device memory minus
+                reserve_gb); neither = "auto". Sized before the fire floor is checked.
+    ram_gb      pinned arena in GiB of stride-sized rows (0 = none, "auto" = 1/4 pack)
+    policy      pool policy name, or {"pool": spec, "arena": spec} (store_config.py)
+    device      "cuda"/"cuda:N" (real VRAM pool) or "cpu" (pool in host memory)
+    max_promote default cap on new promotions per fire (TIERSTORE_MAX_PROMOTE)
+    top_k, n_spec, max_seqs (+ option gate_fp_max): when top_k is given the pool must
+                hold fire_floor(...) slots: CapacityError, or a warning with force=True
+    warm_start  a poolmon / pool-heat / arena-heat file preheated at construction
+    **options   threads, direct, lazy_per_step, half_life, half_life_s, arena_policy,
+                reserve_gb, max_gb, scan_keep, fire_rounds, latency_window, engine,
+                stream, snapshot, snapshot_every_s, gate_fp_max (docs/SETTINGS.md)
+
+    Owns the pool and slot_table tensors (allocated once, never moved), the arena and,
+    unless ``engine=`` was given, its engine. Thread safety: every method may be called
+    from any thread; record/fire/release/step are meant for the forward thread.
+    Errors: ConfigError (bad arguments, all reported together), CapacityError (sizing),
+    FormatError (unwritten layer), TierIOError (reads), ClosedError (after close).
+    """
 
     def __init__(self, pack, vram_slots=None, vram_gb=None, ram_gb=0.0, policy=None,
                  device="cuda", max_promote=None, top_k=None, n_spec=0, max_seqs=1,
                  force=False, warm_start=None, **options):
+        if isinstance(pack, (str, os.PathLike)):
+            from .pack import Pack
+            pack = Pack.open(pack)
         cfg = StoreConfig.build(pack, vram_slots=vram_slots, vram_gb=vram_gb, ram_gb=ram_gb,
                                 policy=policy, device=device, max_promote=max_promote,
                                 top_k=top_k, n_spec=n_spec, max_seqs=max_seqs, force=force,
