@@ -48,3 +48,40 @@ def test_many_concurrent_batches_from_threads_are_all_byte_exact(tmp_path, direc
         assert s["batches"] == n_threads * batches_each * 2 and s["failed_rows"] == 0
         rows = s["pagecache"]["rows"] + s["disk"]["rows"]
         assert rows >= n_threads * batches_each * (rows_each + 3)
+
+
+def test_close_racing_submits_leaves_no_batch_unfinished(tmp_path):
+    """submit() from several threads while close() runs: every batch that was accepted
+    finishes (success or ECANCELED) and later submits raise ClosedError; nothing hangs."""
+    import errno
+    import time
+
+    from tierstore.errors import ClosedError, TierIOError
+
+    path = tmp_path / "rows.bin"
+    write_random_file(path, 2 << 20, seed=4)
+    eng = Engine(path, threads=2, direct="off", chunk_bytes=4096)
+    eng._inject_faults(delay_us=200)
+    accepted, refused = [], []
+
+    def client() -> None:
+        for _ in range(50):
+            try:
+                accepted.append(eng.submit(np.arange(8) * 4096 * 8, 4096 * 8))
+            except ClosedError:
+                refused.append(1)
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.02)
+    eng.close()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    for c in accepted:
+        try:
+            assert c.wait(timeout=10)
+        except TierIOError as exc:
+            assert exc.errno == errno.ECANCELED
+    assert all(c.done() for c in accepted) and len(accepted) + len(refused) == 200
