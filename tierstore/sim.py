@@ -283,6 +283,19 @@ def replay_reference(prep: Prepared, slots: int, ticks_per_second: float) -> _Co
     return cnt
 
 
+def check_policy_names(names, raise_: bool = True) -> str:
+    """'' when every name is a policy or sim model, else the message (raised as
+    ConfigError unless ``raise_`` is False)."""
+    unknown = [p for p in names if p not in _policies.available() and p not in SIM_MODELS]
+    if not unknown:
+        return ""
+    msg = (f"unknown policy {', '.join(map(repr, unknown))} (available: "
+           f"{', '.join(_policies.available() + list(SIM_MODELS))})")
+    if raise_:
+        raise ConfigError(msg)
+    return msg
+
+
 def replay(trace: Trace | Prepared, policies=("lru", "heat", "hybrid", "reference", "belady"),
            slots=(51, 102, 205), *, budget: int = 8, row_bytes: int = 0,
            ticks_per_second: float = DEFAULT_TICKS_PER_SECOND,
@@ -291,15 +304,13 @@ def replay(trace: Trace | Prepared, policies=("lru", "heat", "hybrid", "referenc
     ``gap_to_min`` filled when ``belady`` ran at the same slots. ``row_bytes``
     turns reads into bytes; ``policy_params`` (name -> kwargs) reaches
     ``policies.make`` and the predictor."""
+    bad_slots = [s for s in slots if int(s) <= 0]
+    problems = [check_policy_names(policies, raise_=False),
+                bad_slots and f"slots must be > 0, got {bad_slots}"]
+    if any(problems):
+        raise ConfigError("; ".join(filter(None, problems)))
     prep = trace if isinstance(trace, Prepared) else Prepared(trace)
     params = policy_params or {}
-    unknown = [p for p in policies if p not in _policies.available() and p not in SIM_MODELS]
-    bad_slots = [s for s in slots if int(s) <= 0]
-    if unknown or bad_slots:
-        raise ConfigError("; ".join(filter(None, [
-            unknown and f"unknown policy {', '.join(map(repr, unknown))} (available: "
-                        f"{', '.join(_policies.available() + list(SIM_MODELS))})",
-            bad_slots and f"slots must be > 0, got {bad_slots}"])))
     results = []
     for s in slots:
         s = int(s)

@@ -96,7 +96,7 @@ class CoRoutingPredictor:
 
 
 def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "layer",
-                   base: str = "hybrid", threshold: float = 0.25, half_life: float = 512.0,
+                   base: str = "hybrid", threshold: float = 0.1, half_life: float = 512.0,
                    use_cross: bool = True, use_temporal: bool = True, **base_params):
     """Demand fill under ``base`` plus predicted prefetch; returns sim counters."""
     from .sim import _Counters
