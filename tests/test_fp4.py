@@ -195,3 +195,22 @@ def test_bad_inputs_name_the_problem():
         fp4.dequantize_mxfp4(torch.zeros(1, 16, dtype=torch.uint8), torch.full((1, 1), 255, dtype=torch.uint8))
     with pytest.raises(ConfigError, match="unknown"):
         fp4.row_sections("fp8", 64, 64)
+
+
+@pytest.mark.parametrize("v", [2.9774707e38, 3.4e38, -float(np.finfo(np.float32).max), 1.7e38])
+def test_values_near_float32_max_decode_finite_in_float32(v):
+    q, s = fp4.quantize_mxfp4(torch.full((1, 32), v, dtype=torch.float32))
+    d = fp4.dequantize_mxfp4(q, s)
+    assert torch.isfinite(d).all()
+    assert float((d - v).abs().max()) <= 2.0 ** (int(s[0, 0]) - 127)
+
+
+def test_batched_encode_equals_per_expert_encode():
+    w13, w2 = torch.randn(2, 3, 128, 64), torch.randn(2, 3, 64, 64)
+    for tag, order in (("fp4", "linear"), ("fp4", "fragmajor"), ("base", "linear")):
+        rows = fp4.encode_experts(w13, w2, tag, order)
+        assert rows.shape == (2, 3, fp4.row_bytes(tag, 64, 64))
+        np.testing.assert_array_equal(rows[1, 2], fp4.encode_expert(w13[1, 2], w2[1, 2], tag, order))
+        a, b = fp4.decode_experts(torch.from_numpy(rows), tag, 64, 64, order)
+        a1, b1 = fp4.decode_expert(rows[1, 2], tag, 64, 64, order)
+        assert torch.equal(a[1, 2], a1) and torch.equal(b[1, 2], b1)

@@ -127,8 +127,21 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = x.reshape(*x.shape[:-1], -1, MX_BLOCK)
     e = _mx_exponent(blocks.abs().amax(-1), E2M1_MAX)
     scaled = torch.ldexp(blocks, (-e).to(x.dtype).unsqueeze(-1))
-    codes = round_to_e2m1(scaled).reshape(x.shape)
-    return pack_nibbles(codes), (e + 127).to(torch.uint8)
+    codes = round_to_e2m1(scaled)
+    if bool((e >= 126).any()):
+        codes = _keep_float32_finite(codes, e)
+    return pack_nibbles(codes.reshape(x.shape)), (e + 127).to(torch.uint8)
+
+
+def _keep_float32_finite(codes: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    # Near float32's max (|x| > 2^126) rounding up can give grid * 2^e = 2^128 = inf
+    # when decoded in float32; step those down one grid point (error stays <= half a
+    # step of the upper neighbour, <= 1 at the block scale).
+    mag = (codes & 7).long()
+    grid = torch.tensor(E2M1_GRID, dtype=torch.float64, device=codes.device)
+    top = float(torch.finfo(torch.float32).max)
+    over = grid[mag] * torch.ldexp(torch.ones_like(e, dtype=torch.float64), e.double()).unsqueeze(-1) > top
+    return torch.where(over, codes - 1, codes)
 
 
 def e8m0_to_float(s: torch.Tensor) -> torch.Tensor:
@@ -138,9 +151,26 @@ def e8m0_to_float(s: torch.Tensor) -> torch.Tensor:
                        s.to(torch.float32) - 127.0)
 
 
+def _byte_lut(values: torch.Tensor, per_byte: int, bits: int) -> torch.Tensor:
+    """[256, per_byte] float32: the values of the codes packed in each byte value."""
+    b = torch.arange(256)
+    idx = torch.stack([(b >> (bits * t)) & ((1 << bits) - 1) for t in range(per_byte)], -1)
+    return values[idx]
+
+
+_E2M1_BYTE_LUT = _byte_lut(_grid_lut("cpu"), 2, 4)                              # [256, 2]
+_BASE2_BYTE_LUT = _byte_lut(torch.tensor(BASE2_LEVELS, dtype=torch.float32), 4, 2)  # [256, 4]
+
+
+def _decode_bytes(q: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    # one table lookup per byte (embedding takes int32 indices: no int64 copy of q)
+    flat = torch.nn.functional.embedding(q.reshape(-1).to(torch.int32), lut.to(q.device))
+    return flat.reshape(*q.shape[:-1], q.shape[-1] * lut.shape[1])
+
+
 def dequantize_mxfp4(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """(q [..., K/2], s [..., K/32]) -> float32 [..., K]."""
-    vals = e2m1_decode(unpack_nibbles(q))
+    vals = _decode_bytes(q.to(torch.uint8), _E2M1_BYTE_LUT)
     vals = vals.reshape(*vals.shape[:-1], -1, MX_BLOCK) * e8m0_to_float(s).unsqueeze(-1)
     return vals.reshape(*q.shape[:-1], q.shape[-1] * 2)
 
@@ -171,7 +201,7 @@ def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
 
 
 def dequantize_nvfp4(q: torch.Tensor, s: torch.Tensor, global_scale: float) -> torch.Tensor:
-    vals = e2m1_decode(unpack_nibbles(q))
+    vals = _decode_bytes(q.to(torch.uint8), _E2M1_BYTE_LUT)
     vals = vals.reshape(*vals.shape[:-1], -1, NV_BLOCK) * (s.to(torch.float32) * float(global_scale)).unsqueeze(-1)
     return vals.reshape(*q.shape[:-1], q.shape[-1] * 2)
 
@@ -215,9 +245,8 @@ def quantize_base2(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_base2(codes: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """(codes [..., K/4], s [..., K/32]) -> float32 [..., K]."""
     c = codes.to(torch.uint8)
-    idx = torch.stack([(c >> (2 * t)) & 3 for t in range(4)], dim=-1).reshape(*c.shape[:-1], -1)
-    levels = torch.tensor(BASE2_LEVELS, dtype=torch.float32, device=c.device)
-    vals = levels[idx.long()].reshape(*c.shape[:-1], -1, MX_BLOCK) * e8m0_to_float(s).unsqueeze(-1)
+    vals = _decode_bytes(c, _BASE2_BYTE_LUT)
+    vals = vals.reshape(*c.shape[:-1], -1, MX_BLOCK) * e8m0_to_float(s).unsqueeze(-1)
     return vals.reshape(*c.shape[:-1], c.shape[-1] * 4)
 
 

@@ -1,0 +1,177 @@
+"""Benchmarks of the slot-aware fused MoE.
+
+GPU (default when CUDA is present): decode-kernel time at DS4 shapes vs the HBM
+roofline. Bytes = the rows of the distinct routed experts, read once (fp4 rows for
+resident experts, 2-bit rows otherwise); roofline = a device-to-device copy measured in
+the same run (read + write bytes / time). Each timed unit is a CUDA graph of R calls
+with R different routings, so consecutive calls do not hit in L2.
+
+    python bench/bench_moe.py                      # GPU kernel, T = 1, 4, 16
+    python bench/bench_moe.py --device cpu         # the torch reference (smaller E)
+    python bench/bench_moe.py --pool-benefit       # output error: 2-bit base vs FP4 pool
+
+--json PATH writes the numbers as JSON too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import torch
+
+from tierstore import fp4
+from tierstore.model import make_moe_model, pool_benefit, random_expert_rows
+from tierstore.moe import BaseWeights, StaticPool, fused_moe_reference
+
+
+def _routings(R, T, E, k, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+                       for _ in range(R)])
+    w = torch.rand(R, T, k, generator=g) + 0.1
+    return w.to(device), ids.to(device)
+
+
+def _bytes_read(ids, slot_table, H, I):
+    fp4_b, base_b = fp4.row_bytes("fp4", H, I), fp4.row_bytes("base", H, I)
+    total = 0
+    for r in range(ids.shape[0]):
+        experts = torch.unique(ids[r].reshape(-1))
+        resident = slot_table[experts] >= 0
+        total += int(resident.sum()) * fp4_b + int((~resident).sum()) * base_b
+    return total
+
+
+def copy_bandwidth(nbytes=1 << 30, iters=20) -> float:
+    """Device-to-device copy, GB/s counting read + write."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * nbytes * iters / (start.elapsed_time(end) / 1e3) / 1e9
+
+
+def bench_gpu(args) -> list[dict]:
+    from tierstore.moe_cuda import decode_workspace, fused_moe_decode
+    H, I, E, k, R = args.H, args.I, args.E, args.k, args.rounds
+    pool = StaticPool(random_expert_rows(E, "fp4", H, I, 0, "cuda").reshape(1, E, -1), E, "cuda")
+    base = BaseWeights(random_expert_rows(E, "base", H, I, 1, "cuda").reshape(1, E, -1), H, I, "cuda")
+    bw = copy_bandwidth()
+    rows = []
+    for resident in ("none", "half", "all"):
+        pool.clear()
+        chosen = {"none": [], "half": list(range(0, E, 2)), "all": list(range(E))}[resident]
+        pool.promote([(0, e) for e in chosen])
+        for T in args.T:
+            w, ids = _routings(R, T, E, k, seed=T, device="cuda")
+            for dtype in (torch.bfloat16, torch.float32):
+                xs = torch.randn(R, T, H, device="cuda").to(dtype)
+                outs = torch.empty_like(xs)
+                wss = [decode_workspace(T, k, H, I, "cuda") for _ in range(R)]
+                calls = lambda: [fused_moe_decode(xs[r], w[r], ids[r], 0, pool, base, out=outs[r],
+                                                  workspace=wss[r]) for r in range(R)]
+                calls()                                     # warm-up and module load
+                ref = fused_moe_reference(xs[0], w[0], ids[0], 0, pool, base, dtype=torch.float64)
+                rel = float((outs[0].double() - ref).norm() / ref.norm())
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    calls()
+                graph.replay()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(args.iters):
+                    graph.replay()
+                end.record()
+                torch.cuda.synchronize()
+                t = start.elapsed_time(end) / 1e3 / (args.iters * R)
+                nbytes = _bytes_read(ids, pool.slot_table[0], H, I) / R
+                gbs = nbytes / t / 1e9
+                rows.append({"resident": resident, "T": T, "dtype": str(dtype).split(".")[-1],
+                             "us": t * 1e6, "MB_read": nbytes / 1e6, "GB_s": gbs,
+                             "copy_GB_s": bw, "ratio": gbs / bw, "rel_err_vs_fp64": rel})
+                print(f"resident={resident:4s} T={T:2d} {rows[-1]['dtype']:8s} {t * 1e6:8.1f} us "
+                      f"{nbytes / 1e6:7.1f} MB  {gbs:7.0f} GB/s = {gbs / bw:.2f} x copy ({bw:.0f})"
+                      f"  rel err {rel:.1e}", flush=True)
+    return rows
+
+
+def bench_cpu(args) -> list[dict]:
+    H, I, E, k = args.H, args.I, args.cpu_E, args.k
+    pool = StaticPool(random_expert_rows(E, "fp4", H, I, 0).reshape(1, E, -1), E)
+    base = BaseWeights(random_expert_rows(E, "base", H, I, 1).reshape(1, E, -1), H, I)
+    pool.promote([(0, e) for e in range(0, E, 2)])
+    rows = []
+    for T in args.T:
+        w, ids = _routings(1, T, E, k, seed=T, device="cpu")
+        x = torch.randn(T, H)
+        fused_moe_reference(x, w[0], ids[0], 0, pool, base)
+        t0 = time.perf_counter()
+        n = 3
+        for _ in range(n):
+            fused_moe_reference(x, w[0], ids[0], 0, pool, base)
+        t = (time.perf_counter() - t0) / n
+        nbytes = _bytes_read(ids, pool.slot_table[0], H, I)
+        rows.append({"T": T, "ms": t * 1e3, "MB_read": nbytes / 1e6, "GB_s": nbytes / t / 1e9})
+        print(f"cpu reference T={T:2d} E={E} half resident: {t * 1e3:8.1f} ms, "
+              f"{nbytes / 1e6:.1f} MB of rows -> {nbytes / t / 1e9:.2f} GB/s", flush=True)
+    return rows
+
+
+def bench_pool_benefit(args) -> dict:
+    out = {}
+    for dist in ("student_t", "gaussian"):
+        m = make_moe_model(args.pb_layers, args.pb_experts, args.pb_H, args.pb_I, seed=0, dist=dist)
+        r = pool_benefit(m, n_tokens=args.pb_tokens, top_k=args.pb_topk)
+        out[dist] = r
+        errs = "  ".join(f"{f:.2f}:{e:.3f}" for f, e in zip(r["fractions"], r["rel_err"]))
+        print(f"pool benefit {dist:9s} L={args.pb_layers} E={args.pb_experts} H={args.pb_H} "
+              f"I={args.pb_I} top{args.pb_topk} T={args.pb_tokens}: fraction FP4 -> rel err  {errs}",
+              flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--T", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4, 16])
+    p.add_argument("--H", type=int, default=4096)
+    p.add_argument("--I", type=int, default=2048)
+    p.add_argument("--E", type=int, default=256)
+    p.add_argument("--cpu-E", type=int, default=32)
+    p.add_argument("--k", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=8, help="routings per graph (defeats L2 reuse)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--pool-benefit", action="store_true")
+    p.add_argument("--pb-layers", type=int, default=4)
+    p.add_argument("--pb-experts", type=int, default=32)
+    p.add_argument("--pb-H", type=int, default=512)
+    p.add_argument("--pb-I", type=int, default=256)
+    p.add_argument("--pb-topk", type=int, default=4)
+    p.add_argument("--pb-tokens", type=int, default=64)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    result = {"machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+              "argv": sys.argv[1:], "torch": torch.__version__}
+    if args.pool_benefit:
+        result["pool_benefit"] = bench_pool_benefit(args)
+    elif args.device == "cuda":
+        result["gpu"] = torch.cuda.get_device_name()
+        result["kernel"] = bench_gpu(args)
+    else:
+        result["cpu_reference"] = bench_cpu(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
