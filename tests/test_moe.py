@@ -137,3 +137,21 @@ def test_bad_arguments_are_named(model):
         pool.promote([(0, 1), (0, 2), (0, 3)])
     with pytest.raises(ConfigError, match="base rows must be uint8"):
         BaseWeights(model.base_rows[..., :100], H, I)
+
+
+def test_with_the_real_expert_store_on_cpu(model, tmp_path):
+    from tierstore import ExpertStore
+    fp4_path, base_path = write_model_packs(model, tmp_path)
+    base = BaseWeights.from_pack(base_path)
+    x, w, ids = _routing(model, 8)
+    with ExpertStore(fp4_path, vram_slots=6, device="cpu") as store:
+        promoted = [2, 5, 7]
+        store.promote([(1, e) for e in promoted]).wait()
+        resident = (store.slot_table[1] >= 0).numpy()
+        assert resident[promoted].all()
+        got = fused_moe_reference(x, w, ids, 1, store, base, dtype=torch.float64)
+        ref = dense_moe(x, w, ids, *_mixed_dense(model, resident, 1))
+        assert torch.allclose(got, ref, rtol=1e-10, atol=1e-12)
+        out = torch.full((8, H), float("nan"))
+        fused_moe(x, w, ids, 1, store, base, out=out)
+        assert torch.allclose(out.double(), ref, rtol=1e-4, atol=1e-5)
