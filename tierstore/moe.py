@@ -109,7 +109,7 @@ def _slot_aware_weights(layer: int, store, base: BaseWeights, dtype):
     return weights
 
 
-def grouped_experts_forward(x, topk_weights, topk_ids, weights, n_experts: int,
+def grouped_experts_forward(x, topk_weights, topk_ids, weights, n_experts: int, I: int,
                             dtype=torch.float32) -> torch.Tensor:
     """SiLU-gated experts, tokens grouped by expert. ``weights(expert_ids [U])`` returns
     (w13 [U, 2I, H], w2 [U, H, I]). Returns float ``dtype`` [T, H]."""
@@ -130,8 +130,7 @@ def grouped_experts_forward(x, topk_weights, topk_ids, weights, n_experts: int,
     starts = torch.cumsum(counts, 0) - counts
     pos = torch.arange(len(inv), device=dev) - starts[inv]
     xs = x.to(dtype)
-    w13_probe, _ = weights(experts[:1])
-    per_expert = 3 * w13_probe[0].numel() // 2 * w13_probe.element_size()
+    per_expert = 3 * H * I * torch.empty((), dtype=dtype).element_size()
     chunk = max(1, _CHUNK_BYTES // per_expert)
     counts_h = counts.tolist()
     first_pair = 0
@@ -145,7 +144,6 @@ def grouped_experts_forward(x, topk_weights, topk_ids, weights, n_experts: int,
         xin = torch.zeros(b - a, max(counts_h[a:b]), H, dtype=dtype, device=dev)
         xin[grp, p] = xs[tok[sl]]
         g = torch.bmm(xin, w13.transpose(1, 2))
-        I = w13.shape[1] // 2
         h = torch.nn.functional.silu(g[..., :I]) * g[..., I:]
         y = torch.bmm(h, w2.transpose(1, 2))
         out.index_add_(0, tok[sl], y[grp, p] * gate[sl, None])
@@ -158,14 +156,15 @@ def fused_moe_reference(x, topk_weights, topk_ids, layer: int, store, base: Base
     _check_args(x, topk_weights, topk_ids, layer, store, base)
     return grouped_experts_forward(x, topk_weights, topk_ids,
                                    _slot_aware_weights(layer, store, base, dtype),
-                                   base.n_experts, dtype)
+                                   base.n_experts, base.I, dtype)
 
 
 def dense_moe(x, topk_weights, topk_ids, w13, w2, dtype=torch.float64) -> torch.Tensor:
     """Unquantised experts of one layer (w13 [E, 2I, H], w2 [E, H, I]) -> [T, H] ``dtype``."""
     def weights(experts):
         return w13[experts.cpu()].to(x.device, dtype), w2[experts.cpu()].to(x.device, dtype)
-    return grouped_experts_forward(x, topk_weights, topk_ids, weights, w13.shape[0], dtype)
+    return grouped_experts_forward(x, topk_weights, topk_ids, weights, w13.shape[0],
+                                   w13.shape[1] // 2, dtype)
 
 
 def _check_args(x, topk_weights, topk_ids, layer, store, base) -> None:
