@@ -98,11 +98,12 @@ def test_pack_truncated_under_a_live_store_fails_cleanly(store, pack):
 
 def test_fire_retries_a_key_whose_background_load_failed(store, pack):
     key = (1, 11)
-    store.engine._inject_faults(fail_offset=pack.row_offset(*key), delay_us=300_000)
+    store.engine._inject_faults(fail_offset=pack.row_offset(*key), delay_us=1_000_000)
     ticket = store.promote([key])
     deadline = time.monotonic() + 5
     while store._pool.slot_of[key[0] * E + key[1]] < 0 and time.monotonic() < deadline:
         time.sleep(0.002)
+    time.sleep(0.2)         # the worker's read syscall has started (and sleeps 1 s, then fails)
     store.engine._inject_faults()                                    # the in-flight read still fails
     fr = store.fire([key])
     with pytest.raises(TierIOError):
