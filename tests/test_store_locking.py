@@ -14,7 +14,7 @@ from tierstore import warmstart
 from tierstore.testing import make_random_pack
 
 L, E, SLOT = 2, 16, 3000
-SLOW_US = 400_000  # every read syscall sleeps 0.4 s
+SLOW_US = 1_000_000  # every read syscall sleeps 1 s
 
 
 @pytest.fixture(scope="module")
