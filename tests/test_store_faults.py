@@ -108,7 +108,21 @@ def test_fire_retries_a_key_whose_background_load_failed(store, pack):
     fr = store.fire([key])
     with pytest.raises(TierIOError):
         ticket.wait(5)
-    assert fr.rounds == 2 and fr.promoted == 1 and fr.keys.tolist() == [key[0] * E + key[1]]
+    assert fr.rounds == 2 and fr.promoted == 1 and fr.waited == 0
+    assert fr.keys.tolist() == [key[0] * E + key[1]]
+    assert_store_consistent(store)
+
+
+def test_fire_waits_for_a_key_the_worker_is_loading(store, pack):
+    key = (2, 12)
+    store.engine._inject_faults(delay_us=300_000)
+    ticket = store.promote([key])
+    deadline = time.monotonic() + 5
+    while store._pool.slot_of[key[0] * E + key[1]] < 0 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    fr = store.fire([key])                     # does not read it twice: waits for the worker
+    assert (fr.waited, fr.promoted, fr.rounds) == (1, 0, 1) and ticket.done()
+    assert store.stats().bytes_read == SLOT
     assert_store_consistent(store)
 
 

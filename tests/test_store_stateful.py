@@ -43,7 +43,8 @@ class StoreMachine(RuleBasedStateMachine):
         fr = self.store.fire(keys, max_promote=cap)
         dense = {l * E + e for l, e in keys}
         assert set(fr.keys.tolist()) <= dense
-        assert fr.promoted <= cap and fr.promoted + fr.already_resident == len(fr.keys)
+        assert fr.promoted <= cap and fr.waited == 0  # one thread: nothing else loads
+        assert fr.promoted + fr.already_resident == len(fr.keys)
         table = self.store._pool.resident_slot
         assert np.all(table[fr.keys] >= 0), "a pinned key of a fire is not resident"
         self.open_fires.append(fr)

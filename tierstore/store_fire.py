@@ -71,8 +71,8 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResul
                 if other.ok and other.publish_event is not None and stream is not None:
                     stream.wait_event(other.publish_event)
             result.rounds = rnd + 1
-            if not others:
-                break
+            if all(other.ok for other in others):
+                break  # another round only for keys whose other batch failed
         with lock:  # another batch failed in every round: give those keys up
             left = pinned[pool.resident_slot[pinned] < 0]
             if len(left):
@@ -86,6 +86,7 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResul
     if stream is not None and stream != store._stream:
         stream.wait_stream(store._stream)  # keys published earlier on the store's stream
     result.keys = pinned
+    result.waited = len(pinned) - result.already_resident - result.promoted
     return result
 
 

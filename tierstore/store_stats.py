@@ -56,6 +56,7 @@ class FireResult(msgspec.Struct):
     already_resident: int = 0
     over_cap: int = 0                # new promotions beyond max_promote
     no_slot: int = 0                 # every slot pinned: could not be placed
+    waited: int = 0                  # keys another batch (worker, other fire) was loading
     latency_s: float = 0.0
     sources: dict = msgspec.field(default_factory=dict)   # {"arena": n, "read": n}
     rounds: int = 1
