@@ -6,7 +6,9 @@ counts (half-life ``half_life`` ticks, lazy global gain as in heat.py):
 - cross-layer: ``C[l, f, e]`` = how often expert f at layer l and expert e at
   layer l+1 were routed by the same token. After layer l reads the slot table
   at tick t, P(e at l+1 | layer l's experts F) = sum_f C[l,f,e] / sum_f N[l,f]
-  (a pooled mixture over the k experts of F; sums to top_k over e).
+  (a pooled mixture over the k experts of F; sums to top_k over e), shrunk
+  toward layer l+1's marginal routing frequency with the weight of
+  ``prior_weight`` observations so that a pair seen twice is not "certain".
 - next-token: ``T[l, g, e]`` = expert g at layer l at tick t-1 and e at layer l
   at tick t; the same pooled estimate from layer l+1's experts at t-1.
 - the two are mixed with weights learned online: each predictor's share is
@@ -39,14 +41,18 @@ class CoRoutingPredictor:
     """Online cross-layer and next-token co-routing counts (see module doc).
     Expert ids are per layer (0..n_experts-1); layers are dense indices."""
 
-    def __init__(self, n_layers: int, n_experts: int, half_life: float = 512.0):
+    def __init__(self, n_layers: int, n_experts: int, half_life: float = 512.0,
+                 prior_weight: float = 4.0):
         self.n_layers, self.n_experts = n_layers, n_experts
         shape = (max(n_layers - 1, 1), n_experts, n_experts)
         self.cross = np.zeros(shape)
         self.cross_n = np.zeros(shape[:2])
         self.temporal = np.zeros((n_layers, n_experts, n_experts))
         self.temporal_n = np.zeros((n_layers, n_experts))
+        self.marginal = np.zeros((n_layers, n_experts))  # decayed routings per expert
+        self.marginal_n = np.zeros(n_layers)             # decayed reads of the layer
         self.half_life = float(half_life)
+        self.prior_weight = float(prior_weight)
         self._t = 0.0
         self._gain = 1.0
         self.skill = np.array([1.0, 1.0])  # decayed mass on the truth: cross, temporal
@@ -55,10 +61,16 @@ class CoRoutingPredictor:
         self._t += 1.0
         exponent = self._t / self.half_life
         if exponent > _RENORM_EXPONENT:
-            for arr in (self.cross, self.cross_n, self.temporal, self.temporal_n):
+            for arr in (self.cross, self.cross_n, self.temporal, self.temporal_n,
+                        self.marginal, self.marginal_n):
                 arr *= 2.0 ** -exponent
             self._t, exponent = 0.0, 0.0
         self._gain = 2.0 ** exponent
+
+    def observe(self, layer: int, experts: np.ndarray) -> None:
+        """The layer routed ``experts`` (its marginal, the predictions' prior)."""
+        self.marginal[layer][experts] += self._gain
+        self.marginal_n[layer] += self._gain
 
     def learn(self, layer: int, src: np.ndarray, dst: np.ndarray, *, temporal: bool) -> None:
         """src experts (layer ``layer`` or same layer one tick earlier) were
@@ -74,10 +86,15 @@ class CoRoutingPredictor:
         """float64 [n_experts]: P(each expert routed) given ``src``."""
         counts, totals = ((self.temporal, self.temporal_n) if temporal
                           else (self.cross, self.cross_n))
+        dst = layer if temporal else layer + 1
         denom = totals[layer][src].sum() if src.size else 0.0
-        if denom <= 0:
+        if denom <= 0 or self.marginal_n[dst] <= 0:
             return np.zeros(self.n_experts)
-        return counts[layer][src].sum(axis=0) / denom
+        # Shrink toward the destination layer's marginal with the weight of
+        # ``prior_weight`` observations: few co-routings must not look certain.
+        prior = self.marginal[dst] / self.marginal_n[dst]
+        return (counts[layer][src].sum(axis=0) + self.prior_weight * prior) / \
+            (denom + self.prior_weight)
 
     def mix(self, p_cross: np.ndarray | None, p_temp: np.ndarray | None) -> np.ndarray:
         if p_cross is None:
@@ -96,8 +113,9 @@ class CoRoutingPredictor:
 
 
 def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "layer",
-                   base: str = "hybrid", threshold: float = 0.1, half_life: float = 512.0,
-                   use_cross: bool = True, use_temporal: bool = True, **base_params):
+                   base: str = "hybrid", threshold: float = 0.2, half_life: float = 512.0,
+                   prior_weight: float = 4.0, use_cross: bool = True, use_temporal: bool = True,
+                   **base_params):
     """Demand fill under ``base`` plus predicted prefetch; returns sim counters."""
     from .sim import _Counters
     if granularity != "layer":
@@ -109,7 +127,7 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     trace = prep.trace
     L, E = trace.n_layers, trace.n_experts
     policy: Policy = _policies.make(base, prep.n_keys, slots, **base_params)
-    pred = CoRoutingPredictor(L, E, half_life)
+    pred = CoRoutingPredictor(L, E, half_life, prior_weight)
     cnt = _Counters(prep)
     resident = np.zeros(prep.n_keys, dtype=bool)
     pinned = np.zeros(prep.n_keys, dtype=bool)
@@ -152,6 +170,7 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
         if prev_tick_experts[layer] is not None:
             pred.learn(layer, prev_tick_experts[layer], experts, temporal=True)
         this_tick_experts[layer] = experts
+        pred.observe(layer, experts)
         # 2. demand fill (as sim.replay_demand_fill, one access call per group)
         policy.on_access(u, None if single else dcounts[a:b])
         miss = u[~r]

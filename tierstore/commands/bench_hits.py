@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help="comma-separated: lru, heat, hybrid, reference, belady, unbounded, predict")
     p.add_argument("--budget", type=int, default=8, help="predict: prefetch rows per tick")
-    p.add_argument("--threshold", type=float, default=0.1,
+    p.add_argument("--threshold", type=float, default=0.2,
                    help="predict: minimum predicted probability to prefetch")
     p.add_argument("--granularity", choices=["layer", "tick"], default="layer",
                    help="layer: each layer reads the slot table in turn (default); "
