@@ -1,0 +1,56 @@
+"""``tierstore bench hits`` end to end on small traces (real files, real plot)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tierstore import traces
+from tierstore.cli import main
+
+SMALL = ["--synthetic", "--ticks", "40", "--layers", "3", "--experts", "16", "--top-k", "2",
+         "--prefill-tokens", "8", "--prefill-every", "20"]
+
+
+def test_json_lists_every_policy_and_slot_with_required_fields(capsys, tmp_path):
+    png = tmp_path / "hits.png"
+    rc = main(["bench", "hits", *SMALL, "--slots", "4,8", "--policies",
+               "lru,heat,hybrid,reference,belady,predict", "--json", "--plot", str(png)])
+    assert rc == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["policy"], r["slots"]) for r in rows][:2] == [("lru", 4), ("heat", 4)]
+    assert len(rows) == 12
+    for r in rows:
+        assert {"policy", "slots", "hit_rate", "distinct_hit_rate", "reads",
+                "wasted_prefetch"} <= set(r)
+        assert 0.0 <= r["hit_rate"] <= 1.0
+    belady = {r["slots"]: r["hit_rate"] for r in rows if r["policy"] == "belady"}
+    assert all(r["gap_to_min"] == pytest.approx(belady[r["slots"]] - r["hit_rate"]) for r in rows)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_output_on_a_trace_file(capsys, tmp_path):
+    tr = traces.synthetic_trace(30, n_layers=2, n_experts=8, top_k=2, prefill_tokens=0, seed=3)
+    path = traces.save_trace(tmp_path / "t.npy", tr.to_rows(), {"num_experts": 8})
+    assert main(["bench", "hits", "--trace", str(path), "--slots", "3", "--policies",
+                 "lru,belady", "--split", "second"]) == 0
+    out = capsys.readouterr().out
+    assert "lru" in out and "belady" in out and "gap to MIN" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--slots", "0"], "--slots: expected positive integers, got '0'"),
+    (["--policies", "lru,fifo"], "unknown policy 'fifo'"),
+])
+def test_bad_arguments_are_one_line_errors(capsys, argv, message):
+    assert main(["bench", "hits", *SMALL, *argv]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_bad_trace_file_is_one_line_error(capsys, tmp_path):
+    path = tmp_path / "bad.npy"
+    np.save(path, np.array([[1, 0, 0], [0, 0, 0]], dtype=np.int32))
+    assert main(["bench", "hits", "--trace", str(path)]) == 1
+    assert "bad.npy: row 1: tick 0 after tick 1" in capsys.readouterr().err
