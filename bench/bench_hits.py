@@ -1,6 +1,7 @@
 """Pool-hit sweep from a checked-in config (bench/configs/hits_*.json).
 
     python bench/bench_hits.py bench/configs/hits_flame.json [--out bench/results]
+    python bench/bench_hits.py --speed      # replay speed, M accesses/s per policy
 
 Writes <out>/hits_<name>.json (every Result) and <out>/hits_<name>.png (hit rate
 vs pool size per policy) and prints a markdown table with the gap to MIN and
@@ -39,11 +40,46 @@ def markdown(results, trace) -> str:
     return "\n".join(lines)
 
 
+SPEED_CASES = [  # (label, trace factory, granularity, slots)
+    ("DS4 synthetic batch 1, 512 ticks", lambda: traces.synthetic_trace(
+        512, seed=0, prefill_tokens=0), "tick", 512),
+    ("DS4 synthetic batch 1, 512 ticks", lambda: traces.synthetic_trace(
+        512, seed=0, prefill_tokens=0), "layer", 512),
+    ("DS4 synthetic batch 16, 128 ticks", lambda: traces.synthetic_trace(
+        128, seed=0, batch=16, prefill_tokens=0), "layer", 2048),
+    ("FLAME 2048 ticks", lambda: traces.load_trace(
+        "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"), "tick", 102),
+    ("FLAME 2048 ticks", lambda: traces.load_trace(
+        "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"), "layer", 102),
+]
+
+
+def speed() -> int:
+    """Replay speed of each policy, best of 2 runs, as a markdown table."""
+    names = ["lru", "heat", "hybrid", "reference", "belady"]
+    print("| trace | granularity | slots | " + " | ".join(names) + " |")
+    print("|---|---|---:|" + "---:|" * len(names))
+    for label, make, gran, slots in SPEED_CASES:
+        prep = sim.Prepared(make())
+        best = {n: 0.0 for n in names}
+        for _ in range(2):
+            for r in sim.replay(prep, names, [slots], granularity=gran):
+                best[r.policy] = max(best[r.policy], r.accesses_per_s)
+        print(f"| {label} ({prep.accesses} acc) | {gran} | {slots} | "
+              + " | ".join(f"{best[n] / 1e6:.2f}" for n in names) + " |")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("config")
+    ap.add_argument("config", nargs="?")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--speed", action="store_true", help="measure replay speed instead")
     args = ap.parse_args(argv)
+    if args.speed:
+        return speed()
+    if not args.config:
+        ap.error("a config file is required unless --speed")
     cfg = json.loads(Path(args.config).read_text())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
