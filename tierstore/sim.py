@@ -22,7 +22,10 @@ Models, by name:
   farthest in the future); the ceiling for every online demand-fill policy.
 - ``unbounded``: no evictions; only first uses miss.
 - ``predict``: demand fill under ``hybrid`` plus prefetch learned online, see
-  ``tierstore.sim_predict``; read budget per tick in ``budget``.
+  ``tierstore.sim_predict``; prefetch budget per tick in ``budget``.
+- ``prefetch``: the same predictor with no demand fill (misses served from the
+  base weights, as in the reference): exactly ``budget`` reads per tick at
+  most, so it compares with ``reference`` at an equal read budget.
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from .policies.base import Policy
 from .policies.dense import DensePolicy, coldest
 from .traces import Trace
 
-SIM_MODELS = ("reference", "belady", "unbounded", "predict")
+SIM_MODELS = ("reference", "belady", "unbounded", "predict", "prefetch")
 DEFAULT_TICKS_PER_SECOND = 75.0
 REFERENCE_PROMOTE_PER_TICK = 8
 REFERENCE_HALF_LIFE_S = 5.0
@@ -324,10 +327,11 @@ def replay(trace: Trace | Prepared, policies=("lru", "heat", "hybrid", "referenc
             elif name == "unbounded":
                 cnt = replay_demand_fill(prep, _policies.make("lru", prep.n_keys, prep.n_keys),
                                          prep.n_keys, granularity)
-            elif name == "predict":
+            elif name in ("predict", "prefetch"):
                 from .sim_predict import replay_predict
+                kw = {**params.get("predict", {}), **params.get(name, {})}
                 cnt = replay_predict(prep, s, budget=budget, granularity=granularity,
-                                     **params.get("predict", {}))
+                                     demand_fill=name == "predict", **kw)
             else:
                 cnt = replay_demand_fill(prep, _policies.make(name, prep.n_keys, s,
                                                               **params.get(name, {})),

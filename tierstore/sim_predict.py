@@ -115,8 +115,11 @@ class CoRoutingPredictor:
 def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "layer",
                    base: str = "hybrid", threshold: float = 0.2, half_life: float = 512.0,
                    prior_weight: float = 4.0, use_cross: bool = True, use_temporal: bool = True,
-                   **base_params):
-    """Demand fill under ``base`` plus predicted prefetch; returns sim counters."""
+                   demand_fill: bool = True, **base_params):
+    """Demand fill under ``base`` plus predicted prefetch; returns sim counters.
+    ``demand_fill=False`` (the ``prefetch`` model): misses are served from
+    elsewhere (the 2-bit base, as in the reference) and the only reads are the
+    predicted prefetches, so the read budget is exactly ``budget`` per tick."""
     from .sim import _Counters
     if granularity != "layer":
         raise ConfigError("policy 'predict' needs granularity 'layer' (it prefetches "
@@ -173,7 +176,7 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
         pred.observe(layer, experts)
         # 2. demand fill (as sim.replay_demand_fill, one access call per group)
         policy.on_access(u, None if single else dcounts[a:b])
-        miss = u[~r]
+        miss = u[~r] if demand_fill else u[:0]
         if miss.size:
             cnt.demand_reads += miss.size
             free = max(slots - n_res, 0)
