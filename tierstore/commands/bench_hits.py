@@ -24,8 +24,8 @@ def register(sub) -> None:
                      help="generate the DS4-shaped synthetic trace (see --ticks, --seed ...)")
     p.add_argument("--slots", default="51,102,205", help="pool sizes, comma-separated")
     p.add_argument("--policies", default=DEFAULT_POLICIES,
-                   help="comma-separated: lru, heat, hybrid, reference, belady, unbounded, predict")
-    p.add_argument("--budget", type=int, default=8, help="predict: prefetch rows per tick")
+                   help="comma-separated: lru, heat, hybrid, reference, belady, unbounded, predict, prefetch")
+    p.add_argument("--budget", type=int, default=8, help="predict/prefetch: prefetch rows per tick")
     p.add_argument("--threshold", type=float, default=0.2,
                    help="predict: minimum predicted probability to prefetch")
     p.add_argument("--granularity", choices=["layer", "tick"], default="layer",
