@@ -130,6 +130,9 @@ def plot_hits(results, path: str, title: str = "") -> None:
         style = "--" if name in ("belady", "unbounded") else "-"
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name)
     ax.set_xscale("log")
+    ticks = sorted({r.slots for r in results})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("pool slots")
     ax.set_ylabel("hit rate (token-weighted)")
     ax.set_ylim(0, 1)
