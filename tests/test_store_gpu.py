@@ -76,6 +76,25 @@ def test_record_of_a_cuda_tensor_counts_on_the_device(pack):
         assert store.pool_policy.scores()[1] > store.pool_policy.scores()[2] > 0
 
 
+def test_record_captured_in_a_cuda_graph_counts_every_replay(pack):
+    with open_store(pack, ram_gb=0) as store:
+        ids = torch.tensor([[3, 4], [3, 5]], device="cuda")
+        warm = torch.cuda.Stream()
+        warm.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(warm):
+            store.record(1, ids)                   # warm-up (counted too)
+        torch.cuda.current_stream().wait_stream(warm)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            store.record(1, ids)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        st = store.stats()
+        assert st.pool.misses == 4 * 4 and st.pool.distinct_misses == 3
+        assert store.pool_policy.scores()[1 * E + 3] == pytest.approx(8.0, rel=0.01)
+
+
 def test_cuda_graph_reading_slot_table_and_pool_replays_correctly_after_churn(pack, row_sums):
     with open_store(pack, vram_slots=6, ram_gb=0) as store:
         query = torch.tensor([[l, e] for l in range(L) for e in range(0, E, 2)], device="cuda")

@@ -146,7 +146,7 @@ class ExpertStore:
         self._stream = cfg.consumer_stream()
         self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
                             self.counters, cfg.scan_keep)
-        self._recorder = RoutingRecorder(pack, self.counters, self.lock)
+        self._recorder = RoutingRecorder(pack, self.counters, self.lock, self.device)
         self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
         self._prefill: FireResult | None = None
         self._lazy_busy = False

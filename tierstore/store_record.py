@@ -3,8 +3,9 @@
 ``record(layer, topk_ids)`` runs on the forward thread for every MoE layer, so it
 does the least it can: a CPU array is copied (the caller may reuse its buffer)
 and appended to a deque (thread-safe append/popleft, no lock); a CUDA tensor is
-added into a device counter with one ``index_put_`` on the caller's stream (no
-host sync, capturable in a CUDA graph). ``take`` turns everything recorded since
+added into a device counter with one ``scatter_add_`` on the caller's stream (no
+host sync; capturable in a CUDA graph: a CUDA store allocates the counter at
+construction, so a capture never allocates it). ``take`` turns everything recorded since
 the last call into (unique keys, token counts), vectorised over the whole step.
 
 Ids < 0 are padding. Ids >= n_experts are dropped at ``take``, counted in
@@ -39,7 +40,7 @@ def sorted_unique_counts(ranked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class RoutingRecorder:
     """Queue of recorded routing for one store (layers x experts of ``pack``)."""
 
-    def __init__(self, pack, counters, lock):
+    def __init__(self, pack, counters, lock, device=None):
         self.path = pack.path
         self.n_layers, self.n_experts = int(pack.n_layers), int(pack.n_experts)
         self.n_keys = self.n_layers * self.n_experts
@@ -48,6 +49,12 @@ class RoutingRecorder:
         self._pending: deque = deque()
         self._dev_counts = None           # int32 [n_keys + 1]; last bucket: bad ids
         self._dev_one = None
+        if device is not None and torch.device(device).type == "cuda":
+            self._alloc_device(torch.device(device))  # before any graph capture
+
+    def _alloc_device(self, device) -> None:
+        self._dev_one = torch.ones(1, dtype=torch.int32, device=device)
+        self._dev_counts = torch.zeros(self.n_keys + 1, dtype=torch.int32, device=device)
 
     def record(self, layer: int, topk_ids) -> None:
         if not 0 <= layer < self.n_layers:
@@ -66,14 +73,13 @@ class RoutingRecorder:
         if self._dev_counts is None:
             with self._lock:
                 if self._dev_counts is None:
-                    self._dev_one = torch.ones((), dtype=torch.int32, device=ids.device)
-                    self._dev_counts = torch.zeros(self.n_keys + 1, dtype=torch.int32,
-                                                   device=ids.device)
+                    self._alloc_device(ids.device)
         flat = ids.reshape(-1).to(torch.int64)
         ok = (flat >= 0) & (flat < self.n_experts)
         keys = torch.where(ok, flat + layer * self.n_experts, self.n_keys)
         keys = torch.where(flat < 0, self.n_keys, keys)
-        self._dev_counts.index_put_((keys,), self._dev_one, accumulate=True)
+        # scatter_add_ (atomics, no sort, no host sync): safe inside a CUDA-graph capture.
+        self._dev_counts.scatter_add_(0, keys, self._dev_one.expand(keys.shape[0]))
 
     def take(self, stream=None) -> tuple[np.ndarray, np.ndarray] | None:
         """(unique dense keys, token counts) recorded since the last call, or None.
