@@ -240,3 +240,28 @@ def test_an_unclosed_store_is_closed_when_collected(pack):
     del store
     gc.collect()
     assert engine.closed  # the worker thread did not keep the store (and its engine) alive
+
+
+def test_save_poolmon_and_preheat_round_trip_through_the_store_methods(pack, tmp_path):
+    out = tmp_path / "pm.json"
+    with ts.ExpertStore(pack, vram_slots=8, device="cpu") as a:
+        heat(a, 2, [4, 5, 6], times=3)
+        a.release(a.fire([(2, 4), (2, 5), (2, 6)]))
+        a.save_poolmon(out)
+        want = sorted(map(tuple, a.resident_keys("pool").tolist()))
+    with ts.ExpertStore(pack, vram_slots=8, device="cpu", warm_start=str(out)) as b:
+        assert sorted(map(tuple, b.resident_keys("pool").tolist())) == want
+        assert_store_consistent(b)
+    with ts.ExpertStore(pack, vram_slots=8, device="cpu") as c:
+        summary = c.preheat(str(out), pool_fill=0.25)
+        assert summary.pool_rows == 2 and len(c.resident_keys("pool")) == 2
+
+
+def test_policy_spec_errors_are_clear(pack):
+    with pytest.raises(ConfigError, match="arena policy given twice"):
+        ts.ExpertStore(pack, vram_slots=8, device="cpu", policy={"arena": "lru"}, arena_policy="heat")
+    with pytest.raises(ConfigError, match="pool policy must be a name"):
+        ts.ExpertStore(pack, vram_slots=8, device="cpu", policy={"pool": 3})
+    with pytest.raises(ConfigError, match="half_life given both"):
+        ts.ExpertStore(pack, vram_slots=8, device="cpu",
+                       policy={"pool": {"name": "heat", "half_life": 4}}, half_life=5)
