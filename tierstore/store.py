@@ -145,7 +145,7 @@ class ExpertStore:
         self.pool_policy, self.arena_policy = self._pool.policy, self._arena.policy
         self._stream = cfg.consumer_stream()
         self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
-                            self.counters, cfg.scan_keep)
+                            self.counters, cfg.scan_keep, default_stream=self._stream)
         self._recorder = RoutingRecorder(pack, self.counters, self.lock, self.device)
         self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
         self._prefill: FireResult | None = None

@@ -52,9 +52,11 @@ class LoadBatch:
 class Mover:
     """Plans and runs load batches for one store (see the module docstring)."""
 
-    def __init__(self, pack, engine, pool, arena, lock, counters, scan_keep: float):
+    def __init__(self, pack, engine, pool, arena, lock, counters, scan_keep: float,
+                 default_stream=None):
         self.pack, self.engine, self.pool, self.arena = pack, engine, pool, arena
         self.lock, self.counters, self.scan_keep = lock, counters, float(scan_keep)
+        self.default_stream = default_stream  # the store's consumer stream (CUDA)
         self.inflight: dict[int, LoadBatch] = {}
 
     # -- 1. plan (under the lock) ------------------------------------------------------
@@ -87,6 +89,10 @@ class Mover:
         keys = batch.keys = taken.keys
         batch.pool_slots, batch.reused = taken.slots, taken.reused
         if len(taken.victims):
+            if stream is not None and self.default_stream is not None and stream != self.default_stream:
+                # Readers of the victims may sit on the store's stream too: the unpublish
+                # event must come after their work as well as the caller's.
+                stream.wait_stream(self.default_stream)
             batch.unpublish_event = pool.unpublish(taken.victims, stream)
         pool.batch_of_slot[taken.slots] = batch.id
         # Arena hits are zero-copy sources; misses read into a free (or evictable) row
