@@ -323,8 +323,10 @@ def row_sections(tag: str, H: int, I: int, order: str = "linear") -> list[Sectio
         raise ConfigError(f"row tag {tag!r} unknown; expected one of {TAGS}")
     if order not in ("linear", "fragmajor"):
         raise ConfigError(f"row order {order!r} unknown; expected 'linear' or 'fragmajor'")
-    if H % 64 or I % 64:
-        raise ConfigError(f"expert shape H={H}, I={I}: both must be multiples of 64")
+    align = 32 if order == "linear" else 64
+    if H % align or I % align or H <= 0 or I <= 0:
+        raise ConfigError(f"expert shape H={H}, I={I}: both must be positive multiples of "
+                          f"{align} for order={order!r}")
     secs, off = [], 0
     for name, shape, codec in _matrix_sections(tag, H, I, order):
         nbytes = int(np.prod(shape))

@@ -10,8 +10,10 @@
 // with the activations staged in shared memory (float, padded so the float4 reads of
 // a quarter-warp hit distinct banks). The next chunk's weights are fetched before the
 // current one is used, to keep two loads per row in flight.
+#ifndef TS_MOE_CPU_EMULATION   // csrc/tests/moe_cpu_emulation.cpp runs the kernels on threads
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#endif
 
 #include <stdexcept>
 #include <string>
@@ -281,6 +283,7 @@ __global__ void moe_combine_kernel(MoeDecodeArgs a) {
   static_cast<XT*>(a.out)[idx] = from_float<XT>(sum);
 }
 
+#ifndef TS_MOE_CPU_EMULATION
 void check_launch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
@@ -319,8 +322,11 @@ void launch_all(const MoeDecodeArgs& a, cudaStream_t st) {
   check_launch("moe_combine_kernel");
 }
 
+#endif  // TS_MOE_CPU_EMULATION
+
 }  // namespace
 
+#ifndef TS_MOE_CPU_EMULATION
 void moe_decode(const MoeDecodeArgs& a) {
   // 1. arguments (cheap host checks; nothing is read from the device)
   expect(a.T >= 1 && a.T <= kMoeDecodeMaxTokens, "T=" + std::to_string(a.T) + ", expected 1..16");
@@ -356,5 +362,7 @@ void moe_decode_prepare(int device) {
   check_cuda(cudaFuncGetAttributes(&attr, moe_combine_kernel<float>), "load moe_combine_kernel<f32>");
   check_cuda(cudaFuncGetAttributes(&attr, moe_combine_kernel<__nv_bfloat16>), "load moe_combine_kernel<bf16>");
 }
+
+#endif  // TS_MOE_CPU_EMULATION
 
 }  // namespace tierstore
