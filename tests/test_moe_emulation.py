@@ -80,9 +80,9 @@ def test_emulated_kernel_matches_reference_with_mixed_residency(emulator, tmp_pa
 
 
 def test_emulated_kernel_long_k_shared_experts_and_invalid_ids(emulator, tmp_path):
-    # H = 576 = one full 512-element chunk + a 64-element tail for w13; expert 1 takes
-    # 17 pairs (two passes of 16); -1 and E + 3 contribute nothing.
-    E, H, I = 4, 576, 64
+    # H = 1088 = one full 1024-element chunk + a 64-element tail for w13; expert 1 takes
+    # 17 pairs (three passes of 8); -1 and E + 3 contribute nothing.
+    E, H, I = 4, 1088, 64
     pool, base = _setup(E=E, H=H, I=I, seed=5)
     pool.promote([(0, 1), (0, 2)])
     T = 10

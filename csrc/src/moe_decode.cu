@@ -4,9 +4,9 @@
 // this is a memory-bound grouped GEMV. Grid = (output-row tiles, routed pairs). The
 // block of the FIRST pair routed to an expert (its "leader") does that expert's work
 // for every pair routed to it; the other pairs' blocks exit at once, so each expert's
-// bytes are read once. Inside a block each warp owns output rows; a lane reads 16
-// consecutive K elements per row per chunk (8 bytes of e2m1, or 4 bytes of 2-bit codes,
-// and half of an e8m0 block-32 scale byte), dequantises them in registers and dots them
+// bytes are read once. Inside a block each warp owns output rows; a lane reads 32
+// consecutive K elements per row per chunk (16 bytes of e2m1, or 8 bytes of 2-bit codes,
+// and their e8m0 block-32 scale byte), dequantises them in registers and dots them
 // with the activations staged in shared memory (float, padded so the float4 reads of
 // a quarter-warp hit distinct banks). The next chunk's weights are fetched before the
 // current one is used, to keep two loads per row in flight.
@@ -25,11 +25,11 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kLaneElems = 16;                      // K elements per lane per chunk
-constexpr int kChunk = 32 * kLaneElems;             // K elements staged per pass: 512
+constexpr int kLaneElems = 32;                      // K elements per lane per chunk (one scale block)
+constexpr int kChunk = 32 * kLaneElems;             // K elements staged per pass: 1024
 constexpr int kLanePitch = kLaneElems + 4;          // +4 pad: conflict-free float4 reads
 constexpr int kMatchPitch = 32 * kLanePitch;        // floats per staged activation row
-constexpr int kMaxMatch = 16;                       // pairs served per read of an expert
+constexpr int kMaxMatch = 8;                        // pairs served per read of an expert
 constexpr int kMaxPairs = kMoeDecodeMaxTokens * kMoeDecodeMaxTopK;
 
 enum Codec : int { kFp4 = 0, kBase2 = 1 };
@@ -100,14 +100,15 @@ __device__ __forceinline__ int64_t q_bytes_per_row(int codec, int K) {
 template <int R>
 __device__ __forceinline__ void fetch(int codec, const uint8_t* const (&qrow)[R],
                                       const uint8_t* const (&srow)[R], int k0, int lane,
-                                      uint2 (&q)[R], uint32_t (&s)[R]) {
+                                      uint4 (&q)[R], uint32_t (&s)[R]) {
   const int e0 = k0 + lane * kLaneElems;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    if (codec == kFp4) {
-      q[r] = __ldg(reinterpret_cast<const uint2*>(qrow[r] + e0 / 2));
-    } else {
-      q[r] = make_uint2(__ldg(reinterpret_cast<const unsigned int*>(qrow[r] + e0 / 4)), 0u);
+    if (codec == kFp4) {                  // 32 e2m1 = 16 bytes, 16-byte aligned
+      q[r] = __ldg(reinterpret_cast<const uint4*>(qrow[r] + e0 / 2));
+    } else {                              // 32 2-bit codes = 8 bytes, 8-byte aligned
+      const uint2 c = __ldg(reinterpret_cast<const uint2*>(qrow[r] + e0 / 4));
+      q[r] = make_uint4(c.x, c.y, 0u, 0u);
     }
     s[r] = __ldg(srow[r] + e0 / 32);
   }
@@ -115,20 +116,25 @@ __device__ __forceinline__ void fetch(int codec, const uint8_t* const (&qrow)[R]
 
 template <int R>
 __device__ __forceinline__ void accumulate(int codec, const float* s_x, int nm, int lane,
-                                           const uint2 (&q)[R], const uint32_t (&s)[R],
+                                           const uint4 (&q)[R], const uint32_t (&s)[R],
                                            const Luts& luts, float (&acc)[R][kMaxMatch]) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     float v[kLaneElems];
     if (codec == kFp4) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j) {       // element j of word w is nibble j (low first)
         v[j] = luts.e2m1[(q[r].x >> (4 * j)) & 15u];
         v[8 + j] = luts.e2m1[(q[r].y >> (4 * j)) & 15u];
+        v[16 + j] = luts.e2m1[(q[r].z >> (4 * j)) & 15u];
+        v[24 + j] = luts.e2m1[(q[r].w >> (4 * j)) & 15u];
       }
     } else {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) v[j] = luts.base2[(q[r].x >> (2 * j)) & 3u];
+      for (int j = 0; j < 16; ++j) {      // element j of word w is bits 2j..2j+1
+        v[j] = luts.base2[(q[r].x >> (2 * j)) & 3u];
+        v[16 + j] = luts.base2[(q[r].y >> (2 * j)) & 3u];
+      }
     }
     const float scale = e8m0_to_float(s[r]);
 #pragma unroll
@@ -137,7 +143,7 @@ __device__ __forceinline__ void accumulate(int codec, const float* s_x, int nm, 
         const float4* xs = reinterpret_cast<const float4*>(s_x + m * kMatchPitch + lane * kLanePitch);
         float dot = 0.f;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < kLaneElems / 4; ++c) {
           const float4 xv = xs[c];
           dot = fmaf(v[4 * c + 0], xv.x, dot);
           dot = fmaf(v[4 * c + 1], xv.y, dot);
@@ -170,7 +176,7 @@ __device__ void gemv_rows(int codec, const uint8_t* const (&qrow)[R], const uint
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < kMaxMatch; ++m) acc[r][m] = 0.f;
-  uint2 q[R], qn[R];
+  uint4 q[R], qn[R];
   uint32_t s[R], sn[R];
   if (lane * kLaneElems < K) fetch<R>(codec, qrow, srow, 0, lane, q, s);
   for (int k0 = 0; k0 < K; k0 += kChunk) {

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -31,12 +32,21 @@
 #define __align__(n) __attribute__((aligned(n)))
 
 struct dim3 { unsigned x = 0, y = 0, z = 0; };
-struct uint2 { unsigned x, y; };
-struct float4 { float x, y, z, w; };
+// CUDA's alignments, so the checks below catch a misaligned vector access
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 dim3 threadIdx, blockIdx, blockDim;   // threadIdx is switched with the fiber
 
-template <typename T> inline T __ldg(const T* p) { return *p; }
+template <typename T> inline T __ldg(const T* p) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) {   // the GPU would fault here
+    std::fprintf(stderr, "misaligned __ldg of %zu bytes at %p\n", sizeof(T), static_cast<const void*>(p));
+    std::abort();
+  }
+  return *p;
+}
 template <typename T> inline T min(T a, T b) { return a < b ? a : b; }
 inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
 inline float __expf(float v) { return std::exp(v); }

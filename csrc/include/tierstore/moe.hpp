@@ -6,7 +6,7 @@
 //   out[t] += topk_w[t*k+k] * W2 @ (silu(W13[:I] @ x_t) * (W13[I:] @ x_t))
 // Row layouts are docs/INTERNALS.md "Expert rows" (linear nibble order). Ids outside
 // [0, E) contribute nothing. Each distinct routed expert's bytes are read once for all
-// the pairs that use it (up to 16 pairs per read; more pairs re-read the expert).
+// the pairs that use it (up to 8 pairs per pass; more pairs re-read it, mostly from L2).
 //
 // Three kernels on `stream`: w13 + SiLU -> h [T*k, I] f32, w2 -> y [T*k, H] f32, then
 // the weighted combine -> out [T, H] in x's dtype. No host sync, no allocation, so the
