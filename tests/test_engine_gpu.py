@@ -1,6 +1,8 @@
 """The CUDA copy pipeline (run on the GPU machine): staged, arena and read-into-arena
-rows land byte-exact in a device pool; stream_wait orders a consumer stream after the
-copies without a host sync; failed rows copy nothing; a small stage ring recycles."""
+rows land byte-exact in a device pool, copied chunk by chunk as each read lands;
+stream_wait orders a consumer stream after the copies without a host sync; a failed
+row fails its batch and wait() raises only once no copy is left on the copy stream;
+a small stage ring recycles."""
 from __future__ import annotations
 
 import errno
@@ -92,19 +94,40 @@ def test_stream_wait_orders_consumer_work_after_the_copies(setup):
         assert int(total) == want
 
 
-def test_failed_row_copies_nothing_into_its_slot(setup):
+def test_failed_row_fails_the_batch_and_no_copy_is_pending_when_wait_raises(setup):
     eng, pool, data, torch = setup
     pool.fill_(0xAB)
     torch.cuda.synchronize()
-    eng._inject_faults(fail_offset=2 * SLOT + 100)
+    eng._inject_faults(fail_offset=2 * SLOT + SLOT // 2)   # mid-row: earlier chunks copied
     try:
         c = eng.submit(np.arange(4) * SLOT, SLOT, None,
                        pool.data_ptr() + np.arange(4) * SLOT, dst_device=True)
         with pytest.raises(TierIOError) as info:
-            c.synchronize()                 # copies of the good rows done, then raises
+            c.wait()
+        # The copy stream is idle: nothing writes into the pool once wait() raised.
+        assert torch.cuda.ExternalStream(eng.copy_stream).query()
         assert info.value.errno == errno.EIO and c.failed_rows.tolist() == [2]
     finally:
         eng._inject_faults()
     out = pool[:4].cpu().numpy()
-    assert (out[2] == 0xAB).all()
     assert np.array_equal(out[[0, 1, 3]], _expected(data, [0, 1, 3]))
+
+
+def test_many_chunks_per_row_land_byte_exact_through_two_stages(tmp_path):
+    """64 KiB chunks (about 50 H2D copies per row, issued from 6 reader threads out of
+    order) through a 2-stage ring: a stage is reused only after all its chunk copies."""
+    import torch
+    from tierstore.engine import Engine
+    path = tmp_path / "rows.bin"
+    data = write_random_file(path, N_ROWS * SLOT, seed=33)
+    pool = torch.zeros((N_ROWS, SLOT), dtype=torch.uint8, device="cuda")
+    rows = np.random.default_rng(1).permutation(N_ROWS)
+    with Engine(path, threads=6, direct="auto", device="cuda", chunk_bytes=64 << 10,
+                stage_bytes=SLOT, stage_count=2) as eng:
+        for repeat in range(2):
+            pool.zero_()
+            c = eng.submit(rows * SLOT, SLOT, None, pool.data_ptr() + np.arange(N_ROWS) * SLOT,
+                           dst_device=True)
+            c.synchronize()
+            assert np.array_equal(pool.cpu().numpy(), _expected(data, rows)), repeat
+        assert eng.stats()["h2d_bytes"] == 2 * N_ROWS * SLOT

@@ -4,8 +4,8 @@ An :class:`Engine` owns one open file, a pool of native reader threads and, on
 ``device="cuda"``, a CUDA copy stream. :meth:`Engine.submit` takes one batch of
 rows as plain integer columns (file offsets, lengths, source and destination
 addresses) and returns a :class:`Completion`. Rows are read in parallel chunks
-with the GIL released; each row's copy (H2D on the copy stream, or memcpy into
-host memory) is issued as soon as its read lands.
+with the GIL released; each chunk's copy (H2D on the copy stream, or memcpy into
+host memory) is issued as soon as that chunk's read lands.
 
 Row semantics (see docs/INTERNALS.md, ``tierstore.engine``):
 
@@ -78,7 +78,9 @@ class Completion:
         """True when every row is read and its copy issued (host copies: done).
 
         False when ``timeout`` seconds passed first. Raises TierIOError for the
-        first failed row only once every sibling row finished or was cancelled.
+        first failed row only once every sibling row finished or was cancelled
+        and the H2D copies already issued have completed (nothing still writes
+        into caller memory).
         """
         if timeout is not None and timeout < 0:
             raise ConfigError(f"wait: timeout must be >= 0 or None, got {timeout}")
@@ -136,13 +138,17 @@ class Engine:
     ``probe_cache`` (default), each read first takes what the page cache holds
     without blocking (RWF_NOWAIT) and sends only the rest to O_DIRECT, so the
     page cache stays an opportunistic tier. ``chunk_bytes``: read task
-    size; ``stage_bytes`` x ``stage_count``: the pinned staging ring used for
-    rows read without a caller buffer.
+    size; ``chunk_ramp``: a batch's first ``threads`` tasks grow from
+    chunk_bytes/threads to chunk_bytes, so the first copy starts after a short
+    read; ``stage_bytes`` x ``stage_count``: the pinned staging ring used for
+    rows read without a caller buffer. A failed row may leave part of its bytes
+    in its destination; the caller must not publish it.
     """
 
     def __init__(self, path: str | os.PathLike, *, threads: int = 8, direct: str = "auto",
                  device: str = "cpu", device_index: int = 0, chunk_bytes: int = 4 << 20,
-                 stage_bytes: int = 16 << 20, stage_count: int = 8, probe_cache: bool = True):
+                 stage_bytes: int = 16 << 20, stage_count: int = 8, probe_cache: bool = True,
+                 chunk_ramp: bool = True):
         self.path = os.fspath(path)
         problems = []
         if not isinstance(threads, int) or not 1 <= threads <= 512:
@@ -170,7 +176,7 @@ class Engine:
             self._native = _C.NativeEngine(self.path, threads, direct,
                                            self.device_index if device == "cuda" else -1,
                                            chunk_bytes, stage_bytes, stage_count,
-                                           bool(probe_cache))
+                                           bool(probe_cache), bool(chunk_ramp))
         except _C.NativeIOError as exc:
             raise _from_native(exc) from None
         reason = self._native.fallback_reason

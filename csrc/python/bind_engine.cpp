@@ -100,7 +100,7 @@ void bind_engine(nb::module_& m) {
       .def("__init__",
            [](Engine* self, const std::string& path, int threads, const std::string& direct,
               int device, size_t chunk_bytes, size_t stage_bytes, int stage_count,
-              bool probe_cache) {
+              bool probe_cache, bool chunk_ramp) {
              EngineOptions o;
              o.threads = threads;
              o.direct = parse_direct(direct);
@@ -109,11 +109,12 @@ void bind_engine(nb::module_& m) {
              o.stage_bytes = stage_bytes;
              o.stage_count = stage_count;
              o.probe_cache = probe_cache;
+             o.chunk_ramp = chunk_ramp;
              nb::gil_scoped_release release;
              new (self) Engine(path, o);
            },
            "path"_a, "threads"_a, "direct"_a, "device"_a, "chunk_bytes"_a, "stage_bytes"_a,
-           "stage_count"_a, "probe_cache"_a = true)
+           "stage_count"_a, "probe_cache"_a = true, "chunk_ramp"_a = true)
       .def("submit",
            [](Engine& e, Column<int64_t> offsets, Column<uint64_t> lengths, Column<uint64_t> src,
               Column<uint64_t> dst, bool dst_device) {

@@ -15,14 +15,20 @@ using detail::CopyStream;
 Batch::~Batch() { CopyStream::destroy_event(event_); }
 
 bool Batch::wait(double timeout_s) {
-  if (done()) return true;
-  std::unique_lock<std::mutex> lock(mutex_);
-  auto ready = [&] { return done_.load(std::memory_order_acquire); };
-  if (timeout_s < 0) {
-    done_cv_.wait(lock, ready);
-    return true;
+  if (!done()) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto ready = [&] { return done_.load(std::memory_order_acquire); };
+    if (timeout_s < 0) {
+      done_cv_.wait(lock, ready);
+    } else if (!done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready)) {
+      return false;
+    }
   }
-  return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
+  // Chunks of the failed row and of its siblings may still be on the copy
+  // stream: drain them (host sync on the failure path only) before the caller
+  // hears of the failure and reuses or frees its slots.
+  if (err_ != 0 && has_h2d_) (void)CopyStream::event_synchronize(event_);
+  return true;
 }
 
 std::vector<int64_t> Batch::failed_rows() const {

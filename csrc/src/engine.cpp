@@ -41,22 +41,35 @@ std::string describe(const std::string& path, const Batch::Row& row, const char*
   return path + head + detail::errno_text(err);
 }
 
-// Splits [0, length) of a row at file offset `file_offset` into read tasks: the
-// first one ends on a chunk boundary of the file so every later task starts
-// page-aligned (the O_DIRECT middle stays aligned).
-void chunk_row(Batch* batch, uint32_t row, int64_t file_offset, uint64_t length, size_t chunk,
-               std::vector<Task>& out) {
-  uint64_t begin = 0;
-  if (file_offset >= 0) {
-    const uint64_t first_end = uint64_t(file_offset) / chunk * chunk + chunk - uint64_t(file_offset);
-    begin = std::min<uint64_t>(first_end, length);
-    out.push_back(Task{batch, row, 0, begin});
-  }
-  for (; begin < length; begin += chunk)
-    out.push_back(Task{batch, row, begin, std::min<uint64_t>(chunk, length - begin)});
-}
-
 }  // namespace
+
+// Splits [0, length) of internal row `k` into read tasks. Every task of a file
+// row ends on a page boundary of the file, so every later task starts aligned
+// (the O_DIRECT middle stays aligned). With chunk_ramp the batch's first
+// `threads` tasks grow linearly from chunk/threads to chunk: the readers then
+// finish staggered, so the copy stream gets its first bytes after a short read
+// and is fed evenly from then on.
+void Engine::chunk_row(Batch* batch, uint32_t k, std::vector<Task>& out) {
+  const Batch::Row& row = batch->rows_[k];
+  const uint64_t chunk = options_.chunk_bytes;
+  const uint32_t ramp = options_.chunk_ramp ? uint32_t(options_.threads) : 0;
+  uint64_t begin = 0;
+  while (begin < row.length) {
+    uint64_t want = chunk;
+    if (ramp > 1 && batch->ramp_next_.load(std::memory_order_relaxed) < ramp) {
+      const uint32_t j = batch->ramp_next_.fetch_add(1, std::memory_order_relaxed);
+      if (j < ramp) want = (chunk * (j + 1) / ramp + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    }
+    uint64_t end = begin + want;
+    if (row.file_offset >= 0) {  // round the end down to a page of the file (want >= 4 KiB: end > begin)
+      const uint64_t at = uint64_t(row.file_offset) + end;
+      end = at / kDirectAlign * kDirectAlign - uint64_t(row.file_offset);
+    }
+    end = std::min<uint64_t>(end, row.length);
+    out.push_back(Task{batch, k, begin, end - begin});
+    begin = end;
+  }
+}
 
 Engine::Engine(const std::string& path, const EngineOptions& options)
     : options_(options), reader_(path, options.direct, options.probe_cache) {
@@ -148,7 +161,7 @@ std::shared_ptr<Batch> Engine::submit(const int64_t* file_offsets, const uint64_
       staged.push_back(Task{batch.get(), k, 0, row.length});
     } else {
       const size_t before = tasks.size();
-      chunk_row(batch.get(), k, row.file_offset, row.length, options_.chunk_bytes, tasks);
+      chunk_row(batch.get(), k, tasks);
       row.chunks_left.store(int(tasks.size() - before), std::memory_order_relaxed);
     }
   }
@@ -205,7 +218,7 @@ void Engine::dispatcher_loop() {
     row.stage = stage;
     row.read_buf = stage->buffer.data();
     chunks.clear();
-    chunk_row(task.batch, task.row, row.file_offset, row.length, options_.chunk_bytes, chunks);
+    chunk_row(task.batch, task.row, chunks);
     row.chunks_left.store(int(chunks.size()), std::memory_order_relaxed);
     tasks_->push(chunks.data(), chunks.size());  // open until this thread is joined
   }
@@ -228,7 +241,9 @@ void Engine::run_task(const Task& task) {
                         rc == ENODATA ? "unexpected end of file" : "read", at, rc));
       } else {
         if (!cached) row.all_cached.store(false, std::memory_order_relaxed);
-        if (row.dst && !row.dst_device && row.dst != row.read_buf) {
+        if (row.dst && row.dst_device) {
+          copy_chunk_h2d(batch, row, task.begin, task.length);
+        } else if (row.dst && row.dst != row.read_buf) {
           std::memcpy(row.dst + task.begin, row.read_buf + task.begin, task.length);
           host_copy_bytes_.fetch_add(task.length, std::memory_order_relaxed);
         }
@@ -241,10 +256,29 @@ void Engine::run_task(const Task& task) {
   if (row.chunks_left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_row(batch, task.row);
 }
 
+// The H2D copy of one chunk that just landed, issued by the reader thread
+// (the runtime serialises submissions to the stream; each is a few us). A
+// failed row copies no further chunks; chunks already copied stay in its slot,
+// which the caller must not publish.
+void Engine::copy_chunk_h2d(Batch* batch, Batch::Row& row, uint64_t begin, uint64_t length) {
+  if (row.err.load(std::memory_order_acquire) != 0) return;
+  const int code = stream_->memcpy_h2d(row.dst + begin, row.read_buf + begin, length);
+  if (code != 0) {
+    const int64_t at = row.file_offset + int64_t(begin);
+    batch->fail_row(row, EIO, at, describe(reader_.path(), row,
+                    ("H2D copy: " + CopyStream::error_string(code)).c_str(), at, EIO));
+    return;
+  }
+  row.copy_issued.store(true, std::memory_order_relaxed);  // published by chunks_left's acq_rel
+  h2d_bytes_.fetch_add(length, std::memory_order_relaxed);
+}
+
 void Engine::finish_row(Batch* batch, uint32_t k) {
   Batch::Row& row = batch->rows_[k];
-  bool copy_issued = false;
-  if (row.err.load(std::memory_order_acquire) == 0 && row.dst && row.dst_device) {
+  bool copy_issued = row.copy_issued.load(std::memory_order_relaxed);
+  // Arena rows (no read) are copied whole; read rows were copied chunk by chunk.
+  if (row.file_offset < 0 && row.err.load(std::memory_order_acquire) == 0 && row.dst &&
+      row.dst_device) {
     const int code = stream_->memcpy_h2d(row.dst, row.read_buf, row.length);
     if (code != 0) {
       batch->fail_row(row, EIO, row.file_offset,

@@ -39,8 +39,9 @@ def register(sub) -> None:
     p.add_argument("--h2d-gb", type=float, default=2.0, help="size of the H2D ceiling copy")
     p.add_argument("--kvikio-threads", default="1,8,16,32")
     p.add_argument("--no-baselines", action="store_true", help="skip Python baseline and kvikio")
-    p.add_argument("--sweep", default="", metavar="THREADS:CHUNK_MIB,...",
-                   help="also time 64-row page-cache and cold fires for these engine settings")
+    p.add_argument("--sweep", default="", metavar="THREADS:CHUNK_MIB[:noramp],...",
+                   help="also time 64-row page-cache and cold fires for these engine settings "
+                        "(':noramp': chunk_ramp=False)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--out", help="also write the JSON results to this file (atomically)")
     p.set_defaults(func=main)
@@ -163,11 +164,11 @@ def _sweep(args, res, torch, device, path, pool, row, n, pick, file_bytes) -> No
     engines = {}
     try:
         for item in items:
-            threads, chunk_mib = item.split(":")
+            threads, chunk_mib, *flags = item.split(":")
             engines[item] = Engine(path, threads=int(threads), direct="auto", device=device,
                                    chunk_bytes=int(float(chunk_mib) * (1 << 20)) // m.PAGE * m.PAGE,
                                    stage_bytes=(row + m.PAGE - 1) // m.PAGE * m.PAGE,
-                                   stage_count=args.stage_count)
+                                   stage_count=args.stage_count, chunk_ramp="noramp" not in flags)
         m.warm(path, file_bytes)
         for item, eng in engines.items():
             t = [m.tierstore_fire(torch, eng, device, pick(n), row, pool) for _ in range(6)]

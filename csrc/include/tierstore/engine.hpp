@@ -3,9 +3,10 @@
 // pipeline on a dedicated CUDA copy stream.
 //
 // One submit() is one batch of rows. Each row is read in chunks by several
-// threads; when a row's last chunk lands its copy is issued at once (H2D on
-// the copy stream, or memcpy into host memory), so copies of early rows
-// overlap reads of later rows. A batch is done when every row is read and its
+// threads; as each chunk lands its copy is issued at once by the thread that
+// read it (H2D of that chunk's range on the copy stream, or memcpy into host
+// memory), so the PCIe link starts within about one chunk of the submit and
+// copies of early chunks overlap reads of later ones. A batch is done when every row is read and its
 // copy issued; its CUDA event then marks the end of its copies on the stream.
 // No Python, no policy.
 #pragma once
@@ -42,6 +43,10 @@ struct EngineOptions {
   size_t stage_bytes = size_t(16) << 20; // one staging buffer; larger rows are split
   int stage_count = 8;                   // staging buffers (pinned) at most
   bool probe_cache = true;               // with O_DIRECT: serve page-cache hits from the cache
+  // The first `threads` read tasks of a batch grow from chunk/threads to chunk,
+  // so the readers finish staggered and the first H2D copy starts after a small
+  // read instead of a whole chunk (and the fire's tail stays one chunk).
+  bool chunk_ramp = true;
 };
 
 struct SourceStats {
@@ -61,6 +66,8 @@ class Engine;
 class Batch {
  public:
   // Blocks up to timeout_s (< 0: forever); true when the batch is done.
+  // A failed batch with H2D copies also waits for the copies already issued,
+  // so nothing writes into caller memory once wait() reported the failure.
   bool wait(double timeout_s);
   bool done() const noexcept { return done_.load(std::memory_order_acquire); }
   // Rows not started yet fail with ECANCELED; rows being read finish.
@@ -98,6 +105,7 @@ class Batch {
   void* event_ = nullptr;  // recorded on the copy stream when the batch has H2D copies
   bool has_h2d_ = false;
   int64_t t_submit_ns_ = 0;
+  std::atomic<uint32_t> ramp_next_{0};  // read tasks cut so far (EngineOptions::chunk_ramp)
   std::shared_ptr<Batch> self_;  // keeps the batch alive while rows are in flight
 
   mutable std::mutex mutex_;
@@ -144,6 +152,8 @@ class Engine {
   void run_task(const detail::Task& task);
   void push_row_tasks(Batch* batch, uint32_t row);
   void finish_row(Batch* batch, uint32_t row);
+  void copy_chunk_h2d(Batch* batch, Batch::Row& row, uint64_t begin, uint64_t length);
+  void chunk_row(Batch* batch, uint32_t row, std::vector<detail::Task>& out);
   void record_row(Batch* batch, const Batch::Row& row, Source source);
 
   EngineOptions options_;

@@ -19,6 +19,7 @@ struct Batch::Row {
   std::atomic<int> chunks_left{0};
   std::atomic<int> err{0};
   std::atomic<bool> all_cached{true};
+  std::atomic<bool> copy_issued{false};  // some H2D copy reads read_buf (stage: recycle after it)
 };
 
 }  // namespace tierstore
