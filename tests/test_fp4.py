@@ -214,3 +214,31 @@ def test_batched_encode_equals_per_expert_encode():
         a, b = fp4.decode_experts(torch.from_numpy(rows), tag, 64, 64, order)
         a1, b1 = fp4.decode_expert(rows[1, 2], tag, 64, 64, order)
         assert torch.equal(a[1, 2], a1) and torch.equal(b[1, 2], b1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(w=arrays(np.float32, (2, 32), elements=st.floats(-2.0**100, 2.0**100, width=32)))
+def test_nvfp4_never_clips_the_block_max_and_is_finite(w):
+    q, s, g = fp4.quantize_nvfp4(torch.from_numpy(w))
+    d = fp4.dequantize_nvfp4(q, s, g).double()
+    assert torch.isfinite(d).all() and np.isfinite(g) and g > 0
+    bmax = torch.from_numpy(np.abs(w.astype(np.float64))).reshape(2, 2, 16).amax(-1)
+    scale = s.double() * g
+    # the block max is representable without clipping (blocks far below the global max
+    # may get a zero e4m3 scale and flush to zero)
+    assert bool((bmax[scale > 0] <= 6 * scale[scale > 0] * (1 + 1e-6)).all())
+    err = (d - torch.from_numpy(w).double()).abs().reshape(2, 2, 16)
+    ok = scale > 0
+    assert bool((err.amax(-1)[ok] <= scale[ok] * (1 + 1e-6)).all())      # <= half of the widest step
+
+
+@settings(max_examples=30, deadline=None)
+@given(codes=arrays(np.uint8, (2, 32, 128), elements=st.integers(0, 15)))
+def test_fragmajor_round_trip_is_a_permutation(codes):
+    q = fp4.pack_nibbles(torch.from_numpy(codes))
+    fq = fp4.to_fragmajor(q)
+    assert fq.shape == (2, 2, 2, 512)
+    assert torch.equal(fp4.from_fragmajor(fq, 32, 128), q)
+    # same multiset of nibbles per 16x64 block: nothing lost or duplicated
+    blk = torch.from_numpy(codes)[0, :16, :64].reshape(-1).sort().values
+    assert torch.equal(fp4.unpack_nibbles(fq[0, 0, 0]).sort().values, blk)
