@@ -35,6 +35,7 @@ from .errors import ConfigError
 from .policies.base import Policy
 
 _RENORM_EXPONENT = 256.0
+LAZY_PER_TICK = 8  # the reference manager's promotions per pass
 
 
 class CoRoutingPredictor:
@@ -118,8 +119,10 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
                    demand_fill: bool = True, **base_params):
     """Demand fill under ``base`` plus predicted prefetch; returns sim counters.
     ``demand_fill=False`` (the ``prefetch`` model): misses are served from
-    elsewhere (the 2-bit base, as in the reference) and the only reads are the
-    predicted prefetches, so the read budget is exactly ``budget`` per tick."""
+    elsewhere (the 2-bit base, as in the reference); the reads are the
+    predicted prefetches plus, at each tick end, a reference-style lazy pass
+    (at most 8, hottest first by the base policy) with the tick's unused
+    budget, so a tick never reads more than ``budget`` rows."""
     from .sim import _Counters
     if granularity != "layer":
         raise ConfigError("policy 'predict' needs granularity 'layer' (it prefetches "
@@ -153,6 +156,37 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
             policy.on_evict(v)
             cnt.evictions += v.size
             n_res -= v.size
+
+    tick_reads = 0
+
+    def lazy_promote(t: int, n: int) -> None:
+        """The reference's lazy pass with the tick's unused budget: the hottest
+        non-resident keys by the base policy's scores, into free slots or over
+        victims not used this tick when ``policy.admit`` agrees (counted as
+        demand reads: they are not predictions)."""
+        nonlocal n_res
+        score = policy.scores()
+        score[resident] = -np.inf
+        top = np.argpartition(-score, n)[:n] if score.size > n else np.arange(score.size)
+        cand = top[score[top] > 0]
+        if cand.size == 0:
+            return
+        cand = cand[np.argsort(-score[cand], kind="stable")]
+        free = max(slots - n_res, 0)
+        fill, rest = cand[:free], cand[free:]
+        if rest.size:
+            used = dkeys[prep.dstarts[t]:prep.dstarts[t + 1]]
+            pinned[used] = True
+            v = policy.victims(rest.size, pinned)
+            pinned[used] = False
+            ok = np.asarray(policy.admit(rest[:v.size], v), dtype=bool)
+            evict(v[ok])
+            fill = np.concatenate((fill, rest[:v.size][ok]))
+        if fill.size:
+            resident[fill] = True
+            policy.on_admit(fill)
+            cnt.demand_reads += fill.size
+            n_res += fill.size
 
     for g in range(gstarts.size - 1):
         a, b = gstarts[g], gstarts[g + 1]
@@ -210,7 +244,7 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
             if p_cross is not None or p_temp is not None:
                 p = pred.mix(p_cross, p_temp)
                 pending_pred = (nxt, p_cross, p_temp)
-                n_take = int(allowance)
+                n_take = min(int(allowance), budget - tick_reads)  # never over budget a tick
                 if n_take > 0:
                     keys = nxt * E + np.flatnonzero(p >= max(threshold, 1e-12))
                     want = keys[~resident[keys]]
@@ -231,8 +265,13 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
                             policy.on_admit(want)
                             n_res += want.size
                             cnt.prefetched += want.size
+                            tick_reads += want.size
                             allowance -= want.size
         if tick_end[g]:
+            if not demand_fill and budget > tick_reads:
+                lazy_promote(t, min(budget - tick_reads, LAZY_PER_TICK))
+                allowance = 0.0  # the lazy pass spent what the layers left
+            tick_reads = 0
             prev_tick_experts, this_tick_experts = this_tick_experts, [None] * L
             policy.decay()
             pred.tick()
