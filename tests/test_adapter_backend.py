@@ -55,6 +55,18 @@ def test_copy_gives_rows_that_outlive_arena_eviction(store):
     assert np.array_equal(kept, store.pack.read_row(0, 0))
 
 
+def test_pack_reads_reuse_one_stage_unless_the_caller_owns_the_rows(store):
+    backend = TierstoreBackend(store)
+    first = backend.rows_for([(0, 1)], scan=True)[0]
+    owned = backend.rows_for([(0, 2)], scan=True, copy=True)[0]
+    second = backend.rows_for([(0, 3)], scan=True)[0]
+    assert second.ctypes.data == first.ctypes.data           # same stage, no new pages
+    assert owned.ctypes.data != first.ctypes.data
+    assert np.array_equal(owned, store.pack.read_row(0, 2))
+    assert np.array_equal(first, store.pack.read_row(0, 3))  # the documented lifetime
+    assert first.ctypes.data % 4096 == 0                     # O_DIRECT lands in place
+
+
 def test_empty_request_reads_nothing(store):
     assert TierstoreBackend(store).rows_for(np.zeros((0, 2), np.int64)) == []
 

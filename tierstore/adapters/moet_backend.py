@@ -6,10 +6,12 @@ when it can (zero-copy views) and otherwise with one batched engine read
 (threaded pread / O_DIRECT) into a fresh page-aligned buffer the caller owns — never one
 ``os.preadv`` per row under a Python lock as the reference does.
 
-Lifetime of the returned rows: a fresh row is owned by the caller. An arena view
-is valid until the next call into the store that may evict (the next
-``rows_for``, ``promote``, ``fire`` or ``step``): copy it before then, or pass
-``copy=True``.
+Lifetime of the returned rows: they are views (into arena rows, or into the
+backend's reusable page-aligned stage for rows read from the pack) valid until
+the next ``rows_for`` call or the next store call that may evict (``promote``,
+``fire``, ``step``): copy them before then, or pass ``copy=True`` to get rows
+the caller owns. Reusing the stage matters: faulting in a fresh buffer per call
+cost this 2-core box more than the read itself (bench/results/adapter.md).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class TierstoreBackend:
         self.pack = store.pack
         self.hits = 0        # rows answered from the arena
         self.reads = 0       # rows read from the pack
+        self._stage: np.ndarray | None = None
 
     def rows_for(self, pairs, scan: bool = False, copy: bool = False) -> list[np.ndarray]:
         """One uint8 [slot_bytes] row per pair, in the order given (repeats allowed).
@@ -58,7 +61,7 @@ class TierstoreBackend:
             rows[int(key)] = view.copy() if copy else view
         self.hits += int(hit.sum())
         if (~hit).any():
-            rows.update(self._read_fresh(uniq[~hit]))
+            rows.update(self._read_fresh(uniq[~hit], owned=copy))
         return [rows[int(k)] for k in dense]
 
     # -- helpers -----------------------------------------------------------------
@@ -72,17 +75,25 @@ class TierstoreBackend:
             return np.full(len(dense), -1, dtype=np.int64)
         return arena.resident_slot[dense].astype(np.int64)
 
-    def _read_fresh(self, dense: np.ndarray) -> dict[int, np.ndarray]:
-        """One batched engine read of ``dense`` rows into a new page-aligned buffer."""
+    def _buffer(self, nbytes: int, owned: bool) -> np.ndarray:
+        """Page-aligned (O_DIRECT reads land in place) pageable host bytes: a new
+        buffer when the caller will own the rows, else the reusable stage."""
+        if not owned and self._stage is not None and self._stage.nbytes >= nbytes:
+            return self._stage[:nbytes]
+        raw = np.empty(nbytes + PAGE, dtype=np.uint8)
+        lead = (-raw.ctypes.data) % PAGE
+        buf = raw[lead: lead + nbytes]
+        if not owned:
+            self._stage = buf
+        return buf
+
+    def _read_fresh(self, dense: np.ndarray, owned: bool) -> dict[int, np.ndarray]:
+        """One batched engine read of ``dense`` rows into a page-aligned buffer."""
         pack, n = self.pack, len(dense)
         engine = getattr(self.store, "engine", None)
         if engine is None:
             raise ConfigError(f"{pack.path}: store has no I/O engine to read rows with")
-        # caller-owned, page-aligned (O_DIRECT lands in place) pageable memory: pinning a
-        # fresh buffer per call (engine.alloc_host) cost more than the read itself
-        raw = np.empty(n * pack.stride + PAGE, dtype=np.uint8)
-        lead = (-raw.ctypes.data) % PAGE
-        buf = raw[lead: lead + n * pack.stride]
+        buf = self._buffer(n * pack.stride, owned)
         base = int(buf.ctypes.data)
         dst = base + np.arange(n, dtype=np.uint64) * np.uint64(pack.stride)
         done = engine.submit(pack.row_offsets(dense).astype(np.int64),
