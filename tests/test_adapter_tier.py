@@ -95,7 +95,7 @@ def test_pool_under_the_floor_warns_with_force_pool(store_dir):
 
 # -- seen marks -------------------------------------------------------------------
 def test_mark_seen_marks_only_valid_ids_of_that_layer(tier):
-    tier.mark_seen(1, torch.tensor([[3, -1], [3, 7], [E, 0]], dtype=torch.int32))
+    tier.mark_seen(1, torch.tensor([[3, -1], [3, 7], [E, 0], [-7, 3 * E]], dtype=torch.int32))
     expected = torch.zeros(L, E, dtype=torch.uint8)
     expected[1, [0, 3, 7]] = 1
     assert torch.equal(tier.seen, expected)

@@ -78,9 +78,12 @@ class MoetTier:
             self.base = BaseWeights.from_pack(base_pack, device=self.device)
             self.hidden_size, self.intermediate_size = self.base.H, self.base.I
             base_pack.close()
-        # int rows of seen: uint8 0/1 per (layer, expert); fixed address (captured)
-        self.seen = torch.zeros(self.n_layers + int(extra_seen_rows), self.n_experts,
-                                dtype=torch.uint8, device=self.device)
+        # seen: uint8 0/1 per (layer, expert), fixed address (graphs capture it). One
+        # spare column takes the marks of invalid ids (-1 padding) so mark_seen needs
+        # no masking: 4 device ops per layer.
+        self._seen_buf = torch.zeros(self.n_layers + int(extra_seen_rows), self.n_experts + 1,
+                                     dtype=torch.uint8, device=self.device)
+        self.seen = self._seen_buf[:, : self.n_experts]
         self._store_options = dict(store_options)
         self.store = None
         self._pending_floor: tuple[int, int, int] | None = None
@@ -202,11 +205,10 @@ class MoetTier:
     def mark_seen(self, layer_key, topk_ids: torch.Tensor) -> None:
         """Mark this layer's routed experts in ``seen``: pure device ops, no host sync,
         fixed shapes, so it is captured into CUDA graphs. Ids < 0 (skipped) are ignored."""
-        ids = topk_ids.reshape(-1).to(torch.long)
-        valid = (ids >= 0) & (ids < self.n_experts)
-        # amax, not index_fill: an invalid id is clamped onto a real column with value 0
-        self.seen[layer_index(layer_key)].scatter_reduce_(
-            0, ids.clamp(0, self.n_experts - 1), valid.to(torch.uint8), reduce="amax")
+        E = self.n_experts
+        # any id < 0 -> -1 -> E, any id >= E -> E: the spare column
+        column = topk_ids.reshape(-1).to(torch.long).clamp(-1, E).remainder_(E + 1)
+        self._seen_buf[layer_index(layer_key)].index_fill_(0, column, 1)
 
     def moe_w2_forward(self, x, topk_weights, topk_ids, layer_key) -> torch.Tensor:
         """Routed-only MoE output [T, H] (FP4 rows from the pool, else the 2-bit base)."""
@@ -251,7 +253,7 @@ class MoetTier:
 
     def step_begin(self) -> None:
         self._need_store("step_begin")
-        self.seen.zero_()
+        self._seen_buf.zero_()
 
     def step_end(self) -> None:
         """Record this step's routing (heat), release the step's fire pins, advance
@@ -263,7 +265,7 @@ class MoetTier:
             layers, starts = np.unique(pairs[:, 0], return_index=True)
             for layer, ids in zip(layers, np.split(pairs[:, 1], starts[1:])):
                 store.record(int(layer), torch.from_numpy(ids))
-        self.seen.zero_()
+        self._seen_buf.zero_()
         self._release_pins()
         store.step()
 
