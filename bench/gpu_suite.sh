@@ -22,14 +22,14 @@ if [[ $what == tests || $what == all ]]; then
   stamp "gpu tests"
   python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   stamp "full suite"
-  timeout 240 python3 -m pytest -q -x -n 8 tests -p no:cacheprovider 2>&1 | tee "$OUT/all_tests.log" | tail -8
+  timeout 170 python3 -m pytest -q -n 12 tests -p no:cacheprovider 2>&1 | tee "$OUT/all_tests.log" | tail -8
 fi
 if [[ $what == bench || $what == all ]]; then
   stamp "moe kernel bench"
-  timeout 120 python3 bench/bench_moe.py --json "$OUT/moe.json" 2>&1 | tail -20
+  timeout 90 python3 bench/bench_moe.py --json "$OUT/moe.json" 2>&1 | tail -20
   stamp "preheat bench"
-  timeout 150 python3 bench/bench_warm.py --preheat --device cuda --pool-gb 6 --json 2>&1 | tee "$OUT/preheat.json" | tail -20
+  timeout 110 python3 bench/bench_warm.py --preheat --device cuda --pool-gb 6 --json 2>&1 | tee "$OUT/preheat.json" | tail -20
   stamp "demo"
-  timeout 120 tierstore demo --device cuda 2>&1 | tail -22
+  timeout 90 tierstore demo --device cuda 2>&1 | tee "$OUT/demo.txt" | tail -22
 fi
 stamp done
