@@ -207,3 +207,15 @@ def test_shutdown_is_idempotent_and_use_after_is_an_error(store_dir):
     with pytest.raises(ClosedError, match="after shutdown"):
         t.force_promote()
     assert np.asarray(t.seen_pairs()).shape == (0, 2)
+
+
+def test_tier_preheat_fills_the_arena_from_the_packs_heat_file():
+    from tierstore.warmstart import arena_heat_path, save_arena_heat
+    d = model_and_dir(seed=2)[1]                 # own directory: the heat file stays here
+    with make_tier(d) as first:
+        first.backend().rows_for([(0, 1), (2, 5), (1, 7)])
+        save_arena_heat(first.store, arena_heat_path(first.pack_path))
+    with make_tier(d) as warm:                   # TIER_PREHEAT defaults to 1
+        assert sorted(map(tuple, warm.store.resident_keys("arena").tolist())) == [(0, 1), (1, 7), (2, 5)]
+    with make_tier(d, TIER_PREHEAT=0) as cold:
+        assert len(cold.store.resident_keys("arena")) == 0
