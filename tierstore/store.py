@@ -147,6 +147,7 @@ class ExpertStore:
         self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
                             self.counters, cfg.scan_keep, default_stream=self._stream)
         self._recorder = RoutingRecorder(pack, self.counters, self.lock, self.device)
+        self._fold = self._recorder._fold  # record()'s fast path (None: numpy fold)
         self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
         self._prefill: FireResult | None = None
         self._lazy_busy = False
@@ -198,20 +199,25 @@ class ExpertStore:
         sync. See tierstore.store_record for what happens to the ids."""
         if self._closed:
             raise ClosedError(f"{self.pack.path}: record() on a closed store")
+        if self._fold is not None and type(topk_ids) is np.ndarray:
+            try:  # the common case in one native call; the fold checks the layer too
+                return self._fold.add(layer, topk_ids)
+            except (TypeError, IndexError):
+                pass  # the recorder converts the ids or raises the ConfigError
         self._recorder.record(layer, topk_ids)
 
     def _fold_records(self) -> None:
-        """Fold queued routing into hit counters and both policies (caller holds the lock)."""
-        taken = self._recorder.take(self._stream)
-        if taken is None or not len(taken[0]):
+        """Fold queued routing into hit counters and both policies (caller holds the lock).
+        One native call gives the keys, counts and hit split (store_record.py); then
+        each policy gets one on_access with the counts as weights."""
+        taken = self._recorder.take(self._stream, self._pool.resident_slot,
+                                    self._arena.resident_slot, self._seen)
+        if taken is None:
             return
-        keys, counts = taken
-        self.counters.count_hits(keys, counts, self._pool.resident_slot[keys] >= 0,
-                                 self._arena.resident_slot[keys] >= 0)
-        weights = counts.astype(np.float64)
+        keys, weights, tally = taken
+        self.counters.add_tally(tally)
         self._pool.policy.on_access(keys, weights=weights)
         self._arena.policy.on_access(keys, weights=weights)
-        self._seen[keys] = True
 
     # -- fire / release ------------------------------------------------------------------
     def fire(self, routed, max_promote=None, stream=None) -> FireResult:

@@ -77,22 +77,20 @@ class Counters:
         self.record_dropped = 0
         self.fire_latency = deque(maxlen=int(latency_window))
 
-    def count_hits(self, keys: np.ndarray, counts: np.ndarray, in_pool: np.ndarray,
-                   in_arena: np.ndarray) -> None:
-        """``keys`` unique dense ids with token ``counts``; residency masks per key."""
+    def add_tally(self, tally) -> None:
+        """Add one fold's hit split: 8 ints, tokens then distinct keys per residency
+        category (0 in neither tier, 1 arena only, 2 pool, 3 pool and arena), as
+        ``tierstore.store_record`` computes it."""
+        t0, t1, t2, t3, d0, d1, d2, d3 = tally
         pool, arena = self.tier["pool"], self.tier["arena"]
-        # One category per key (0 miss both, 1 arena only, 2/3 pool): two bincounts.
-        cat = in_pool.astype(np.intp) * 2 + in_arena
-        tok = np.bincount(cat, weights=counts, minlength=4).astype(np.int64).tolist()
-        dis = np.bincount(cat, minlength=4).tolist()
-        pool["hits"] += tok[2] + tok[3]
-        pool["misses"] += tok[0] + tok[1]
-        pool["distinct_hits"] += dis[2] + dis[3]
-        pool["distinct_misses"] += dis[0] + dis[1]
-        arena["hits"] += tok[1]
-        arena["misses"] += tok[0]
-        arena["distinct_hits"] += dis[1]
-        arena["distinct_misses"] += dis[0]
+        pool["hits"] += t2 + t3
+        pool["misses"] += t0 + t1
+        pool["distinct_hits"] += d2 + d3
+        pool["distinct_misses"] += d0 + d1
+        arena["hits"] += t1
+        arena["misses"] += t0
+        arena["distinct_hits"] += d1
+        arena["distinct_misses"] += d0
 
     def tier_stats(self, tier: str, states) -> TierStats:
         c = self.tier[tier]

@@ -9,6 +9,7 @@ namespace nb = nanobind;
 namespace tierstore::python {
 void bind_engine(nb::module_& m);  // bind_engine.cpp: readers, host buffers, copy pipeline
 void bind_moe(nb::module_& m);     // bind_moe.cpp: slot-aware MoE decode kernel
+void bind_fold(nb::module_& m);    // bind_fold.cpp: the store's routing fold
 }  // namespace tierstore::python
 
 NB_MODULE(_C, m) {
@@ -21,4 +22,5 @@ NB_MODULE(_C, m) {
         "CUDA runtime version compiled in (e.g. 13000), 0 when built without CUDA.");
   tierstore::python::bind_engine(m);
   tierstore::python::bind_moe(m);
+  tierstore::python::bind_fold(m);
 }

@@ -1,0 +1,112 @@
+// Binding of fold.hpp: the store's routing fold. Every call is short and never waits, so
+// the GIL is kept: that is also what serialises add (forward thread) and take (under
+// the store lock). Ids arrive as any C-contiguous integer buffer (a numpy array) of up to
+// 64 bits; anything else is a TypeError and the Python side converts.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "tierstore/fold.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace tierstore::python {
+namespace {
+
+template <typename T>
+using Flat = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+template <typename T>
+nb::ndarray<nb::numpy, T, nb::ndim<1>> owned_array(std::unique_ptr<T[]> data, size_t n) {
+  T* raw = data.release();
+  nb::capsule owner(raw, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+  size_t shape[1] = {n};
+  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(raw, 1, shape, owner);
+}
+
+// The Python buffer protocol, not nb::ndarray: importing a numpy array through the
+// ndarray caster costs ~1 us a call, which is most of a record(); GetBuffer is ~0.1 us.
+void add_ids(RoutingFold& fold, int64_t layer, nb::handle ids) {
+  if (layer < 0 || layer >= fold.n_layers()) throw nb::index_error("RoutingFold.add: layer out of range");
+  Py_buffer view;
+  if (PyObject_GetBuffer(ids.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    PyErr_Clear();
+    throw nb::type_error("RoutingFold.add: ids are not a C-contiguous buffer");
+  }
+  struct Release {
+    Py_buffer* v;
+    ~Release() { PyBuffer_Release(v); }
+  } release{&view};
+  const char* f = view.format ? view.format : "B";
+  if (*f == '<' || *f == '=' || *f == '@') ++f;  // native byte order only ('>' / '!' rejected)
+  const int64_t n = view.itemsize ? static_cast<int64_t>(view.len / view.itemsize) : 0;
+  const void* p = view.buf;
+  const bool is_signed = *f == 'b' || *f == 'h' || *f == 'i' || *f == 'l' || *f == 'q';
+  const bool is_unsigned = *f == 'B' || *f == 'H' || *f == 'I' || *f == 'L' || *f == 'Q';
+  if (f[0] != '\0' && f[1] == '\0' && is_signed) {
+    switch (view.itemsize) {
+      case 8: return fold.add(layer, static_cast<const int64_t*>(p), n);
+      case 4: return fold.add(layer, static_cast<const int32_t*>(p), n);
+      case 2: return fold.add(layer, static_cast<const int16_t*>(p), n);
+      case 1: return fold.add(layer, static_cast<const int8_t*>(p), n);
+    }
+  } else if (f[0] != '\0' && f[1] == '\0' && is_unsigned) {
+    switch (view.itemsize) {
+      case 4: return fold.add(layer, static_cast<const uint32_t*>(p), n);
+      case 2: return fold.add(layer, static_cast<const uint16_t*>(p), n);
+      case 1: return fold.add(layer, static_cast<const uint8_t*>(p), n);
+    }
+  }
+  throw nb::type_error("RoutingFold.add: ids must be signed integers of <= 64 bits or unsigned of <= 32");
+}
+
+nb::tuple take(RoutingFold& fold, Flat<bool> seen, Flat<const int32_t> pool_slot,
+               Flat<const int32_t> arena_slot) {
+  const size_t n_keys = static_cast<size_t>(fold.n_keys());
+  if (seen.shape(0) != n_keys || pool_slot.shape(0) != n_keys || arena_slot.shape(0) != n_keys)
+    throw nb::value_error("RoutingFold.take: seen / resident-slot arrays must have n_keys entries");
+  FoldTally tally;
+  const size_t got = static_cast<size_t>(fold.take(reinterpret_cast<uint8_t*>(seen.data()),
+                                                   pool_slot.data(), arena_slot.data(), &tally));
+  std::unique_ptr<int64_t[]> keys(new int64_t[got ? got : 1]);
+  std::unique_ptr<double[]> counts(new double[got ? got : 1]);
+  std::memcpy(keys.get(), fold.keys(), got * sizeof(int64_t));
+  std::memcpy(counts.get(), fold.counts(), got * sizeof(double));
+  int64_t bad_layer = -1, bad_id = -1;
+  const int64_t dropped = fold.take_dropped(&bad_layer, &bad_id);
+  nb::tuple t = nb::make_tuple(tally.tokens[0], tally.tokens[1], tally.tokens[2], tally.tokens[3],
+                               tally.keys[0], tally.keys[1], tally.keys[2], tally.keys[3], dropped,
+                               bad_layer, bad_id);
+  return nb::make_tuple(owned_array(std::move(keys), got), owned_array(std::move(counts), got), t);
+}
+
+}  // namespace
+
+void bind_fold(nb::module_& m) {
+  nb::class_<RoutingFold>(m, "RoutingFold",
+                          "Token counts per dense key, added per MoE layer, taken once per step.")
+      .def(nb::init<int64_t, int64_t>(), "n_layers"_a, "n_experts"_a)
+      .def_prop_ro("n_keys", &RoutingFold::n_keys)
+      .def_prop_ro("n_pending", &RoutingFold::n_pending, "keys with a count since the last take")
+      .def("add", &add_ids, "layer"_a, "ids"_a,
+           "Count one layer's expert ids (< 0 padding, >= n_experts dropped and counted).")
+      .def("take", &take, "seen"_a.noconvert(), "pool_slot"_a.noconvert(),
+           "arena_slot"_a.noconvert(),
+           "(keys int64 ascending, counts float64, 11 ints: tokens then keys per residency "
+           "category 0 none / 1 arena / 2 pool / 3 both, then dropped ids and the first "
+           "one's layer and id); sets seen[keys]; resets.")
+      .def(
+          "take_dropped",
+          [](RoutingFold& f) {
+            int64_t layer = -1, id = -1;
+            const int64_t n = f.take_dropped(&layer, &id);
+            return nb::make_tuple(n, layer, id);
+          },
+          "(dropped ids, first one's layer, first one's id) since the last call; resets.");
+}
+
+}  // namespace tierstore::python
