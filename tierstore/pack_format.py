@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
+import numpy as np
 
 from .errors import FormatError
 
@@ -142,6 +143,17 @@ def _reject_constant(name):
     raise ValueError(f"non-JSON number {name}")
 
 
+SIDECAR_MAX_DEPTH = 16   # a valid sidecar nests 5 levels (layout.sections[i].shape)
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_nesting_depth(raw: bytes) -> int:
+    """Deepest [ / { nesting of a JSON text, strings ignored; vectorised, no parse."""
+    b = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    step = np.isin(b, (0x5B, 0x7B)).astype(np.int32) - np.isin(b, (0x5D, 0x7D))
+    return int(np.cumsum(step).max(initial=0))
+
+
 def load_sidecar(path: str, *, key20_in_name: bool) -> tuple[Sidecar, list[str]]:
     """Read and validate a sidecar file. Returns the sidecar and the names of unknown
     vLLM-Moet keys that were tolerated (see FORMAT.md, "Unknown fields")."""
@@ -154,7 +166,11 @@ def load_sidecar(path: str, *, key20_in_name: bool) -> tuple[Sidecar, list[str]]
         raise FormatError(f"{path}: sidecar is {size} bytes, over the {SIDECAR_MAX_BYTES} cap")
     with open(path, "rb") as f:
         raw = f.read(SIDECAR_MAX_BYTES + 1)
-    # 2. JSON parse (strict: no NaN/Infinity, no duplicate keys)
+    # 2. nesting depth (Python's own recursion limit differs between versions), then
+    #    JSON parse (strict: no NaN/Infinity, no duplicate keys)
+    if json_nesting_depth(raw) > SIDECAR_MAX_DEPTH:
+        raise FormatError(f"{path}: sidecar JSON is nested too deeply "
+                          f"(more than {SIDECAR_MAX_DEPTH} levels)")
     try:
         obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys,
                          parse_constant=_reject_constant)
