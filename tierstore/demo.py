@@ -238,6 +238,7 @@ def run(cfg: DemoConfig, console=None) -> dict:
 
     result["cold"], result["warm"] = _summarise(cold), _summarise(warm)
     result["poolmon"] = poolmon
+    result["row_bytes"] = int(pack.slot_bytes)
     return result
 
 
@@ -288,6 +289,8 @@ def print_summary(result: dict, console=None) -> None:
     console.print(tab)
     console.print(f"ceilings measured in this run: pool copy {copy_ceiling:.1f} GB/s, "
                   f"page-cache read {ceil['pagecache_read_gbps']:.1f} GB/s (8 threads)")
+    console.print(f"rows here are {result['row_bytes'] / 1024:.0f} KiB, so promote GB/s measures per-fire "
+                  f"latency, not bandwidth; `tierstore bench io` measures 12 MiB rows")
     console.print(f"packs and poolmon snapshot in {result['out']}")
 
 
