@@ -11,6 +11,7 @@ import json
 import sys
 
 from ..errors import ConfigError
+from ._args import int_list
 
 DEFAULT_POLICIES = "lru,heat,hybrid,reference,belady"
 
@@ -52,16 +53,6 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
-def _int_list(text: str, name: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--{name}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"--{name}: expected positive integers, got {text!r}")
-    return values
-
-
 def load_source(args):
     from .. import traces
     if args.trace:
@@ -78,7 +69,7 @@ def load_source(args):
 
 def main(args) -> int:
     from .. import sim
-    slots = _int_list(args.slots, "slots")
+    slots = int_list(args.slots, "slots")
     names = [x.strip() for x in args.policies.split(",") if x.strip()]
     sim.check_policy_names(names)  # before a possibly slow trace generation
     trace = load_source(args)

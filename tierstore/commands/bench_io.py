@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import bench_io_measure as m
+from ._args import int_list
 
 ROW_12MIB = 12_582_912
 
@@ -47,16 +48,6 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
-def _ints(text: str, name: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--{name}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"--{name}: expected positive integers, got {text!r}")
-    return values
-
-
 def _file_rows(path: str, row_bytes: int) -> tuple[np.ndarray, int]:
     """Row offsets and row size: a pack's written rows, else consecutive 4 KiB-aligned rows."""
     try:
@@ -85,7 +76,7 @@ def run(args, res: dict | None = None) -> dict:
             raise FileNotFoundError(2, "no such file", path)
         m.create_file(path, int(args.create_gb * 1e9))
     device = args.device if args.device != "auto" else ("cuda" if cuda_available() else "cpu")
-    fires, sources = _ints(args.fires, "fires"), args.sources.split(",")
+    fires, sources = int_list(args.fires, "fires"), args.sources.split(",")
     offsets, row = _file_rows(path, args.row_bytes)
     if len(offsets) < max(fires):
         raise ConfigError(f"{path}: {len(offsets)} rows of {row} B, the largest fire needs "
@@ -205,7 +196,7 @@ def _baselines(args, res, torch, device, path, pool, row, n, pick, *, cold: bool
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
         res["baselines"]["kvikio"] = f"skipped: import failed ({type(exc).__name__}: {exc})"
         return
-    for threads in _ints(args.kvikio_threads, "kvikio-threads"):
+    for threads in int_list(args.kvikio_threads, "kvikio-threads"):
         try:
             m.kvikio_set_threads(kvikio, threads)
             f = kvikio.CuFile(path, "r")
