@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 
-from ..errors import ConfigError
 from ._args import int_list
 
 DEFAULT_POLICIES = "lru,heat,hybrid,reference,belady"
