@@ -19,7 +19,7 @@ import xxhash
 from .errors import ConfigError, FormatError, TierIOError
 from .pack_format import (DEFAULT_CHECKSUM, TAG_RE, PackName, RowLayout, Sidecar,
                           SIDECAR_VERSION, encode_sidecar, fsync_dir, key20_of, load_sidecar,
-                          lock_path_of, round_up, sidecar_path_of, validate_layout,
+                          lock_path_of, round_up, sidecar_path_of,
                           validate_sidecar, write_file_atomic)
 
 DEFAULT_QUANTIZER_ABI = "tierstore-opaque-v1"

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Callable, Optional, Union
+from typing import Callable, Union
 
 import msgspec
 import numpy as np
