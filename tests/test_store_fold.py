@@ -110,7 +110,19 @@ def test_fold_rejects_bad_layers_and_wrong_arrays():
         fold.add(0, np.arange(4)[::2])
     with pytest.raises(TypeError):
         fold.add(0, np.zeros(3))
-    with pytest.raises(TypeError):
-        fold.take(np.zeros(L * E, np.uint8), np.zeros(L * E, np.int32), np.zeros(L * E, np.int32))
     with pytest.raises(ValueError):
-        fold.take(np.zeros(3, bool), np.zeros(3, np.int32), np.zeros(3, np.int32))
+        fold.take()  # nothing bound yet
+    with pytest.raises(TypeError):
+        fold.bind(np.zeros(L * E, np.uint8), np.zeros(L * E, np.int32), np.zeros(L * E, np.int32))
+    with pytest.raises(ValueError):
+        fold.bind(np.zeros(3, bool), np.zeros(3, np.int32), np.zeros(3, np.int32))
+
+
+def test_numpy_fold_with_unequal_records_whose_total_looks_equal():
+    # Regression: sizes 4, 1, 7 (total 12 = 3 x 4) took the equal-size broadcast path.
+    rec = _recorder(False)
+    for layer, ids in ((0, [0, 0, 0, 0]), (0, [0]), (1, [0] * 7)):
+        rec.record(layer, np.array(ids))
+    slot = np.full(L * E, -1, np.int32)
+    (keys, counts, _), _ = _take(rec, slot, slot)
+    assert keys == [0, E] and counts == [5.0, 7.0]

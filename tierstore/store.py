@@ -316,24 +316,26 @@ class ExpertStore:
     def step(self) -> None:
         """End of a decode step: fold heat, decay, queue lazy promotions (at most
         ``lazy_per_step``, hottest first, through the admission filter), snapshots."""
-        from .store_fire import lazy_candidates
         with self.lock:
             self._check_open("step")
             self._fold_records()
-            self._release_prefill()
+            if self._prefill is not None:
+                self._release_prefill()
             self._pool.policy.decay(steps=1)
             self._arena.policy.decay(steps=1)
             self.step_count += 1
-            if not self._lazy_busy and self.config.lazy_per_step:
+            cfg = self.config
+            if cfg.lazy_per_step and not self._lazy_busy:
+                from .store_fire import lazy_candidates
                 keys, rejected = lazy_candidates(self, np.flatnonzero(self._seen))
                 self.counters.lazy_rejected += rejected
                 if len(keys):
                     self._lazy_busy = True
                     self.counters.lazy_queued += len(keys)
                     self._submit_job(("promote", keys, Ticket(len(keys)), True))
-            self._seen[:] = False
-            every = self.config.snapshot_every_s
-            if self._snapshot_path and every and time.monotonic() - self._last_snapshot >= every:
+            self._seen.fill(False)
+            if self._snapshot_path and cfg.snapshot_every_s and (
+                    time.monotonic() - self._last_snapshot >= cfg.snapshot_every_s):
                 self._last_snapshot = time.monotonic()
                 self._submit_job(("snapshot", self._snapshot_path))
 

@@ -49,6 +49,7 @@ class RoutingRecorder:
         self._lock = lock                 # only to create the device counter once
         self._fold = _NativeFold(self.n_layers, self.n_experts) if (
             native and _NativeFold is not None) else None
+        self._bound = None                # the arrays the native take writes / reads
         self._pending: deque = deque()    # numpy fold only: (layer, ids copy)
         self._dev_counts = None           # int32 [n_keys + 1]; last bucket: bad ids
         self._dev_one = None
@@ -106,14 +107,19 @@ class RoutingRecorder:
         self._dev_counts.scatter_add_(0, keys, self._dev_one.expand(keys.shape[0]))
 
     def take(self, stream, pool_slot: np.ndarray, arena_slot: np.ndarray, seen: np.ndarray):
-        """(unique dense keys ascending, token counts as float64, tally) recorded since
-        the last call, or None. ``tally`` is 8 ints: tokens, then distinct keys, per
+        """(unique dense keys, token counts as float64, tally) recorded since the last
+        call, or None; the arrays may be views the next take overwrites (use them
+        before, as the store does under its lock). ``tally`` is 8 ints: tokens, then distinct keys, per
         residency category (0 in neither tier, 1 arena only, 2 pool, 3 pool and arena;
         ``*_slot`` are the tiers' resident_slot maps); ``seen[keys]`` is set. The caller
         holds the store lock; ``stream`` orders the device fold (CUDA)."""
         host = None
         if self._fold is not None:
-            keys, counts, t = self._fold.take(seen, pool_slot, arena_slot)
+            b = self._bound
+            if b is None or b[0] is not seen or b[1] is not pool_slot or b[2] is not arena_slot:
+                self._fold.bind(seen, pool_slot, arena_slot)  # once per store in practice
+                self._bound = (seen, pool_slot, arena_slot)
+            keys, counts, t = self._fold.take()
             if t[8]:
                 self._dropped(t[8], t[9], t[10])
             if len(keys):
@@ -150,7 +156,8 @@ class RoutingRecorder:
         if not len(ids):
             return ids, ids
         m = len(arrays[0])
-        if m and len(ids) == m * len(arrays):             # equal sizes: broadcast the offsets
+        if m and all(len(a) == m for a in arrays):       # equal sizes: broadcast the offsets
+            # (the total alone is not enough: sizes 4, 1, 7 sum like 4, 4, 4)
             flat = (ids.reshape(len(arrays), m) + (layers * self.n_experts)[:, None]).reshape(-1)
         else:
             sizes = np.fromiter(map(len, arrays), np.int64, len(arrays))

@@ -20,17 +20,24 @@ namespace {
 template <typename T>
 using Flat = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-template <typename T>
-nb::ndarray<nb::numpy, T, nb::ndim<1>> owned_array(std::unique_ptr<T[]> data, size_t n) {
-  T* raw = data.release();
-  nb::capsule owner(raw, [](void* p) noexcept { delete[] static_cast<T*>(p); });
-  size_t shape[1] = {n};
-  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(raw, 1, shape, owner);
-}
+// The arrays take() writes and reads, bound once (the store allocates them once and
+// never rebinds them): converting three ndarray arguments cost ~3 us a take.
+struct Bound {
+  nb::object seen, pool_slot, arena_slot;  // keep the arrays alive
+  uint8_t* seen_ptr = nullptr;
+  const int32_t* pool_ptr = nullptr;
+  const int32_t* arena_ptr = nullptr;
+};
+
+class PyFold : public RoutingFold {
+ public:
+  using RoutingFold::RoutingFold;
+  Bound bound;
+};
 
 // The Python buffer protocol, not nb::ndarray: importing a numpy array through the
 // ndarray caster costs ~1 us a call, which is most of a record(); GetBuffer is ~0.1 us.
-void add_ids(RoutingFold& fold, int64_t layer, nb::handle ids) {
+void add_ids(PyFold& fold, int64_t layer, nb::handle ids) {
   if (layer < 0 || layer >= fold.n_layers()) throw nb::index_error("RoutingFold.add: layer out of range");
   Py_buffer view;
   if (PyObject_GetBuffer(ids.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
@@ -64,44 +71,68 @@ void add_ids(RoutingFold& fold, int64_t layer, nb::handle ids) {
   throw nb::type_error("RoutingFold.add: ids must be signed integers of <= 64 bits or unsigned of <= 32");
 }
 
-nb::tuple take(RoutingFold& fold, Flat<bool> seen, Flat<const int32_t> pool_slot,
-               Flat<const int32_t> arena_slot) {
+void bind_arrays(PyFold& fold, Flat<bool> seen, Flat<const int32_t> pool_slot,
+                 Flat<const int32_t> arena_slot, nb::object seen_obj, nb::object pool_obj,
+                 nb::object arena_obj) {
   const size_t n_keys = static_cast<size_t>(fold.n_keys());
   if (seen.shape(0) != n_keys || pool_slot.shape(0) != n_keys || arena_slot.shape(0) != n_keys)
-    throw nb::value_error("RoutingFold.take: seen / resident-slot arrays must have n_keys entries");
+    throw nb::value_error("RoutingFold.bind: seen / resident-slot arrays must have n_keys entries");
+  fold.bound = Bound{seen_obj, pool_obj, arena_obj, reinterpret_cast<uint8_t*>(seen.data()),
+                     pool_slot.data(), arena_slot.data()};
+}
+
+nb::tuple take(PyFold& fold) {
+  const Bound& b = fold.bound;
+  if (!b.seen_ptr) throw nb::value_error("RoutingFold.take: bind() the arrays first");
   FoldTally tally;
-  const size_t got = static_cast<size_t>(fold.take(reinterpret_cast<uint8_t*>(seen.data()),
-                                                   pool_slot.data(), arena_slot.data(), &tally));
-  std::unique_ptr<int64_t[]> keys(new int64_t[got ? got : 1]);
-  std::unique_ptr<double[]> counts(new double[got ? got : 1]);
-  std::memcpy(keys.get(), fold.keys(), got * sizeof(int64_t));
-  std::memcpy(counts.get(), fold.counts(), got * sizeof(double));
+  const size_t got = static_cast<size_t>(fold.take(b.seen_ptr, b.pool_ptr, b.arena_ptr, &tally));
   int64_t bad_layer = -1, bad_id = -1;
   const int64_t dropped = fold.take_dropped(&bad_layer, &bad_id);
   nb::tuple t = nb::make_tuple(tally.tokens[0], tally.tokens[1], tally.tokens[2], tally.tokens[3],
                                tally.keys[0], tally.keys[1], tally.keys[2], tally.keys[3], dropped,
                                bad_layer, bad_id);
-  return nb::make_tuple(owned_array(std::move(keys), got), owned_array(std::move(counts), got), t);
+  // Views of the fold's own buffers (no allocation, no copy): valid until the next take.
+  nb::handle owner = nb::find(fold);
+  size_t shape[1] = {got};
+  return nb::make_tuple(
+      nb::ndarray<nb::numpy, const int64_t, nb::ndim<1>>(fold.keys(), 1, shape, owner),
+      nb::ndarray<nb::numpy, const double, nb::ndim<1>>(fold.counts(), 1, shape, owner), t);
 }
 
 }  // namespace
 
 void bind_fold(nb::module_& m) {
-  nb::class_<RoutingFold>(m, "RoutingFold",
-                          "Token counts per dense key, added per MoE layer, taken once per step.")
+  nb::class_<PyFold>(m, "RoutingFold",
+                     "Token counts per dense key, added per MoE layer, taken once per step.")
       .def(nb::init<int64_t, int64_t>(), "n_layers"_a, "n_experts"_a)
-      .def_prop_ro("n_keys", &RoutingFold::n_keys)
-      .def_prop_ro("n_pending", &RoutingFold::n_pending, "keys with a count since the last take")
+      .def_prop_ro("n_keys", [](const PyFold& f) { return f.n_keys(); })
+      .def_prop_ro("n_pending", [](const PyFold& f) { return f.n_pending(); },
+                   "keys with a count since the last take")
       .def("add", &add_ids, "layer"_a, "ids"_a,
            "Count one layer's expert ids (< 0 padding, >= n_experts dropped and counted).")
-      .def("take", &take, "seen"_a.noconvert(), "pool_slot"_a.noconvert(),
-           "arena_slot"_a.noconvert(),
-           "(keys int64 ascending, counts float64, 11 ints: tokens then keys per residency "
-           "category 0 none / 1 arena / 2 pool / 3 both, then dropped ids and the first "
-           "one's layer and id); sets seen[keys]; resets.")
+      .def(
+          "bind",
+          [](PyFold& f, nb::object seen, nb::object pool_slot, nb::object arena_slot) {
+            try {
+              bind_arrays(f, nb::cast<Flat<bool>>(seen, false),
+                          nb::cast<Flat<const int32_t>>(pool_slot, false),
+                          nb::cast<Flat<const int32_t>>(arena_slot, false), seen, pool_slot,
+                          arena_slot);
+            } catch (const nb::cast_error&) {
+              throw nb::type_error("RoutingFold.bind: seen must be a contiguous bool array and "
+                                   "the slot maps contiguous int32 arrays");
+            }
+          },
+          "seen"_a, "pool_slot"_a, "arena_slot"_a,
+          "The arrays every take uses: seen (bool [n_keys], set for taken keys) and the two "
+          "tiers' resident_slot maps (int32 [n_keys]); kept alive, never copied.")
+      .def("take", &take,
+           "(keys int64, counts float64 (read-only views, valid until the next take), 11 "
+           "ints: tokens then keys per residency category 0 none / 1 arena / 2 pool / 3 "
+           "both, then dropped ids and the first one's layer and id); sets seen[keys]; resets.")
       .def(
           "take_dropped",
-          [](RoutingFold& f) {
+          [](PyFold& f) {
             int64_t layer = -1, id = -1;
             const int64_t n = f.take_dropped(&layer, &id);
             return nb::make_tuple(n, layer, id);
