@@ -41,6 +41,11 @@ from .store_io import Mover
 from .store_record import RoutingRecorder
 from .store_stats import Counters, FireResult, StoreStats, TierStats  # noqa: F401 (re-export)
 
+try:
+    from ._C import unique_dense_keys as _unique_dense_keys
+except (ImportError, AttributeError):  # extension built before fold.cpp existed
+    _unique_dense_keys = None
+
 log = logging.getLogger("tierstore.store")
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -128,7 +133,8 @@ class ExpertStore:
         self.max_promote = cfg.max_promote
         self._E, self._L = int(pack.n_experts), int(pack.n_layers)
         self._n_keys = self._E * self._L
-        self._written = np.repeat(np.asarray(pack.written, dtype=bool), self._E)
+        self._layer_written = np.ascontiguousarray(pack.written, dtype=bool)
+        self._written = np.repeat(self._layer_written, self._E)
         self.lock = threading.RLock()
         self._idle = threading.Condition(self.lock)
         self._active = 0
@@ -413,6 +419,11 @@ class ExpertStore:
         if arr.size == 0:
             return _EMPTY
         arr = arr.reshape(-1, 2) if arr.ndim == 1 and arr.size == 2 else arr
+        if _unique_dense_keys is not None:  # one native pass: check, dense ids, dedupe
+            dense = _unique_dense_keys(arr, self._L, self._E, self._layer_written)
+            if dense is not None:
+                return dense
+        # Not an int64 [N, 2] array, or a bad key: the pack's checks raise the error.
         dense = self.pack.check_keys(arr)
         if len(dense) <= 1:
             return dense

@@ -37,6 +37,8 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResul
         pinned = keys
         result.already_resident = int(np.count_nonzero(pool.resident_slot[keys] >= 0))
         result.sources["pool"] = result.already_resident
+    if result.already_resident == len(keys):  # the common fire: nothing to load or wait for
+        return _finish(store, result, keys, stream)
     try:
         for rnd in range(store.config.fire_rounds):
             with lock:
@@ -44,7 +46,7 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResul
                 loading = ~resident & (pool.slot_of[pinned] >= 0)
                 missing = pinned[~resident & ~loading]
                 if rnd == 0:
-                    ranked = pool.policy.rank(missing)
+                    ranked = pool.policy.rank(missing) if len(missing) else missing
                     new, over = ranked[:cap], ranked[cap:]
                     result.over_cap = len(over)
                 else:
@@ -83,6 +85,10 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResul
         with lock:
             pool.unpin(pinned)
         raise
+    return _finish(store, result, pinned, stream)
+
+
+def _finish(store, result: FireResult, pinned: np.ndarray, stream) -> FireResult:
     if stream is not None and stream != store._stream:
         stream.wait_stream(store._stream)  # keys published earlier on the store's stream
     result.keys = pinned

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "tierstore/fold.hpp"
 
@@ -99,6 +100,39 @@ nb::tuple take(PyFold& fold) {
       nb::ndarray<nb::numpy, const double, nb::ndim<1>>(fold.counts(), 1, shape, owner), t);
 }
 
+// Dense unique keys of an int64 [N, 2] buffer; None when the buffer is not one (the
+// caller converts) or a key is bad (the caller raises the pack's error).
+nb::object unique_dense(nb::handle pairs, int64_t n_layers, int64_t n_experts,
+                        Flat<const bool> written) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(pairs.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    PyErr_Clear();
+    return nb::none();
+  }
+  struct Release {
+    Py_buffer* v;
+    ~Release() { PyBuffer_Release(v); }
+  } release{&view};
+  const char* f = view.format ? view.format : "B";
+  if (*f == '<' || *f == '=' || *f == '@') ++f;
+  if (view.itemsize != 8 || !(f[0] == 'l' || f[0] == 'q') || f[1] != '\0' || view.ndim != 2 ||
+      view.shape[1] != 2 || static_cast<int64_t>(written.shape(0)) != n_layers)
+    return nb::none();
+  const int64_t n = view.shape[0];
+  std::vector<uint8_t> mark(static_cast<size_t>(n_layers * n_experts), 0);
+  int64_t* out = new int64_t[n ? n : 1];
+  const int64_t m = unique_dense_keys(static_cast<const int64_t*>(view.buf), n, n_layers, n_experts,
+                                      reinterpret_cast<const uint8_t*>(written.data()),
+                                      mark.data(), out);
+  if (m < 0) {
+    delete[] out;
+    return nb::none();
+  }
+  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
+  size_t shape[1] = {static_cast<size_t>(m)};
+  return nb::cast(nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(out, 1, shape, owner));
+}
+
 }  // namespace
 
 void bind_fold(nb::module_& m) {
@@ -138,6 +172,10 @@ void bind_fold(nb::module_& m) {
             return nb::make_tuple(n, layer, id);
           },
           "(dropped ids, first one's layer, first one's id) since the last call; resets.");
+  m.def("unique_dense_keys", &unique_dense, "pairs"_a, "n_layers"_a, "n_experts"_a,
+        "written"_a.noconvert(),
+        "int64 [N, 2] (layer, expert) -> unique dense ids in first-seen order; None when "
+        "pairs is not such a buffer or a key is out of range / in an unwritten layer.");
 }
 
 }  // namespace tierstore::python

@@ -164,4 +164,25 @@ int64_t RoutingFold::take_dropped(int64_t* first_layer, int64_t* first_id) {
   return n;
 }
 
+int64_t unique_dense_keys(const int64_t* pairs, int64_t n, int64_t n_layers, int64_t n_experts,
+                          const uint8_t* written, uint8_t* mark, int64_t* out) {
+  int64_t m = 0;
+  bool bad = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t layer = pairs[2 * i], expert = pairs[2 * i + 1];
+    if (static_cast<uint64_t>(layer) >= static_cast<uint64_t>(n_layers) ||
+        static_cast<uint64_t>(expert) >= static_cast<uint64_t>(n_experts) ||
+        (written && !written[layer])) {
+      bad = true;
+      break;
+    }
+    const int64_t key = layer * n_experts + expert;
+    out[m] = key;
+    m += mark[key] == 0;  // branch-free: kept only the first time
+    mark[key] = 1;
+  }
+  for (int64_t i = 0; i < m; ++i) mark[out[i]] = 0;
+  return bad ? -1 : m;
+}
+
 }  // namespace tierstore

@@ -69,4 +69,12 @@ class RoutingFold {
   int64_t dropped_ = 0, first_bad_layer_ = -1, first_bad_id_ = -1;
 };
 
+// (layer, expert) pairs -> dense ids, unique, in first-seen order (a fire's routed keys).
+// ``pairs`` holds n rows of two int64; ``written`` one flag per layer (null: all written);
+// ``mark`` is n_keys bytes of zeros, left zeroed. Returns how many ids went to ``out``
+// (room for n), or -1 when a pair is out of range or in an unwritten layer (the caller
+// then reports it with the pack's own checks).
+int64_t unique_dense_keys(const int64_t* pairs, int64_t n, int64_t n_layers, int64_t n_experts,
+                          const uint8_t* written, uint8_t* mark, int64_t* out);
+
 }  // namespace tierstore
