@@ -66,13 +66,13 @@ def bench_gpu(args) -> list[dict]:
     base = BaseWeights(random_expert_rows(E, "base", H, I, 1, "cuda").reshape(1, E, -1), H, I, "cuda")
     bw = copy_bandwidth()
     rows = []
-    for resident in ("none", "half", "all"):
+    for resident in args.resident:
         pool.clear()
         chosen = {"none": [], "half": list(range(0, E, 2)), "all": list(range(E))}[resident]
         pool.promote([(0, e) for e in chosen])
         for T in args.T:
             w, ids = _routings(R, T, E, k, seed=T, device="cuda")
-            for dtype in (torch.bfloat16, torch.float32):
+            for dtype in [getattr(torch, d) for d in args.dtypes]:
                 xs = torch.randn(R, T, H, device="cuda").to(dtype)
                 outs = torch.empty_like(xs)
                 wss = [decode_workspace(T, k, H, I, "cuda") for _ in range(R)]
@@ -100,7 +100,47 @@ def bench_gpu(args) -> list[dict]:
                 print(f"resident={resident:4s} T={T:2d} {rows[-1]['dtype']:8s} {t * 1e6:8.1f} us "
                       f"{nbytes / 1e6:7.1f} MB  {gbs:7.0f} GB/s = {gbs / bw:.2f} x copy ({bw:.0f})"
                       f"  rel err {rel:.1e}", flush=True)
+    if args.kernel_split:
+        rows_split = _kernel_split(pool, base, H, I, E, k)
+        for r in rows_split:
+            print(f"kernel split T={r['T']:2d} resident={r['resident']}: " +
+                  "  ".join(f"{n} {us:.1f} us" for n, us in r["kernels_us"].items()), flush=True)
     return rows
+
+
+def _kernel_split(pool, base, H, I, E, k) -> list[dict]:
+    """Mean device time of each decode kernel (torch profiler, eager calls), to see
+    which stage the time goes to. Best effort: returns [] when the profiler fails."""
+    from tierstore.moe_cuda import decode_workspace, fused_moe_decode
+    out = []
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        for resident in ("all", "none"):
+            pool.clear()
+            if resident == "all":
+                pool.promote([(0, e) for e in range(E)])
+            for T in (1, 16):
+                w, ids = _routings(8, T, E, k, seed=100 + T, device="cuda")
+                xs = torch.randn(8, T, H, device="cuda", dtype=torch.bfloat16)
+                ws = decode_workspace(T, k, H, I, "cuda")
+                res = torch.empty_like(xs[0])
+                for r in range(8):
+                    fused_moe_decode(xs[r], w[r], ids[r], 0, pool, base, out=res, workspace=ws)
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for r in range(8):
+                        fused_moe_decode(xs[r], w[r], ids[r], 0, pool, base, out=res, workspace=ws)
+                    torch.cuda.synchronize()
+                times = {}
+                for ev in prof.key_averages():
+                    if "moe_" in ev.key:
+                        name = ev.key.split("moe_")[1].split("_kernel")[0]
+                        dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+                        times[name] = dev_us / max(ev.count, 1)
+                out.append({"T": T, "resident": resident, "kernels_us": times})
+    except Exception as exc:            # diagnostics only; never fail the bench
+        print(f"kernel split skipped: {type(exc).__name__}: {exc}", flush=True)
+    return out
 
 
 def bench_cpu(args) -> list[dict]:
@@ -149,6 +189,9 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=6)
     p.add_argument("--rounds", type=int, default=8, help="routings per graph (defeats L2 reuse)")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--resident", type=lambda s: s.split(","), default=["none", "half", "all"])
+    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bfloat16", "float32"])
+    p.add_argument("--kernel-split", action="store_true", help="also profile each kernel (GPU)")
     p.add_argument("--pool-benefit", action="store_true")
     p.add_argument("--pb-layers", type=int, default=4)
     p.add_argument("--pb-experts", type=int, default=32)

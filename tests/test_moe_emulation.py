@@ -92,3 +92,18 @@ def test_emulated_kernel_long_k_shared_experts_and_invalid_ids(emulator, tmp_pat
     got = _run(emulator, tmp_path, x, w, ids, 0, pool, base)
     ref = fused_moe_reference(x, w, ids, 0, pool, base, dtype=torch.float64)
     assert _rel(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("ids", [[[2, 2, 5]], [[0, 3, 3], [3, 1, 0]]])
+def test_emulated_kernel_small_t_batches_repeated_ids(emulator, tmp_path, ids):
+    # T = 1 and 2 stage 1 and 2 pairs per pass: a repeated id in a token takes a second
+    # pass over the expert; residency mixed so both codecs run.
+    pool, base = _setup(seed=9)
+    pool.promote([(1, 2), (1, 3)])
+    ids = torch.tensor(ids)
+    T = ids.shape[0]
+    w = torch.rand(T, 3) + 0.1
+    x = torch.randn(T, 128)
+    got = _run(emulator, tmp_path, x, w, ids, 1, pool, base)
+    ref = fused_moe_reference(x, w, ids, 1, pool, base, dtype=torch.float64)
+    assert _rel(got, ref) < 1e-5

@@ -57,6 +57,8 @@ def fused_moe_decode(x, topk_weights, topk_ids, layer: int, store, base, *, out=
     in_dtype = x.dtype
     xc = x if in_dtype in _DTYPES else x.float()
     xc = xc.contiguous()
+    if xc.data_ptr() % 16:              # the kernel stages x with 16/8-byte vector loads
+        xc = xc.clone()
     ids = topk_ids.to(torch.int32).contiguous()        # device ops: no host sync
     w = topk_weights.to(torch.float32).contiguous()
     H, I = base.H, base.I

@@ -1,20 +1,28 @@
 // Slot-aware fused-MoE decode kernels (see include/tierstore/moe.hpp for the contract).
 //
 // Shape of the work: Hopper has no FP4 tensor cores and decode has <= 16 tokens, so
-// this is a memory-bound grouped GEMV. Grid = (output-row tiles, routed pairs). The
-// block of the FIRST pair routed to an expert (its "leader") does that expert's work
-// for every pair routed to it; the other pairs' blocks exit at once, so each expert's
-// bytes are read once. Inside a block each warp owns output rows; a lane reads 32
-// consecutive K elements per row per chunk (16 bytes of e2m1, or 8 bytes of 2-bit codes,
-// and their e8m0 block-32 scale byte), dequantises them in registers and dots them
-// with the activations staged in shared memory (float, padded so the float4 reads of
-// a quarter-warp hit distinct banks). The next chunk's weights are fetched before the
-// current one is used, to keep two loads per row in flight.
+// this is a memory-bound grouped GEMV whose cost is (a) streaming the routed experts'
+// bytes once and (b) the per-element decode + FMA, which at T=1 is as large as (a).
+// Grid = (output-row tiles, routed pairs); the block of the FIRST pair routed to an
+// expert (its "leader") does that expert's tile for every pair routed to it (found in
+// parallel: one pair per thread, a block-wide OR and a ballot compaction), the other
+// pairs' blocks exit at once, so each expert's bytes are read once.
+//
+// Inside a block: the activations of up to MAXM pairs are staged once in shared memory
+// as fp32 (padded per 32-element block so the float4 reads of a quarter-warp hit
+// distinct banks). Each warp owns R weight rows that share the activations (gate+up of
+// one output for w13, R rows of w2); a lane owns whole 32-element scale blocks
+// (16 bytes of e2m1 or 8 bytes of 2-bit codes, one e8m0 byte) and issues the loads of
+// U blocks x R rows (8 independent 16-byte loads) before the first use. Codes are
+// decoded in registers to fp16 pairs (bit tricks, no lookup table in memory), widened
+// to fp32, and dotted in fp32; per-row sums are reduced with warp shuffles.
 #ifndef TS_MOE_CPU_EMULATION   // csrc/tests/moe_cpu_emulation.cpp runs the kernels on threads
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #endif
 
+#include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -25,25 +33,23 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kLaneElems = 32;                      // K elements per lane per chunk (one scale block)
-constexpr int kChunk = 32 * kLaneElems;             // K elements staged per pass: 1024
-constexpr int kLanePitch = kLaneElems + 4;          // +4 pad: conflict-free float4 reads
-constexpr int kMatchPitch = 32 * kLanePitch;        // floats per staged activation row
-constexpr int kMaxMatch = 8;                        // pairs served per read of an expert
+constexpr int kBlk = 32;                            // K elements per scale block (= per lane per load)
+constexpr int kBlkPitch = kBlk + 4;                 // +4 floats: conflict-free float4 reads
 constexpr int kMaxPairs = kMoeDecodeMaxTokens * kMoeDecodeMaxTopK;
+static_assert(kMaxPairs <= kThreads, "one pair per thread in collect_group");
+constexpr int kW13OutsPerWarp = 2;                  // outputs i (gate + up row each) per warp
+constexpr int kW13Tile = kWarps * kW13OutsPerWarp;  // outputs per block
+// w2 rows per warp (they share the staged activations); 2 at MAXM = 4 to stay in 128 registers
+template <int MAXM> constexpr int kW2Rows = MAXM >= 4 ? 2 : 4;
 
 enum Codec : int { kFp4 = 0, kBase2 = 1 };
 
 struct Group {                 // what the block's leader pair resolved (shared memory)
-  int n_match;                 // pairs routed to this expert; 0 = not a leader, no work
+  int n_match;                 // pairs routed to this expert
   int codec;
   const uint8_t* row;          // start of the expert's row (pool slot or base row)
+  int warp_count[kWarps];
   int match[kMaxPairs];        // the pair indices, ascending
-};
-
-struct Luts {
-  float e2m1[16];
-  float base2[4];
 };
 
 __device__ __forceinline__ float e8m0_to_float(uint32_t s) {
@@ -51,191 +57,282 @@ __device__ __forceinline__ float e8m0_to_float(uint32_t s) {
   return s == 0 ? __int_as_float(0x00400000) : __int_as_float(static_cast<int>(s << 23));
 }
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-__device__ void init_luts(Luts& l) {
-  const float mags[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  if (threadIdx.x < 16) l.e2m1[threadIdx.x] = threadIdx.x < 8 ? mags[threadIdx.x] : -mags[threadIdx.x - 8];
-  if (threadIdx.x < 4) l.base2[threadIdx.x] = (threadIdx.x == 0 ? -4.f : threadIdx.x == 1 ? -1.f
-                                               : threadIdx.x == 2 ? 1.f : 4.f);
+// Two fp16 values packed in a word (low half first) -> fp32, exactly.
+__device__ __forceinline__ float2 half2_bits_to_float2(uint32_t h) {
+#ifdef TS_MOE_CPU_EMULATION
+  return emu_half2_bits_to_float2(h);
+#else
+  float lo, hi;
+  asm("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+      : "=f"(lo), "=f"(hi) : "r"(h));
+  return make_float2(lo, hi);
+#endif
 }
 
-// Thread 0 decides whether pair p leads its expert and, if so, gathers every pair of
-// that expert and resolves the row pointer through the slot table. Ends in a barrier.
-__device__ void collect_group(const MoeDecodeArgs& a, int p, Group& g) {
-  if (threadIdx.x == 0) {
-    const int n_pairs = a.T * a.k;
-    const int e = a.topk_ids[p];
-    bool leader = e >= 0 && e < a.E;
-    for (int q = 0; leader && q < p; ++q) leader = a.topk_ids[q] != e;
-    int n = 0;
-    if (leader) {
-      for (int q = p; q < n_pairs; ++q)
-        if (a.topk_ids[q] == e) g.match[n++] = q;
-      const int slot = a.slot_row[e];
-      if (slot >= 0 && slot < a.n_slots) {
-        g.codec = kFp4;
-        g.row = a.pool + static_cast<int64_t>(slot) * a.pool_slot_bytes;
-      } else {
-        g.codec = kBase2;
-        g.row = a.base_rows + static_cast<int64_t>(e) * a.base_slot_bytes;
-      }
+// e2m1 elements j and j+4 of the 8 nibbles in w (element n = bits 4n..4n+3), times 2^-14:
+// nibble s|e1 e0 m placed as fp16 sign | exponent 000 e1 e0 | mantissa m00.. is
+// 2^-14 * e2m1 for every code (e = 0 lands on fp16's subnormals, as e2m1's does).
+__device__ __forceinline__ float2 fp4_pair(uint32_t w, int j) {
+  const uint32_t u = w << (12 - 4 * j);             // nibble j -> bits 15:12, j+4 -> 31:28
+  return half2_bits_to_float2((u & 0x80008000u) | ((u & 0x70007000u) >> 3));
+}
+
+// 2-bit codes a and a+4 of the 16 in w (code n = bits 2n..2n+1), a in 0..3 or 8..11:
+// a byte permute picks each code's fp16 high byte from {-4, -1, +1, +4}; low bytes 0.
+__device__ __forceinline__ float2 base2_pair(uint32_t w, int a) {
+  const uint32_t t = a >= 2 ? w >> (2 * a - 4) : w << (4 - 2 * a);   // code a -> bits 5:4, a+4 -> 13:12
+  const uint32_t sel = (t & 0x3030u) | 0x0404u;                     // selector 4 = a zero byte
+  return half2_bits_to_float2(__byte_perm(0x443CBCC4u, 0u, sel));
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+// Block pair p: returns false (for the whole block) unless p leads its expert; else
+// fills g (pairs routed to the expert, ascending; row pointer via the slot table).
+__device__ bool collect_group(const MoeDecodeArgs& a, int p, Group& g) {
+  const int n_pairs = a.T * a.k;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int e = a.topk_ids[p];
+  if (e < 0 || e >= a.E) return false;                       // same value in every thread
+  const int id = tid < n_pairs ? a.topk_ids[tid] : -1;
+  if (__syncthreads_or(tid < p && id == e)) return false;     // an earlier pair leads
+  const bool match = tid >= p && id == e;
+  const unsigned bal = __ballot_sync(0xffffffffu, match);
+  if (lane == 0) g.warp_count[warp] = __popc(bal);
+  if (tid == 0) {
+    const int slot = a.slot_row[e];
+    if (slot >= 0 && slot < a.n_slots) {
+      g.codec = kFp4;
+      g.row = a.pool + static_cast<int64_t>(slot) * a.pool_slot_bytes;
+    } else {
+      g.codec = kBase2;
+      g.row = a.base_rows + static_cast<int64_t>(e) * a.base_slot_bytes;
     }
-    g.n_match = n;
   }
   __syncthreads();
+  int before = 0, total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    before += w < warp ? g.warp_count[w] : 0;
+    total += g.warp_count[w];
+  }
+  if (match) g.match[before + __popc(bal & ((1u << lane) - 1u))] = tid;
+  if (tid == 0) g.n_match = total;
+  __syncthreads();
+  return true;
 }
 
-// Section geometry of one matrix [N, K] inside an expert row.
 __device__ __forceinline__ int64_t q_bytes_per_row(int codec, int K) {
   return codec == kFp4 ? K / 2 : K / 4;
 }
 
-template <int R>
-__device__ __forceinline__ void fetch(int codec, const uint8_t* const (&qrow)[R],
-                                      const uint8_t* const (&srow)[R], int k0, int lane,
-                                      uint4 (&q)[R], uint32_t (&s)[R]) {
-  const int e0 = k0 + lane * kLaneElems;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (codec == kFp4) {                  // 32 e2m1 = 16 bytes, 16-byte aligned
-      q[r] = __ldg(reinterpret_cast<const uint4*>(qrow[r] + e0 / 2));
-    } else {                              // 32 2-bit codes = 8 bytes, 8-byte aligned
-      const uint2 c = __ldg(reinterpret_cast<const uint2*>(qrow[r] + e0 / 4));
-      q[r] = make_uint4(c.x, c.y, 0u, 0u);
-    }
-    s[r] = __ldg(srow[r] + e0 / 32);
+// Stage nm activation rows [K] (load4(m, c) -> elements c..c+3 of row m) into the
+// padded layout s_x[m][block][kBlkPitch]. Caller brackets it with barriers.
+template <typename Load4>
+__device__ __forceinline__ void stage(float* s_x, int nm, int K, Load4 load4) {
+  const int per = K / 4, nb = K / kBlk;
+  for (int idx = threadIdx.x; idx < nm * per; idx += kThreads) {
+    const int m = idx / per, c = (idx - m * per) * 4;
+    *reinterpret_cast<float4*>(s_x + (m * nb + c / kBlk) * kBlkPitch + c % kBlk) = load4(m, c);
   }
 }
 
-template <int R>
-__device__ __forceinline__ void accumulate(int codec, const float* s_x, int nm, int lane,
-                                           const uint4 (&q)[R], const uint32_t (&s)[R],
-                                           const Luts& luts, float (&acc)[R][kMaxMatch]) {
+// One 32-element block of R rows (codes q, scale bytes s) against nm staged activations.
+template <int CODEC, int R, int MAXM>
+__device__ __forceinline__ void block_dots(const uint4 (&q)[R], const uint32_t (&s)[R],
+                                           const float* xblk, int mstride, int nm,
+                                           float (&acc)[R][MAXM]) {
+  float dot[R][MAXM];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    float v[kLaneElems];
-    if (codec == kFp4) {
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {       // element j of word w is nibble j (low first)
-        v[j] = luts.e2m1[(q[r].x >> (4 * j)) & 15u];
-        v[8 + j] = luts.e2m1[(q[r].y >> (4 * j)) & 15u];
-        v[16 + j] = luts.e2m1[(q[r].z >> (4 * j)) & 15u];
-        v[24 + j] = luts.e2m1[(q[r].w >> (4 * j)) & 15u];
-      }
-    } else {
+    for (int m = 0; m < MAXM; ++m) dot[r][m] = 0.f;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {      // element j of word w is bits 2j..2j+1
-        v[j] = luts.base2[(q[r].x >> (2 * j)) & 3u];
-        v[16 + j] = luts.base2[(q[r].y >> (2 * j)) & 3u];
-      }
-    }
-    const float scale = e8m0_to_float(s[r]);
+  for (int g8 = 0; g8 < 4; ++g8) {                  // elements 8*g8 .. 8*g8+7
+    float2 v[R][4];                                 // v[r][j] = (element j, element j+4)
 #pragma unroll
-    for (int m = 0; m < kMaxMatch; ++m) {
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        v[r][j] = CODEC == kFp4 ? fp4_pair(word_of(q[r], g8), j)
+                                : base2_pair(word_of(q[r], g8 >> 1), (g8 & 1) * 8 + j);
+#pragma unroll
+    for (int m = 0; m < MAXM; ++m) {
       if (m < nm) {
-        const float4* xs = reinterpret_cast<const float4*>(s_x + m * kMatchPitch + lane * kLanePitch);
-        float dot = 0.f;
+        const float4 xa = *reinterpret_cast<const float4*>(xblk + m * mstride + 8 * g8);
+        const float4 xb = *reinterpret_cast<const float4*>(xblk + m * mstride + 8 * g8 + 4);
 #pragma unroll
-        for (int c = 0; c < kLaneElems / 4; ++c) {
-          const float4 xv = xs[c];
-          dot = fmaf(v[4 * c + 0], xv.x, dot);
-          dot = fmaf(v[4 * c + 1], xv.y, dot);
-          dot = fmaf(v[4 * c + 2], xv.z, dot);
-          dot = fmaf(v[4 * c + 3], xv.w, dot);
+        for (int r = 0; r < R; ++r) {
+          float d = dot[r][m];
+          d = fmaf(v[r][0].x, xa.x, d); d = fmaf(v[r][0].y, xb.x, d);
+          d = fmaf(v[r][1].x, xa.y, d); d = fmaf(v[r][1].y, xb.y, d);
+          d = fmaf(v[r][2].x, xa.z, d); d = fmaf(v[r][2].y, xb.z, d);
+          d = fmaf(v[r][3].x, xa.w, d); d = fmaf(v[r][3].y, xb.w, d);
+          dot[r][m] = d;
         }
-        acc[r][m] = fmaf(dot, scale, acc[r][m]);
       }
     }
   }
-}
-
-// Stage activation rows (nm of them, elements [k0, k0+kc)) into the padded layout.
-template <typename Load>
-__device__ __forceinline__ void stage(float* s_x, int nm, int kc, Load load) {
-  for (int idx = threadIdx.x; idx < nm * kc; idx += kThreads) {
-    const int m = idx / kc, c = idx - m * kc;
-    s_x[m * kMatchPitch + (c / kLaneElems) * kLanePitch + (c % kLaneElems)] = load(m, c);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float sc = e8m0_to_float(s[r]);
+#pragma unroll
+    for (int m = 0; m < MAXM; ++m)                   // fp4 pairs carry 2^-14: undo before scaling
+      acc[r][m] = fmaf(CODEC == kFp4 ? dot[r][m] * 16384.f : dot[r][m], sc, acc[r][m]);
   }
 }
 
-// acc[r][m] = row r of W ([*, K], starting at qrow/srow) . activation(m), over all K.
-// Every thread of the block must call it (it holds barriers).
-template <int R, typename Load>
-__device__ void gemv_rows(int codec, const uint8_t* const (&qrow)[R], const uint8_t* const (&srow)[R],
-                          int K, int nm, float* s_x, const Luts& luts, Load load,
-                          float (&acc)[R][kMaxMatch]) {
-  const int lane = threadIdx.x % 32;
+// acc[r][m] = row r of W . activation m, summed over the warp (every lane gets it).
+// Row r's codes start at q0 + r * q_rstride, its scales at s0 + r * s_rstride.
+template <int CODEC, int R, int U, int MAXM>
+__device__ __forceinline__ void rows_dot(const uint8_t* q0, int64_t q_rstride, const uint8_t* s0,
+                                         int64_t s_rstride, int nb, const float* s_x, int nm,
+                                         int lane, float (&acc)[R][MAXM]) {
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int m = 0; m < kMaxMatch; ++m) acc[r][m] = 0.f;
-  uint4 q[R], qn[R];
-  uint32_t s[R], sn[R];
-  if (lane * kLaneElems < K) fetch<R>(codec, qrow, srow, 0, lane, q, s);
-  for (int k0 = 0; k0 < K; k0 += kChunk) {
-    const int kc = min(kChunk, K - k0);
-    __syncthreads();                                   // s_x free (previous chunk used)
-    stage(s_x, nm, kc, [&](int m, int c) { return load(m, k0 + c); });
-    __syncthreads();
-    const int k1 = k0 + kChunk;
-    const bool next_on = k1 < K && lane * kLaneElems < K - k1;
-    if (next_on) fetch<R>(codec, qrow, srow, k1, lane, qn, sn);   // in flight during the math
-    if (lane * kLaneElems < kc) accumulate<R>(codec, s_x, nm, lane, q, s, luts, acc);
-    if (next_on) {
+    for (int m = 0; m < MAXM; ++m) acc[r][m] = 0.f;
+  const int mstride = nb * kBlkPitch;
+  for (int c0 = 0; c0 * 32 < nb; c0 += U) {
+    uint4 q[U][R];
+    uint32_t s[U][R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) { q[r] = qn[r]; s[r] = sn[r]; }
+    for (int u = 0; u < U; ++u) {                    // all loads first: U*R in flight per lane
+      const int blk = lane + 32 * (c0 + u);
+      if (blk < nb) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint8_t* qr = q0 + r * q_rstride;
+          if (CODEC == kFp4) {
+            q[u][r] = __ldg(reinterpret_cast<const uint4*>(qr + 16LL * blk));
+          } else {
+            const uint2 c = __ldg(reinterpret_cast<const uint2*>(qr + 8LL * blk));
+            q[u][r] = make_uint4(c.x, c.y, 0u, 0u);
+          }
+          s[u][r] = __ldg(s0 + r * s_rstride + blk);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int blk = lane + 32 * (c0 + u);
+      if (blk < nb) block_dots<CODEC, R, MAXM>(q[u], s[u], s_x + blk * kBlkPitch, mstride, nm, acc);
     }
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int m = 0; m < kMaxMatch; ++m)
-      if (m < nm)
+    for (int m = 0; m < MAXM; ++m)
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+      for (int off = 16; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+}
+
+template <typename XT>
+__device__ __forceinline__ float4 load4_act(const XT* row, int c);
+template <> __device__ __forceinline__ float4 load4_act<float>(const float* row, int c) {
+  return *reinterpret_cast<const float4*>(row + c);
+}
+template <> __device__ __forceinline__ float4 load4_act<__nv_bfloat16>(const __nv_bfloat16* row, int c) {
+  const uint2 u = *reinterpret_cast<const uint2*>(row + c);
+  return make_float4(__int_as_float(static_cast<int>(u.x << 16)), __int_as_float(static_cast<int>(u.x & 0xffff0000u)),
+                     __int_as_float(static_cast<int>(u.y << 16)), __int_as_float(static_cast<int>(u.y & 0xffff0000u)));
+}
+
+__device__ __forceinline__ float* dynamic_smem() {
+#ifdef TS_MOE_CPU_EMULATION
+  return emu_dynamic_smem();
+#else
+  extern __shared__ float4 ts_moe_dyn_smem[];
+  return reinterpret_cast<float*>(ts_moe_dyn_smem);
+#endif
+}
+
+template <int CODEC, typename XT, int MAXM>
+__device__ __forceinline__ void w13_body(const MoeDecodeArgs& a, const Group& g, float* s_x) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int K = a.H, nb = K / kBlk;
+  const int64_t qb = q_bytes_per_row(CODEC, K);
+  const uint8_t* q_base = g.row;
+  const uint8_t* s_base = g.row + 2LL * a.I * qb;
+  const XT* x = static_cast<const XT*>(a.x);
+  for (int mb = 0; mb < g.n_match; mb += MAXM) {
+    const int nm = min(MAXM, g.n_match - mb);
+    __syncthreads();                                   // s_x free (previous batch used)
+    stage(s_x, nm, K, [&](int m, int c) {
+      return load4_act<XT>(x + static_cast<int64_t>(g.match[mb + m] / a.k) * a.H, c);
+    });
+    __syncthreads();
+#pragma unroll 1
+    for (int t = blockIdx.x * kW13Tile + warp; t < a.I; t += gridDim.x * kW13Tile) {
+     for (int o = 0; o < kW13OutsPerWarp; ++o) {
+      const int i = t + o * kWarps;
+      if (i >= a.I) break;                             // warp-uniform; no barriers below
+      float acc[2][MAXM];                              // [gate, up] rows i and I + i
+      rows_dot<CODEC, 2, 4, MAXM>(q_base + i * qb, static_cast<int64_t>(a.I) * qb,
+                                  s_base + static_cast<int64_t>(i) * (K / 32),
+                                  static_cast<int64_t>(a.I) * (K / 32), nb, s_x, nm, lane, acc);
+      if (lane == 0) {
+#pragma unroll
+        for (int m = 0; m < MAXM; ++m) {
+          if (m < nm) {
+            const float gate = acc[0][m], up = acc[1][m];
+            a.h[static_cast<int64_t>(g.match[mb + m]) * a.I + i] = gate / (1.f + __expf(-gate)) * up;
+          }
+        }
+      }
+     }
+    }
+  }
 }
 
 // h[p, i] = silu(gate_i . x_t) * (up_i . x_t) for every pair p of the block's expert.
-template <typename XT>
-__global__ void __launch_bounds__(kThreads) moe_w13_silu_kernel(MoeDecodeArgs a) {
-  __shared__ __align__(16) float s_x[kMaxMatch * kMatchPitch];
+template <typename XT, int MAXM>
+__global__ void __launch_bounds__(kThreads, 2) moe_w13_silu_kernel(MoeDecodeArgs a) {
   __shared__ Group g;
-  __shared__ Luts luts;
-  init_luts(luts);
-  collect_group(a, blockIdx.y, g);
-  if (g.n_match == 0) return;                         // block-uniform
+  if (!collect_group(a, blockIdx.y, g)) return;       // block-uniform
+  float* s_x = dynamic_smem();
+  if (g.codec == kFp4) w13_body<kFp4, XT, MAXM>(a, g, s_x);
+  else w13_body<kBase2, XT, MAXM>(a, g, s_x);
+}
+
+template <int CODEC, int MAXM>
+__device__ __forceinline__ void w2_body(const MoeDecodeArgs& a, const Group& g, float* s_x) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int i = blockIdx.x * kWarps + warp;
-  const int ic = i < a.I ? i : 0;                     // idle warps still join the barriers
-  const int K = a.H;
-  const int64_t qb = q_bytes_per_row(g.codec, K);
-  const uint8_t* q0 = g.row;
-  const uint8_t* s0 = g.row + 2LL * a.I * qb;
-  const uint8_t* const qrow[2] = {q0 + ic * qb, q0 + (static_cast<int64_t>(a.I) + ic) * qb};
-  const uint8_t* const srow[2] = {s0 + static_cast<int64_t>(ic) * (K / 32),
-                                  s0 + (static_cast<int64_t>(a.I) + ic) * (K / 32)};
-  const XT* x = static_cast<const XT*>(a.x);
-  for (int mb = 0; mb < g.n_match; mb += kMaxMatch) {
-    const int nm = min(kMaxMatch, g.n_match - mb);
-    float acc[2][kMaxMatch];
-    gemv_rows<2>(g.codec, qrow, srow, K, nm, s_x, luts,
-                 [&](int m, int c) {
-                   const int t = g.match[mb + m] / a.k;
-                   return to_float(x[static_cast<int64_t>(t) * a.H + c]);
-                 }, acc);
-    if (lane == 0 && i < a.I) {
+  const int K = a.I, nb = K / kBlk;
+  const int64_t w13_bytes = 2LL * a.I * (q_bytes_per_row(CODEC, a.H) + a.H / 32);
+  const int64_t qb = q_bytes_per_row(CODEC, K);
+  const uint8_t* q_base = g.row + w13_bytes;
+  const uint8_t* s_base = q_base + static_cast<int64_t>(a.H) * qb;
+  constexpr int kRows = kW2Rows<MAXM>, kTile = kWarps * kRows;
+  for (int mb = 0; mb < g.n_match; mb += MAXM) {
+    const int nm = min(MAXM, g.n_match - mb);
+    __syncthreads();
+    stage(s_x, nm, K, [&](int m, int c) {
+      return *reinterpret_cast<const float4*>(a.h + static_cast<int64_t>(g.match[mb + m]) * a.I + c);
+    });
+    __syncthreads();
+#pragma unroll 1
+    for (int n0 = (blockIdx.x * kWarps + warp) * kRows; n0 < a.H; n0 += gridDim.x * kTile) {
+      // H % 32 == 0 and kRows divides 32: all the warp's rows are valid
+      float acc[kRows][MAXM];
+      rows_dot<CODEC, kRows, 8 / kRows, MAXM>(q_base + n0 * qb, qb, s_base + static_cast<int64_t>(n0) * (K / 32),
+                                               K / 32, nb, s_x, nm, lane, acc);
+      if (lane < kRows) {
 #pragma unroll
-      for (int m = 0; m < kMaxMatch; ++m) {
-        if (m < nm) {
-          const float gate = acc[0][m], up = acc[1][m];
-          a.h[static_cast<int64_t>(g.match[mb + m]) * a.I + i] = gate / (1.f + __expf(-gate)) * up;
+        for (int r = 0; r < kRows; ++r) {
+          if (r == lane) {
+#pragma unroll
+            for (int m = 0; m < MAXM; ++m)
+              if (m < nm) a.y[static_cast<int64_t>(g.match[mb + m]) * a.H + n0 + r] = acc[r][m];
+          }
         }
       }
     }
@@ -243,35 +340,13 @@ __global__ void __launch_bounds__(kThreads) moe_w13_silu_kernel(MoeDecodeArgs a)
 }
 
 // y[p, n] = w2_n . h[p] for every pair p of the block's expert.
-__global__ void __launch_bounds__(kThreads) moe_w2_kernel(MoeDecodeArgs a) {
-  __shared__ __align__(16) float s_x[kMaxMatch * kMatchPitch];
+template <int MAXM>
+__global__ void __launch_bounds__(kThreads, 2) moe_w2_kernel(MoeDecodeArgs a) {
   __shared__ Group g;
-  __shared__ Luts luts;
-  init_luts(luts);
-  collect_group(a, blockIdx.y, g);
-  if (g.n_match == 0) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n = blockIdx.x * kWarps + warp;
-  const int nc = n < a.H ? n : 0;
-  const int K = a.I;
-  const int64_t w13_bytes = 2LL * a.I * (q_bytes_per_row(g.codec, a.H) + a.H / 32);
-  const int64_t qb = q_bytes_per_row(g.codec, K);
-  const uint8_t* q0 = g.row + w13_bytes;
-  const uint8_t* s0 = q0 + static_cast<int64_t>(a.H) * qb;
-  const uint8_t* const qrow[1] = {q0 + nc * qb};
-  const uint8_t* const srow[1] = {s0 + static_cast<int64_t>(nc) * (K / 32)};
-  for (int mb = 0; mb < g.n_match; mb += kMaxMatch) {
-    const int nm = min(kMaxMatch, g.n_match - mb);
-    float acc[1][kMaxMatch];
-    gemv_rows<1>(g.codec, qrow, srow, K, nm, s_x, luts,
-                 [&](int m, int c) { return a.h[static_cast<int64_t>(g.match[mb + m]) * a.I + c]; },
-                 acc);
-    if (lane == 0 && n < a.H) {
-#pragma unroll
-      for (int m = 0; m < kMaxMatch; ++m)
-        if (m < nm) a.y[static_cast<int64_t>(g.match[mb + m]) * a.H + n] = acc[0][m];
-    }
-  }
+  if (!collect_group(a, blockIdx.y, g)) return;
+  float* s_x = dynamic_smem();
+  if (g.codec == kFp4) w2_body<kFp4, MAXM>(a, g, s_x);
+  else w2_body<kBase2, MAXM>(a, g, s_x);
 }
 
 // out[t, n] = sum_k w[t,k] * y[t*k+k, n] over pairs with a valid expert id (fixed order).
@@ -287,6 +362,13 @@ __global__ void moe_combine_kernel(MoeDecodeArgs a) {
     if (e >= 0 && e < a.E) sum = fmaf(a.topk_w[p], a.y[static_cast<int64_t>(p) * a.H + n], sum);
   }
   static_cast<XT*>(a.out)[idx] = from_float<XT>(sum);
+}
+
+// Pairs staged per pass (the kernels' MAXM): a pass re-reads the expert (mostly from L2),
+// so size it to the usual pairs per expert, which is at most T for distinct ids per token.
+inline int max_match_for(int T) { return T <= 1 ? 1 : T == 2 ? 2 : 4; }
+inline size_t smem_bytes(int max_match, int K) {
+  return static_cast<size_t>(max_match) * (K / kBlk) * kBlkPitch * sizeof(float);
 }
 
 #ifndef TS_MOE_CPU_EMULATION
@@ -309,7 +391,7 @@ void expect(bool ok, const std::string& msg) {
   if (!ok) throw std::invalid_argument("moe_decode: " + msg);
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; }
 
 void use_device(int device) {
   int cur = -1;
@@ -317,12 +399,84 @@ void use_device(int device) {
   if (cur != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
 }
 
+constexpr int kMaxDevices = 64;
+int g_smem_optin[kMaxDevices] = {};   // > 0 once the kernels' dynamic shared-memory limit is raised
+int g_n_sm[kMaxDevices] = {};
+
+int sm_count(int device) {
+  if (device >= 0 && device < kMaxDevices && g_n_sm[device] > 0) return g_n_sm[device];
+  int n = 0;
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute(MultiProcessorCount)");
+  if (device >= 0 && device < kMaxDevices) g_n_sm[device] = n;
+  return n;
+}
+
+template <typename Kernel>
+void raise_smem(Kernel kernel, int bytes, const char* name) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), name);
+}
+
+int prepare_device(int device) {
+  if (device >= 0 && device < kMaxDevices && g_smem_optin[device] > 0) return g_smem_optin[device];
+  int optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  const int bytes = optin - static_cast<int>(sizeof(Group));
+  raise_smem(moe_w13_silu_kernel<float, 1>, bytes, "raise smem w13<f32,1>");
+  raise_smem(moe_w13_silu_kernel<float, 2>, bytes, "raise smem w13<f32,2>");
+  raise_smem(moe_w13_silu_kernel<float, 4>, bytes, "raise smem w13<f32,4>");
+  raise_smem(moe_w13_silu_kernel<__nv_bfloat16, 1>, bytes, "raise smem w13<bf16,1>");
+  raise_smem(moe_w13_silu_kernel<__nv_bfloat16, 2>, bytes, "raise smem w13<bf16,2>");
+  raise_smem(moe_w13_silu_kernel<__nv_bfloat16, 4>, bytes, "raise smem w13<bf16,4>");
+  raise_smem(moe_w2_kernel<1>, bytes, "raise smem w2<1>");
+  raise_smem(moe_w2_kernel<2>, bytes, "raise smem w2<2>");
+  raise_smem(moe_w2_kernel<4>, bytes, "raise smem w2<4>");
+  if (device >= 0 && device < kMaxDevices) g_smem_optin[device] = bytes;
+  return bytes;
+}
+
+// Blocks per routed pair along the rows: enough for about kBlocksPerSm resident blocks
+// per multiprocessor over all pairs (each block then loops over several row tiles, so
+// its setup -- grouping, slot lookup, staging -- is paid once); 0 = one tile per block.
+// TS_MOE_BLOCKS_PER_SM overrides it (read once; for tuning runs).
+constexpr int kBlocksPerSm = 2;
+int blocks_per_sm() {
+  static const int v = [] {
+    const char* env = std::getenv("TS_MOE_BLOCKS_PER_SM");
+    return env && *env ? std::atoi(env) : kBlocksPerSm;
+  }();
+  return v;
+}
+
+unsigned row_blocks(int tiles, int n_pairs, int n_sm) {
+  const int per_sm = blocks_per_sm();
+  if (per_sm <= 0) return static_cast<unsigned>(tiles);
+  const int want = (per_sm * n_sm + n_pairs - 1) / n_pairs;
+  return static_cast<unsigned>(std::max(1, std::min(tiles, want)));
+}
+
+template <typename XT, int MAXM>
+void launch_w13(const MoeDecodeArgs& a, int n_sm, cudaStream_t st) {
+  const unsigned gx = row_blocks((a.I + kW13Tile - 1) / kW13Tile, a.T * a.k, n_sm);
+  moe_w13_silu_kernel<XT, MAXM><<<dim3(gx, a.T * a.k), kThreads, smem_bytes(MAXM, a.H), st>>>(a);
+}
+
+template <int MAXM>
+void launch_w2(const MoeDecodeArgs& a, int n_sm, cudaStream_t st) {
+  constexpr int tile = kWarps * kW2Rows<MAXM>;
+  const unsigned gx = row_blocks((a.H + tile - 1) / tile, a.T * a.k, n_sm);
+  moe_w2_kernel<MAXM><<<dim3(gx, a.T * a.k), kThreads, smem_bytes(MAXM, a.I), st>>>(a);
+}
+
 template <typename XT>
-void launch_all(const MoeDecodeArgs& a, cudaStream_t st) {
-  const int n_pairs = a.T * a.k;
-  moe_w13_silu_kernel<XT><<<dim3((a.I + kWarps - 1) / kWarps, n_pairs), kThreads, 0, st>>>(a);
+void launch_all(const MoeDecodeArgs& a, int max_match, int n_sm, cudaStream_t st) {
+  if (max_match == 1) launch_w13<XT, 1>(a, n_sm, st);
+  else if (max_match == 2) launch_w13<XT, 2>(a, n_sm, st);
+  else launch_w13<XT, 4>(a, n_sm, st);
   check_launch("moe_w13_silu_kernel");
-  moe_w2_kernel<<<dim3((a.H + kWarps - 1) / kWarps, n_pairs), kThreads, 0, st>>>(a);
+  if (max_match == 1) launch_w2<1>(a, n_sm, st);
+  else if (max_match == 2) launch_w2<2>(a, n_sm, st);
+  else launch_w2<4>(a, n_sm, st);
   check_launch("moe_w2_kernel");
   moe_combine_kernel<XT><<<(a.T * a.H + 255) / 256, 256, 0, st>>>(a);
   check_launch("moe_combine_kernel");
@@ -343,28 +497,36 @@ void moe_decode(const MoeDecodeArgs& a) {
   expect(a.dtype == MoeActDtype::f32 || a.dtype == MoeActDtype::bf16, "x dtype must be f32 or bf16");
   expect(a.x && a.out && a.topk_ids && a.topk_w && a.slot_row && a.base_rows && a.h && a.y,
          "a required pointer is null");
+  expect(aligned(a.x, a.dtype == MoeActDtype::f32 ? 16 : 8) && aligned(a.h, 16),
+         "x must be 16-byte (f32) / 8-byte (bf16) aligned and h 16-byte aligned");
   const int64_t fp4_row = 2LL * a.I * (a.H / 2 + a.H / 32) + static_cast<int64_t>(a.H) * (a.I / 2 + a.I / 32);
   const int64_t base_row = 2LL * a.I * (a.H / 4 + a.H / 32) + static_cast<int64_t>(a.H) * (a.I / 4 + a.I / 32);
   expect(a.n_slots >= 0 && (a.n_slots == 0 || a.pool), "pool is null with n_slots > 0");
-  expect(a.n_slots == 0 || (a.pool_slot_bytes >= fp4_row && a.pool_slot_bytes % 16 == 0 && aligned16(a.pool)),
+  expect(a.n_slots == 0 || (a.pool_slot_bytes >= fp4_row && a.pool_slot_bytes % 16 == 0 && aligned(a.pool, 16)),
          "pool slot_bytes " + std::to_string(a.pool_slot_bytes) + " must be >= " + std::to_string(fp4_row) +
              " (fp4 row) and a multiple of 16, with a 16-byte aligned base");
-  expect(a.base_slot_bytes >= base_row && a.base_slot_bytes % 16 == 0 && aligned16(a.base_rows),
+  expect(a.base_slot_bytes >= base_row && a.base_slot_bytes % 16 == 0 && aligned(a.base_rows, 16),
          "base slot_bytes " + std::to_string(a.base_slot_bytes) + " must be >= " + std::to_string(base_row) +
              " (base row) and a multiple of 16, with a 16-byte aligned base");
   // 2. launch on the caller's stream
   use_device(a.device);
+  const int smem_limit = prepare_device(a.device);
+  int max_match = max_match_for(a.T);
+  while (max_match > 1 && smem_bytes(max_match, std::max(a.H, a.I)) > static_cast<size_t>(smem_limit))
+    max_match /= 2;
+  expect(smem_bytes(max_match, std::max(a.H, a.I)) <= static_cast<size_t>(smem_limit),
+         "H=" + std::to_string(a.H) + " needs " + std::to_string(smem_bytes(1, std::max(a.H, a.I))) +
+             " bytes of shared memory per block; the device allows " + std::to_string(smem_limit));
   cudaStream_t st = reinterpret_cast<cudaStream_t>(a.stream);
-  if (a.dtype == MoeActDtype::bf16) launch_all<__nv_bfloat16>(a, st);
-  else launch_all<float>(a, st);
+  const int n_sm = sm_count(a.device);
+  if (a.dtype == MoeActDtype::bf16) launch_all<__nv_bfloat16>(a, max_match, n_sm, st);
+  else launch_all<float>(a, max_match, n_sm, st);
 }
 
 void moe_decode_prepare(int device) {
   use_device(device);
+  prepare_device(device);     // also loads the module (attribute calls need the kernels)
   cudaFuncAttributes attr;
-  check_cuda(cudaFuncGetAttributes(&attr, moe_w13_silu_kernel<float>), "load moe_w13_silu_kernel<f32>");
-  check_cuda(cudaFuncGetAttributes(&attr, moe_w13_silu_kernel<__nv_bfloat16>), "load moe_w13_silu_kernel<bf16>");
-  check_cuda(cudaFuncGetAttributes(&attr, moe_w2_kernel), "load moe_w2_kernel");
   check_cuda(cudaFuncGetAttributes(&attr, moe_combine_kernel<float>), "load moe_combine_kernel<f32>");
   check_cuda(cudaFuncGetAttributes(&attr, moe_combine_kernel<__nv_bfloat16>), "load moe_combine_kernel<bf16>");
 }

@@ -10,7 +10,9 @@
 // usage: moe_cpu_emulation DIR   (DIR holds meta.txt and the .bin inputs; writes out.bin)
 #include <ucontext.h>
 
+#include <algorithm>
 #include <functional>
+#include <type_traits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -27,7 +29,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 
@@ -38,7 +40,32 @@ struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(16) float4 { float x, y, z, w; };
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
-dim3 threadIdx, blockIdx, blockDim;   // threadIdx is switched with the fiber
+struct alignas(8) float2 { float x, y; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {   // PTX prmt, default mode
+  const uint64_t src = (static_cast<uint64_t>(y) << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const unsigned sel = (s >> (4 * i)) & 7u;
+    r |= static_cast<unsigned>((src >> (8 * sel)) & 0xffu) << (8 * i);
+  }
+  return r;
+}
+inline float emu_half_to_float(uint16_t h) {          // exact IEEE binary16 -> binary32
+  const int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
+  float v = exp == 0 ? std::ldexp(static_cast<float>(man), -24)
+                     : std::ldexp(static_cast<float>(man | 1024), exp - 25);
+  if (exp == 31) v = man ? NAN : INFINITY;
+  return sign ? -v : v;
+}
+inline float2 emu_half2_bits_to_float2(unsigned h) {
+  return {emu_half_to_float(static_cast<uint16_t>(h & 0xffffu)), emu_half_to_float(static_cast<uint16_t>(h >> 16))};
+}
+std::vector<float> emu_smem;                            // the launch's dynamic shared memory
+inline float* emu_dynamic_smem() { return emu_smem.data(); }
+dim3 threadIdx, blockIdx, blockDim, gridDim;   // threadIdx is switched with the fiber
 
 template <typename T> inline T __ldg(const T* p) {
   if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) {   // the GPU would fault here
@@ -109,6 +136,25 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
   return r;
 }
 
+inline bool __syncthreads_or(bool pred) {
+  const int tid = threadIdx.x;
+  emu::shuffle_slots[tid] = pred ? 1.f : 0.f;
+  emu::block_barrier.arrive_and_wait();
+  bool any = false;
+  for (float v : emu::shuffle_slots) any = any || v != 0.f;
+  emu::block_barrier.arrive_and_wait();
+  return any;
+}
+inline unsigned __ballot_sync(unsigned, bool pred) {
+  const int tid = threadIdx.x, warp = tid / 32;
+  emu::shuffle_slots[tid] = pred ? 1.f : 0.f;
+  emu::warp_barriers[warp].arrive_and_wait();
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l) r |= (emu::shuffle_slots[warp * 32 + l] != 0.f ? 1u : 0u) << l;
+  emu::warp_barriers[warp].arrive_and_wait();
+  return r;
+}
+
 #include "../src/moe_decode.cu"
 
 // ---- launcher ---------------------------------------------------------------------
@@ -121,6 +167,7 @@ void launch(dim3 grid, int threads, Kernel kernel) {
   fibers.resize(threads);
   body = kernel;
   blockDim = {static_cast<unsigned>(threads), 1, 1};
+  gridDim = grid;
   for (unsigned by = 0; by < grid.y; ++by)
     for (unsigned bx = 0; bx < grid.x; ++bx) {
       blockIdx = {bx, by, 0};
@@ -184,11 +231,26 @@ int main(int argc, char** argv) {
   a.H = int(H); a.I = int(I); a.h = h.data(); a.y = y.data();
 
   const unsigned n_pairs = static_cast<unsigned>(T * k);
-  const unsigned tiles_i = (I + kWarps - 1) / kWarps, tiles_h = (H + kWarps - 1) / kWarps;
+  // half the row tiles' blocks: each block loops over up to two tiles, as on the GPU
+  const int mm = max_match_for(int(T));
+  const int w2_tile = kWarps * (mm >= 4 ? kW2Rows<4> : kW2Rows<1>);
+  const unsigned tiles_i = (I + 2 * kW13Tile - 1) / (2 * kW13Tile), tiles_h = (H + 2 * w2_tile - 1) / (2 * w2_tile);
   const unsigned combine_blocks = (T * H + 255) / 256;
-  if (dtype == 1) launch({tiles_i, n_pairs, 1}, kThreads, [&] { moe_w13_silu_kernel<__nv_bfloat16>(a); });
-  else launch({tiles_i, n_pairs, 1}, kThreads, [&] { moe_w13_silu_kernel<float>(a); });
-  launch({tiles_h, n_pairs, 1}, kThreads, [&] { moe_w2_kernel(a); });
+  // NaN-poisoned like uninitialised shared memory could be; sized as the launcher does
+  emu_smem.assign(smem_bytes(mm, int(std::max(H, I))) / sizeof(float), NAN);
+  auto w13 = [&](auto xt, auto mtag) {
+    using XT = decltype(xt);
+    constexpr int M = decltype(mtag)::value;
+    launch({tiles_i, n_pairs, 1}, kThreads, [&] { moe_w13_silu_kernel<XT, M>(a); });
+    launch({tiles_h, n_pairs, 1}, kThreads, [&] { moe_w2_kernel<M>(a); });
+  };
+  auto run = [&](auto xt) {
+    if (mm == 1) w13(xt, std::integral_constant<int, 1>{});
+    else if (mm == 2) w13(xt, std::integral_constant<int, 2>{});
+    else w13(xt, std::integral_constant<int, 4>{});
+  };
+  if (dtype == 1) run(__nv_bfloat16{});
+  else run(float{});
   if (dtype == 1) launch({combine_blocks, 1, 1}, 256, [&] { moe_combine_kernel<__nv_bfloat16>(a); });
   else launch({combine_blocks, 1, 1}, 256, [&] { moe_combine_kernel<float>(a); });
 
