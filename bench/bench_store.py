@@ -11,8 +11,12 @@ What one decode step of DeepSeek-V4-Flash costs the store on the CPU
   lazy-candidate choice; lazy I/O off so nothing else runs);
 - ``fire``: bookkeeping of a fire whose 258 routed keys are all resident, and a
   fire of 64 new keys whose rows are arena hits (tiny rows, so it is overhead);
+- ``fold=numpy``: the same store with the native fold switched off (the numpy fold
+  that ``record``/``step`` used before csrc/src/fold.cpp), as the "before" in the same run;
 - floors measured in the same run: 43 bare ``list.append`` calls and one
-  ``np.bincount`` of a step's keys, the least any Python/numpy bookkeeping costs.
+  ``np.bincount`` of a step's keys (the least any Python/numpy fold costs); the two
+  policies' ``on_access`` for one step's unique keys (what ``step`` must spend in
+  tierstore/policies whatever the fold costs); 43 raw ``RoutingFold.add`` + ``take``.
 
 Results: bench/results/store.md.
 """
@@ -62,8 +66,21 @@ def test_record_one_ds4_step(benchmark, store, batch, kind):
     store.step()  # drain the queue so the next benchmark starts clean
 
 
+@pytest.fixture
+def fold_mode(store, request):
+    """``numpy`` switches the store's native fold off for one benchmark."""
+    saved = store._fold, store._recorder._fold
+    if request.param == "numpy":
+        store.step()
+        store._fold = store._recorder._fold = None
+    yield request.param
+    store.step()
+    store._fold, store._recorder._fold = saved
+
+
+@pytest.mark.parametrize("fold_mode", ["native", "numpy"], indirect=True)
 @pytest.mark.parametrize("batch", [1, 256])
-def test_record_and_step_one_ds4_step(benchmark, store, batch):
+def test_record_and_step_one_ds4_step(benchmark, store, batch, fold_mode):
     ids = routing(batch, seed=1)
 
     def one_step():
@@ -72,6 +89,39 @@ def test_record_and_step_one_ds4_step(benchmark, store, batch):
         store.step()
     benchmark.group = f"record+step batch={batch}"
     benchmark(one_step)
+
+
+@pytest.mark.parametrize("batch", [1, 256])
+def test_floor_policies_on_access(benchmark, store, batch):
+    ids = routing(batch, seed=1)
+    for layer in range(L):
+        store.record(layer, ids[layer])
+    with store.lock:
+        keys, weights, _ = store._recorder.take(None, store._pool.resident_slot,
+                                                store._arena.resident_slot, store._seen)
+        keys, weights = keys.copy(), weights.copy()
+    store.step()
+
+    def policies():
+        store.pool_policy.on_access(keys, weights=weights)
+        store.arena_policy.on_access(keys, weights=weights)
+    benchmark.group = f"record+step batch={batch}"
+    benchmark(policies)
+
+
+@pytest.mark.parametrize("batch", [1, 256])
+def test_floor_native_fold(benchmark, batch):
+    from tierstore import _C
+    ids = routing(batch, seed=1)
+    fold = _C.RoutingFold(L, E)
+    fold.bind(np.zeros(L * E, bool), np.full(L * E, -1, np.int32), np.full(L * E, -1, np.int32))
+
+    def add_take():
+        for layer in range(L):
+            fold.add(layer, ids[layer])
+        fold.take()
+    benchmark.group = f"record+step batch={batch}"
+    benchmark(add_take)
 
 
 @pytest.mark.parametrize("batch", [1, 256])
@@ -84,6 +134,18 @@ def test_floor_python_appends_and_bincount(benchmark, batch):
         for layer in range(L):
             q.append((layer, ids[layer]))
         np.bincount(keys, minlength=L * E)
+    benchmark.group = f"record batch={batch}"
+    benchmark(floor)
+
+
+@pytest.mark.parametrize("batch", [1, 256])
+def test_floor_python_appends(benchmark, batch):
+    ids = routing(batch, seed=2)
+
+    def floor():
+        q = []
+        for layer in range(L):
+            q.append((layer, ids[layer]))
     benchmark.group = f"record batch={batch}"
     benchmark(floor)
 
