@@ -435,21 +435,22 @@ int prepare_device(int device) {
   return bytes;
 }
 
-// Blocks per routed pair along the rows: enough for about kBlocksPerSm resident blocks
-// per multiprocessor over all pairs (each block then loops over several row tiles, so
-// its setup -- grouping, slot lookup, staging -- is paid once); 0 = one tile per block.
+// Blocks per routed pair along the rows: enough for about blocks_per_sm(T) blocks per
+// multiprocessor over all pairs (each block then loops over several row tiles, so its
+// setup -- grouping, slot lookup, staging -- is paid once); 0 = one tile per block.
+// 2 at T < 4, 4 from T = 4 (H200 run of 2026-12-02: T=16 750 vs 832 us, T=1 49 vs 55 us;
+// repeated ids leave some pairs' blocks idle, so more T wants more blocks).
 // TS_MOE_BLOCKS_PER_SM overrides it (read once; for tuning runs).
-constexpr int kBlocksPerSm = 2;
-int blocks_per_sm() {
-  static const int v = [] {
+int blocks_per_sm(int T) {
+  static const int forced = [] {
     const char* env = std::getenv("TS_MOE_BLOCKS_PER_SM");
-    return env && *env ? std::atoi(env) : kBlocksPerSm;
+    return env && *env ? std::atoi(env) : -1;
   }();
-  return v;
+  return forced >= 0 ? forced : T >= 4 ? 4 : 2;
 }
 
-unsigned row_blocks(int tiles, int n_pairs, int n_sm) {
-  const int per_sm = blocks_per_sm();
+unsigned row_blocks(int tiles, int T, int n_pairs, int n_sm) {
+  const int per_sm = blocks_per_sm(T);
   if (per_sm <= 0) return static_cast<unsigned>(tiles);
   const int want = (per_sm * n_sm + n_pairs - 1) / n_pairs;
   return static_cast<unsigned>(std::max(1, std::min(tiles, want)));
@@ -457,14 +458,14 @@ unsigned row_blocks(int tiles, int n_pairs, int n_sm) {
 
 template <typename XT, int MAXM>
 void launch_w13(const MoeDecodeArgs& a, int n_sm, cudaStream_t st) {
-  const unsigned gx = row_blocks((a.I + kW13Tile - 1) / kW13Tile, a.T * a.k, n_sm);
+  const unsigned gx = row_blocks((a.I + kW13Tile - 1) / kW13Tile, a.T, a.T * a.k, n_sm);
   moe_w13_silu_kernel<XT, MAXM><<<dim3(gx, a.T * a.k), kThreads, smem_bytes(MAXM, a.H), st>>>(a);
 }
 
 template <int MAXM>
 void launch_w2(const MoeDecodeArgs& a, int n_sm, cudaStream_t st) {
   constexpr int tile = kWarps * kW2Rows<MAXM>;
-  const unsigned gx = row_blocks((a.H + tile - 1) / tile, a.T * a.k, n_sm);
+  const unsigned gx = row_blocks((a.H + tile - 1) / tile, a.T, a.T * a.k, n_sm);
   moe_w2_kernel<MAXM><<<dim3(gx, a.T * a.k), kThreads, smem_bytes(MAXM, a.I), st>>>(a);
 }
 
