@@ -30,8 +30,8 @@ import torch
 from tierstore.adapters.moet_backend import TierstoreBackend
 from tierstore.adapters.moet_config import config_from_env
 from tierstore.adapters.vllm_moet import MoetTier
-from tierstore.gate import UncertaintyGate
-from tierstore.testing import make_random_pack
+from tierstore.compute.gate import UncertaintyGate
+from tierstore.testing.packs import make_random_pack
 
 VOCAB, L, E, K = 129_280, 43, 256, 6
 FP4_ROW = 13_369_344
@@ -113,7 +113,7 @@ def bench_tier_step(reps: int) -> list[str]:
 def bench_rows_for(n_rows: int, reps: int) -> list[str]:
     with tempfile.TemporaryDirectory() as d:
         pack = make_random_pack(d, 1, n_rows, FP4_ROW, seed=2)
-        from tierstore.store import ExpertStore
+        from tierstore.store.expert_store import ExpertStore
         store = ExpertStore(pack, vram_slots=8, ram_gb=0, device="cpu", threads=8, lazy_per_step=0)
         backend = TierstoreBackend(store)
         pairs = [(0, e) for e in range(n_rows)]

@@ -16,9 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from tierstore import sim, traces
-from tierstore.commands.bench_hits import plot_hits
-from tierstore.traces import _atomic_write
+from tierstore import sim
+from tierstore.sim import traces
+from tierstore.cli.bench_hits import plot_hits
+from tierstore.sim.traces import _atomic_write
 
 
 def load(cfg: dict) -> traces.Trace:

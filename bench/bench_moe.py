@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from tierstore import fp4
-from tierstore.model import make_moe_model, pool_benefit, random_expert_rows
-from tierstore.moe import BaseWeights, StaticPool, fused_moe_reference
+from tierstore.format import fp4
+from tierstore.testing.model import make_moe_model, pool_benefit, random_expert_rows
+from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe_reference
 
 
 def _routings(R, T, E, k, seed, device):
@@ -60,7 +60,7 @@ def copy_bandwidth(nbytes=1 << 30, iters=20) -> float:
 
 
 def bench_gpu(args) -> list[dict]:
-    from tierstore.moe_cuda import decode_workspace, fused_moe_decode
+    from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode
     H, I, E, k, R = args.H, args.I, args.E, args.k, args.rounds
     pool = StaticPool(random_expert_rows(E, "fp4", H, I, 0, "cuda").reshape(1, E, -1), E, "cuda")
     base = BaseWeights(random_expert_rows(E, "base", H, I, 1, "cuda").reshape(1, E, -1), H, I, "cuda")
@@ -111,7 +111,7 @@ def bench_gpu(args) -> list[dict]:
 def _kernel_split(pool, base, H, I, E, k) -> list[dict]:
     """Mean device time of each decode kernel (torch profiler, eager calls), to see
     which stage the time goes to. Best effort: returns [] when the profiler fails."""
-    from tierstore.moe_cuda import decode_workspace, fused_moe_decode
+    from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode
     out = []
     try:
         from torch.profiler import ProfilerActivity, profile

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import tierstore as ts
-from tierstore.testing import make_random_pack
+from tierstore.testing.packs import make_random_pack
 
 L, E, K, SLOT = 43, 256, 6, 64
 

@@ -38,7 +38,7 @@ DEFAULT_TRACE = "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"
 # ------------------------------------------------------------------ trace replay
 def load_trace(path: str):
     """(per-tick dense key arrays, n_layers, n_experts, Trace) via tierstore.traces."""
-    from tierstore.traces import load_trace as _load
+    from tierstore.sim.traces import load_trace as _load
     trace = _load(path)
     keys, starts = trace.keys, trace.tick_starts
     ticks = [keys[starts[i]:starts[i + 1]] for i in range(starts.size - 1)]
@@ -47,7 +47,7 @@ def load_trace(path: str):
 
 def sim_window(trace, first_tick: int, n_ticks: int):
     """The measured window as its own Trace, for tierstore.sim's cold references."""
-    from tierstore.traces import Trace
+    from tierstore.sim.traces import Trace
     starts = trace.tick_starts
     a, b = int(starts[first_tick]), int(starts[first_tick + n_ticks])
     return Trace(trace.ticks[a:b], trace.layers[a:b], trace.experts[a:b], trace.layer_ids,
@@ -109,7 +109,7 @@ class ReplayPool:
 
 def replay_snapshot_file(pool: ReplayPool, pack, path: str, fmt: str) -> None:
     """Write the replayed pool's state with the real writer, as the store would."""
-    from tierstore import warmstart as ws
+    from tierstore import warm as ws
     res = np.flatnonzero(pool.resident)
     heat = pool.policy.scores()[res]
     order = np.argsort(-heat, kind="stable")
@@ -125,7 +125,7 @@ def warm_started(policy: str, n_keys: int, capacity: int, pack, path: str,
                  pool_fill: float, seed_heat) -> ReplayPool:
     """A fresh pool preheated from ``path`` the way warmstart.preheat does it;
     ``seed_heat``: True (preheat's scaled seed), "raw" (the file's heat), False."""
-    from tierstore.warmstart import load_hint
+    from tierstore.warm import load_hint
     wf = load_hint(path, pack)
     pool = ReplayPool(policy, n_keys, capacity)
     n = min(len(wf.pool), int(pool_fill * capacity))
@@ -134,7 +134,7 @@ def warm_started(policy: str, n_keys: int, capacity: int, pack, path: str,
     if seed_heat == "raw":
         pool.policy.on_access(dense, weights=wf.pool.heat[:n])
     elif seed_heat:
-        from tierstore.warm_preheat import seed_weights
+        from tierstore.warm.preheat import seed_weights
         pool.policy.on_access(dense, weights=seed_weights(wf.pool.heat[:n]))
     return pool
 
@@ -145,7 +145,7 @@ def live_store_replay(pack, ticks, cap: int, policy: str, warm_src=None,
     routing, fire (demand fill: every routed miss promoted), release, step; no
     lazy promotions. ``warm_src`` goes through ``ExpertStore(warm_start=...)``
     semantics via ``store.preheat``. Returns the store's own pool hit rate."""
-    from tierstore.store import ExpertStore
+    from tierstore.store.expert_store import ExpertStore
     E = pack.n_experts
     with ExpertStore(pack, vram_slots=cap, ram_gb=0.0, device="cpu", policy=policy,
                      lazy_per_step=0, max_promote=pack.n_layers * E, force=True) as store:
@@ -164,7 +164,7 @@ def live_store_replay(pack, ticks, cap: int, policy: str, warm_src=None,
 
 
 def bench_hits(args) -> dict:
-    from tierstore.testing import make_random_pack
+    from tierstore.testing.packs import make_random_pack
     from tierstore import sim
     ticks, n_layers, n_experts, trace = load_trace(args.trace)
     n_keys = n_layers * n_experts
@@ -232,9 +232,9 @@ def bench_snapshot(args) -> dict:
     """Cost of one DS4-sized snapshot (43 x 256 keys, 512-slot pool, 2,048-row
     arena; 1,000-byte rows so it fits any machine): the part under the store's
     lock (``snapshot``), then encoding and the atomic write outside it."""
-    from tierstore import warmstart as ws
-    from tierstore.store import ExpertStore
-    from tierstore.testing import make_random_pack
+    from tierstore import warm as ws
+    from tierstore.store.expert_store import ExpertStore
+    from tierstore.testing.packs import make_random_pack
     L, E = 43, 256
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(dir=args.dir or ".", prefix=".bench-warm-") as tmp:

@@ -25,7 +25,7 @@ import numpy as np
 
 
 def _write_pack(directory: str, n_layers: int, n_experts: int, slot_bytes: int):
-    from tierstore.pack import Pack, PackWriter
+    from tierstore.format.pack import Pack, PackWriter
     rng = np.random.default_rng(0)
     block = rng.integers(1, 256, size=(n_experts, slot_bytes), dtype=np.uint8)
     with PackWriter(directory, tag="fp4", n_layers=n_layers, n_experts=n_experts,
@@ -59,7 +59,7 @@ def _fill_cache(path: str) -> float:
 def _engine_ceiling(pack, keys: np.ndarray, pool, device: str) -> float:
     """GB/s of the bare engine moving the rows ``keys`` into ``pool`` slots 0..N-1."""
     import torch
-    from tierstore.engine import Engine
+    from tierstore.io.engine import Engine
     n = len(keys)
     offsets = np.array([pack.row_offset(int(l), int(e)) for l, e in keys], dtype=np.int64)
     lengths = np.full(n, pack.slot_bytes, dtype=np.int64)
@@ -98,8 +98,8 @@ def _h2d_ceiling(nbytes: int) -> float:
 
 
 def _timed_preheat(pack, poolmon: str, args) -> dict:
-    from tierstore import warmstart
-    from tierstore.store import ExpertStore
+    from tierstore import warm as warmstart
+    from tierstore.store.expert_store import ExpertStore
     with ExpertStore(pack, vram_gb=args.pool_gb, ram_gb=0.0, device=args.device,
                      force=True) as store:
         _sync(args.device)
@@ -114,7 +114,7 @@ def _timed_preheat(pack, poolmon: str, args) -> dict:
 
 def bench_preheat(args) -> dict:
     import torch
-    from tierstore import warmstart as ws
+    from tierstore import warm as ws
     warnings.simplefilter("default")
     slot_bytes = int(args.slot_bytes)
     n_slots = max(int(args.pool_gb * 2**30 // slot_bytes), 8)

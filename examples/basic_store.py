@@ -21,8 +21,8 @@ import tempfile
 import torch
 
 import tierstore as ts
-from tierstore.model import make_moe_model, write_model_packs
-from tierstore.moe import BaseWeights, dense_moe
+from tierstore.testing.model import make_moe_model, write_model_packs
+from tierstore.compute.moe import BaseWeights, dense_moe
 
 
 def main(argv=None) -> int:

@@ -50,10 +50,10 @@ import tempfile
 
 import torch
 
-from tierstore.adapters.moet_runner import EngineReplay, TinyDecoder
+from tierstore.testing.moet_runner import EngineReplay, TinyDecoder
 from tierstore.adapters.vllm_moet import MoetTier
-from tierstore.gate import UncertaintyGate
-from tierstore.model import make_moe_model, write_model_packs
+from tierstore.compute.gate import UncertaintyGate
+from tierstore.testing.model import make_moe_model, write_model_packs
 
 
 def main(argv=None) -> int:

@@ -49,8 +49,8 @@ import torch
 from tierstore.adapters import vllm as ts_vllm
 from tierstore.adapters.moet_config import config_from_env
 from tierstore.adapters.vllm_moet import MoetTier
-from tierstore.model import make_moe_model, write_model_packs
-from tierstore.moe import dense_moe
+from tierstore.testing.model import make_moe_model, write_model_packs
+from tierstore.compute.moe import dense_moe
 
 
 def main(argv=None) -> int:

@@ -22,7 +22,7 @@ P = "VLLM_MOE_W2_"
 
 @functools.lru_cache(maxsize=None)
 def model_and_dir(n_layers: int = L, n_experts: int = E, seed: int = 1):
-    from tierstore.model import make_moe_model, write_model_packs
+    from tierstore.testing.model import make_moe_model, write_model_packs
     model = make_moe_model(n_layers, n_experts, H, I, seed=seed)
     d = tempfile.mkdtemp(prefix="tierstore-adapter-")
     atexit.register(shutil.rmtree, d, True)
@@ -31,7 +31,7 @@ def model_and_dir(n_layers: int = L, n_experts: int = E, seed: int = 1):
 
 
 def slot_bytes() -> int:
-    from tierstore import fp4
+    from tierstore.format import fp4
     return fp4.row_bytes("fp4", H, I)
 
 

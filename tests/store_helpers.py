@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tierstore.slots import RESIDENT
+from tierstore.store.slots import RESIDENT
 
 
 def assert_store_consistent(store) -> None:

@@ -9,8 +9,8 @@ import pytest
 from adapter_helpers import one_torch_thread  # noqa: F401
 from tierstore.adapters.moet_backend import TierstoreBackend, as_tensor_rows
 from tierstore.errors import ConfigError, FormatError, TierIOError
-from tierstore.store import ExpertStore
-from tierstore.testing import make_random_pack
+from tierstore.store.expert_store import ExpertStore
+from tierstore.testing.packs import make_random_pack
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 L, E, SLOT = 3, 6, 5000     # slot_bytes not a multiple of 4096: rows are strided

@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierstore.adapters.moet_config import (POLICY_MAP, VARIABLES, MoetConfig,
-                                            config_from_env)
+from tierstore.adapters.moet_config import POLICY_MAP, VARIABLES, MoetConfig, config_from_env
 from tierstore.errors import ConfigError
 
 P = "VLLM_MOE_W2_"

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from adapter_helpers import E, L, make_tier, model_and_dir, one_torch_thread  # noqa: F401
-from tierstore.adapters.moet_runner import EngineReplay, TinyDecoder
-from tierstore.gate import UncertaintyGate
-from tierstore.moe import BaseWeights, StaticPool, fused_moe_reference
+from tierstore.testing.moet_runner import EngineReplay, TinyDecoder
+from tierstore.compute.gate import UncertaintyGate
+from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe_reference
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TOP_K = 2
@@ -147,7 +147,7 @@ def test_eager_output_matches_the_reference_at_the_tiers_slot_state(model):
 
 # -- the same sequence under CUDA-graph capture ---------------------------------------
 def _kernel_ready() -> bool:
-    from tierstore import moe
+    from tierstore.compute import moe
     return moe._kernel_available()
 
 

@@ -11,8 +11,8 @@ from adapter_helpers import E, L, P, env_for, make_tier, model_and_dir, one_torc
 from tierstore.adapters.moet_config import config_from_env
 from tierstore.adapters.vllm_moet import MoetTier
 from tierstore.errors import CapacityError, ClosedError, ConfigError, FormatError
-from tierstore.moe import dense_moe
-from tierstore.sizing import fire_floor
+from tierstore.compute.moe import dense_moe
+from tierstore.store.sizing import fire_floor
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -210,7 +210,7 @@ def test_shutdown_is_idempotent_and_use_after_is_an_error(store_dir):
 
 
 def test_tier_preheat_fills_the_arena_from_the_packs_heat_file():
-    from tierstore.warmstart import arena_heat_path, save_arena_heat
+    from tierstore.warm import arena_heat_path, save_arena_heat
     d = model_and_dir(seed=2)[1]                 # own directory: the heat file stays here
     with make_tier(d) as first:
         first.backend().rows_for([(0, 1), (2, 5), (1, 7)])

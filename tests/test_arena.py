@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tierstore as ts
-from tierstore.testing import make_random_pack
+from tierstore.testing.packs import make_random_pack
 
 from store_helpers import assert_store_consistent
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tierstore.cli import main
-from tierstore.testing import make_random_pack
+from tierstore.testing.packs import make_random_pack
 
 
 def _run(capsys, *argv):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tierstore.engine import Engine
+from tierstore.io.engine import Engine
 from tierstore.errors import ClosedError, ConfigError, TierIOError
 
 from engine_helpers import PAGE, pack_into, random_rows, write_random_file

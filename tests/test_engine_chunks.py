@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tierstore.engine import Engine
+from tierstore.io.engine import Engine
 from tierstore.errors import TierIOError
 
 from engine_helpers import PAGE, pack_into, random_rows, write_random_file

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from tierstore.engine import Engine
+from tierstore.io.engine import Engine
 
 from engine_helpers import pack_into, random_rows, write_random_file
 

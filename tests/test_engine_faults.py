@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from tierstore.engine import Engine
+from tierstore.io.engine import Engine
 from tierstore.errors import TierIOError
 
 from engine_helpers import PAGE, write_random_file

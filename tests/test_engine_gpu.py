@@ -22,7 +22,7 @@ N_ROWS = 24
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     import torch
-    from tierstore.engine import Engine
+    from tierstore.io.engine import Engine
     path = tmp_path_factory.mktemp("gpu") / "rows.bin"
     data = write_random_file(path, N_ROWS * SLOT, seed=21)
     eng = Engine(path, threads=8, direct="auto", device="cuda", chunk_bytes=1 << 20,
@@ -117,7 +117,7 @@ def test_many_chunks_per_row_land_byte_exact_through_two_stages(tmp_path):
     """64 KiB chunks (about 50 H2D copies per row, issued from 6 reader threads out of
     order) through a 2-stage ring: a stage is reused only after all its chunk copies."""
     import torch
-    from tierstore.engine import Engine
+    from tierstore.io.engine import Engine
     path = tmp_path / "rows.bin"
     data = write_random_file(path, N_ROWS * SLOT, seed=33)
     pool = torch.zeros((N_ROWS, SLOT), dtype=torch.uint8, device="cuda")

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from tierstore import fp4
+from tierstore.format import fp4
 from tierstore.errors import ConfigError, FormatError
 
 GRID = np.array(fp4.E2M1_GRID)

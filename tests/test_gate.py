@@ -12,7 +12,7 @@ from hypothesis.extra.numpy import arrays
 
 from tierstore.errors import ConfigError
 from adapter_helpers import one_torch_thread  # noqa: F401
-from tierstore.gate import DEFAULT_TAU, GateStats, UncertaintyGate
+from tierstore.compute.gate import DEFAULT_TAU, GateStats, UncertaintyGate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from adapter_helpers import make_tier, model_and_dir, one_torch_thread  # noqa: F401
-from tierstore.adapters.moet_runner import TinyDecoder
+from tierstore.testing.moet_runner import TinyDecoder
 from tierstore.errors import ConfigError
-from tierstore.gate import UncertaintyGate, run_with_gate
+from tierstore.compute.gate import UncertaintyGate, run_with_gate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import tierstore as ts
-from tierstore import fp4
+from tierstore.format import fp4
 from tierstore.errors import ConfigError
-from tierstore.model import make_moe_model, pool_benefit, write_model_packs, expert_shape_of
+from tierstore.testing.model import (make_moe_model, pool_benefit, write_model_packs,
+                                     expert_shape_of)
 
 
 def test_model_rows_are_the_encoded_weights():

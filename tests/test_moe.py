@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from tierstore import fp4
+from tierstore.format import fp4
 from tierstore.errors import ConfigError
-from tierstore.model import make_moe_model, write_model_packs
-from tierstore.moe import (BaseWeights, StaticPool, dense_moe, fused_moe, fused_moe_reference)
+from tierstore.testing.model import make_moe_model, write_model_packs
+from tierstore.compute.moe import (BaseWeights, StaticPool, dense_moe, fused_moe,
+                                   fused_moe_reference)
 
 L, E, H, I, K = 2, 8, 128, 64, 3
 
@@ -107,7 +108,7 @@ def test_duplicate_expert_within_and_across_tokens(model):
 
 
 def test_chunked_expert_groups_give_the_same_answer(model, monkeypatch):
-    import tierstore.moe as moe
+    import tierstore.compute.moe as moe
     x, w, ids = _routing(model, 16)
     pool = StaticPool(model.fp4_rows, n_slots=E)
     pool.promote([(1, 0), (1, 3)])

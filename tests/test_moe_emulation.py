@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tierstore.model import random_expert_rows
-from tierstore.moe import BaseWeights, StaticPool, fused_moe_reference
+from tierstore.testing.model import random_expert_rows
+from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe_reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tierstore.model import random_expert_rows
-from tierstore.moe import BaseWeights, StaticPool, fused_moe, fused_moe_reference
+from tierstore.testing.model import random_expert_rows
+from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe, fused_moe_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +45,7 @@ def _routing(T, E, k, seed, device="cuda"):
 
 def _run(x, w, ids, layer, pool, base):
     out = torch.full_like(x, float("nan"))                 # poison: every element must be written
-    from tierstore.moe_cuda import decode_workspace, fused_moe_decode
+    from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode
     ws = decode_workspace(x.shape[0], ids.shape[1], base.H, base.I, x.device)
     for t in ws:
         t.fill_(float("nan"))
@@ -115,7 +115,7 @@ def test_cuda_graph_replay_sees_slot_table_changes():
     T, k = 8, 4
     w, ids = _routing(T, 16, k, seed=3)
     x = torch.randn(T, 256, device="cuda")
-    from tierstore.moe_cuda import decode_workspace, fused_moe_decode
+    from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode
     out = torch.full_like(x, float("nan"))
     ws = decode_workspace(T, k, 256, 128, "cuda")
     s = torch.cuda.Stream()

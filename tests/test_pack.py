@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tierstore import ConfigError, FormatError, Pack, PackWriter
-from tierstore.pack_format import key20_of
-from tierstore.pack_writer import PackBusyError, PackReplacedError
-from tierstore.testing import make_random_pack, random_layer_rows
+from tierstore.format.sidecar import key20_of
+from tierstore.format.writer import PackBusyError, PackReplacedError
+from tierstore.testing.packs import make_random_pack, random_layer_rows
 
 L, E, SLOT = 3, 8, 5000          # SLOT not page-aligned: stride 8192
 

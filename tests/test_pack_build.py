@@ -10,9 +10,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 from safetensors.torch import save_file
 
-from tierstore import ConfigError, FormatError, Pack, fp4
-from tierstore.pack_build import build_synthetic, fit_expert_shape
-from tierstore.pack_safetensors import build_from_safetensors
+from tierstore import ConfigError, FormatError, Pack
+from tierstore.format import fp4
+from tierstore.format.build import build_synthetic, fit_expert_shape
+from tierstore.format.from_safetensors import build_from_safetensors
 
 H, I, E = 128, 64, 3
 

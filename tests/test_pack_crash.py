@@ -10,14 +10,14 @@ import textwrap
 import numpy as np
 
 from tierstore import Pack, PackWriter
-from tierstore.testing import random_layer_rows
+from tierstore.testing.packs import random_layer_rows
 
 L, E, SLOT = 4, 4, 6000
 
 _CHILD = textwrap.dedent("""
     import os, sys
     from tierstore import PackWriter
-    from tierstore.testing import random_layer_rows
+    from tierstore.testing.packs import random_layer_rows
     die_at, kill_in = int(sys.argv[2]), sys.argv[3]
     writes = {"n": 0}
     real_pwrite, real_replace = os.pwrite, os.replace

@@ -10,9 +10,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tierstore import FormatError, Pack, PackWriter
-from tierstore.pack_format import (PackName, RowLayout, RowSection, Sidecar, encode_sidecar,
-                                   load_sidecar, round_up)
-from tierstore.testing import make_random_pack
+from tierstore.format.sidecar import (PackName, RowLayout, RowSection, Sidecar, encode_sidecar,
+                                      load_sidecar, round_up)
+from tierstore.testing.packs import make_random_pack
 
 FAST = settings(max_examples=25, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from tierstore.pack_build import build_synthetic
-from tierstore.pack_format import RowLayout, RowSection, Sidecar
-from tierstore.testing import make_random_pack
+from tierstore.format.build import build_synthetic
+from tierstore.format.sidecar import RowLayout, RowSection, Sidecar
+from tierstore.testing.packs import make_random_pack
 
 jsonschema = pytest.importorskip("jsonschema")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from tierstore import FormatError, Pack
-from tierstore.pack_format import SIDECAR_MAX_BYTES
-from tierstore.testing import make_random_pack
+from tierstore.format.sidecar import SIDECAR_MAX_BYTES
+from tierstore.testing.packs import make_random_pack
 
 L, E, SLOT = 2, 3, 100      # stride 4096
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tierstore import policies
-from tierstore.pool import SlotPool
-from tierstore.slots import EVICTING, FREE, LOADING, RESIDENT
+from tierstore.store.pool import SlotPool
+from tierstore.store.slots import EVICTING, FREE, LOADING, RESIDENT
 
 L, E, SLOT = 3, 8, 256
 N_KEYS = L * E

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from tierstore import sim
 from tierstore.errors import ConfigError
-from tierstore.traces import Trace
+from tierstore.sim.traces import Trace
 
 
 def make_trace(rows, n_layers, n_experts) -> Trace:

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from tierstore import traces
+from tierstore.sim import traces
 from tierstore.cli import main
 
 SMALL = ["--synthetic", "--ticks", "40", "--layers", "3", "--experts", "16", "--top-k", "2",

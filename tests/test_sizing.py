@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 import tierstore as ts
-from tierstore import sizing
+from tierstore.store import sizing
 from tierstore.errors import CapacityError, ConfigError
-from tierstore.testing import make_random_pack
+from tierstore.testing.packs import make_random_pack
 
 GIB = 1 << 30
 DS4_FP4 = 12_582_912  # 12 MiB standalone FP4 expert (COMPAT.md)

@@ -7,7 +7,7 @@ import torch
 
 import tierstore as ts
 from tierstore.errors import ClosedError, ConfigError, FormatError
-from tierstore.testing import make_random_pack
+from tierstore.testing.packs import make_random_pack
 
 from store_helpers import assert_store_consistent
 

@@ -12,8 +12,8 @@ import pytest
 
 import tierstore as ts
 from tierstore.errors import ClosedError, TierIOError
-from tierstore.slots import EVICTING, LOADING
-from tierstore.testing import make_random_pack
+from tierstore.store.slots import EVICTING, LOADING
+from tierstore.testing.packs import make_random_pack
 
 from store_helpers import assert_store_consistent
 

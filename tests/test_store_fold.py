@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from tierstore.store_record import RoutingRecorder, _NativeFold
-from tierstore.store_stats import Counters
+from tierstore.store.recorder import RoutingRecorder, _NativeFold
+from tierstore.store.stats import Counters
 
 pytestmark = pytest.mark.skipif(_NativeFold is None, reason="extension built without fold.cpp")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tierstore as ts
-from tierstore.testing import make_random_pack, random_layer_rows
+from tierstore.testing.packs import make_random_pack, random_layer_rows
 
 from store_helpers import assert_store_consistent
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import tierstore as ts
-from tierstore import warmstart
-from tierstore.testing import make_random_pack
+from tierstore import warm as warmstart
+from tierstore.testing.packs import make_random_pack
 
 L, E, SLOT = 2, 16, 3000
 SLOW_US = 1_000_000  # every read syscall sleeps 1 s

@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import tierstore as ts
 from tierstore.errors import TierIOError
-from tierstore.testing import make_random_pack
+from tierstore.testing.packs import make_random_pack
 
 from store_helpers import assert_store_consistent
 

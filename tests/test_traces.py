@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tierstore import traces
+from tierstore.sim import traces
 from tierstore.errors import ConfigError, FormatError
 
 FLAME = Path("/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy")

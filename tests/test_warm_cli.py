@@ -7,8 +7,8 @@ import os
 import pytest
 
 from tierstore.cli import main
-from tierstore.testing import make_random_pack
-from tierstore.warmstart import PackIdentity, read_warm_file
+from tierstore.testing.packs import make_random_pack
+from tierstore.warm import PackIdentity, read_warm_file
 
 L, E, SLOT = 4, 8, 64
 

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tierstore.errors import FormatError
-from tierstore.testing import make_random_pack
-from tierstore.warmstart import (MAX_WARM_FILE_BYTES, PackIdentity, WarmFile, WarmStartWarning,
-                                 WarmTier, arena_heat_path, encode, fit_to_pack, load_hint,
-                                 parse_warm_bytes, pool_heat_name, read_warm_file, to_arena_heat,
-                                 to_pool_heat, to_poolmon, write_atomic)
+from tierstore.testing.packs import make_random_pack
+from tierstore.warm import (MAX_WARM_FILE_BYTES, PackIdentity, WarmFile, WarmStartWarning,
+                            WarmTier, arena_heat_path, encode, fit_to_pack, load_hint,
+                            parse_warm_bytes, pool_heat_name, read_warm_file, to_arena_heat,
+                            to_pool_heat, to_poolmon, write_atomic)
 
 L, E, SLOT = 4, 8, 64
 

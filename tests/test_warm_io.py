@@ -11,12 +11,12 @@ import textwrap
 import pytest
 
 from tierstore.errors import TierIOError
-from tierstore.warm_io import read_capped, write_atomic, write_atomic_async
+from tierstore.warm.io import read_capped, write_atomic, write_atomic_async
 
 _LIMITED_WRITE = textwrap.dedent("""
     import resource, signal, sys
     from tierstore.errors import TierIOError
-    from tierstore.warm_io import write_atomic
+    from tierstore.warm.io import write_atomic
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # get EFBIG instead of a signal
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
     try:

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierstore.errors import FormatError
-from tierstore.warmstart import PackIdentity, Poolmon, WarmFile, WarmTier, merge, summarize
-from tierstore.warm_formats import TierOwners
+from tierstore.warm import PackIdentity, Poolmon, WarmFile, WarmTier, merge, summarize
+from tierstore.warm.formats import TierOwners
 
 L, E = 3, 5
 IDENT = PackIdentity(tag="fp4", n_layers=L, n_experts=E, slot_bytes=64, stride=4096,

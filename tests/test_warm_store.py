@@ -13,8 +13,8 @@ import pytest
 
 store_mod = pytest.importorskip("tierstore.store")
 
-from tierstore import warmstart as ws  # noqa: E402
-from tierstore.testing import make_random_pack  # noqa: E402
+from tierstore import warm as ws  # noqa: E402
+from tierstore.testing.packs import make_random_pack  # noqa: E402
 
 L, E, SLOT = 4, 16, 1000  # stride 4096: rows are not page-sized, like real experts
 N_SLOTS, ARENA_ROWS = 16, 24

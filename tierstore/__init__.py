@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import (CapacityError, ClosedError, ConfigError, FormatError,
-                     TierIOError, TierstoreError)
+from tierstore.errors import (CapacityError, ClosedError, ConfigError, FormatError, TierIOError,
+                              TierstoreError)
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it
 _LAZY = {
-    "Pack": "pack", "PackWriter": "pack", "RowLayout": "pack", "RowSection": "pack",
-    "Engine": "engine", "Completion": "engine",
+    "Pack": "format", "PackWriter": "format", "RowLayout": "format", "RowSection": "format",
+    "Engine": "io", "Completion": "io",
     "ExpertStore": "store", "Ticket": "store", "FireResult": "store", "StoreStats": "store",
-    "fire_floor": "sizing",
-    "UncertaintyGate": "gate",
-    "fused_moe": "moe",
+    "fire_floor": "store",
+    "UncertaintyGate": "compute",
+    "fused_moe": "compute",
 }
 
 
@@ -41,7 +41,7 @@ def __dir__():
 
 
 def _native():
-    from . import _C
+    from tierstore import _C
     return _C
 
 

@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from .errors import ConfigError
+from tierstore.errors import ConfigError
 
 
 def _parse_bool(text: str) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from tierstore.errors import ConfigError
 
 PAGE = 4096
 

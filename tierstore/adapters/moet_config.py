@@ -31,7 +31,7 @@ from typing import Callable, Mapping
 
 import msgspec
 
-from ..errors import ConfigError
+from tierstore.errors import ConfigError
 
 PREFIX = "VLLM_MOE_W2_"
 POLICY_MAP = {"freq": "heat", "need": "hybrid", "lru": "lru"}

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
+from tierstore.errors import ConfigError
 
 VLLM_VERSION = "0.34.0"
 _LAYER_NUMBER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")

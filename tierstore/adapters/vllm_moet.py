@@ -29,9 +29,9 @@ import warnings
 import numpy as np
 import torch
 
-from ..errors import CapacityError, ConfigError
-from .moet_config import POLICY_MAP, VARIABLES, MoetConfig, config_from_env
-from .moet_backend import TierstoreBackend
+from tierstore.errors import CapacityError, ConfigError
+from tierstore.adapters.moet_config import POLICY_MAP, VARIABLES, MoetConfig, config_from_env
+from tierstore.adapters.moet_backend import TierstoreBackend
 
 GIB = 1 << 30
 GATE_FP_MAX = 3
@@ -43,7 +43,7 @@ __all__ = ["MoetConfig", "MoetTier", "TierstoreBackend", "config_from_env", "POL
 def layer_index(layer_key) -> int:
     if isinstance(layer_key, (int, np.integer)):
         return int(layer_key)
-    from .vllm import layer_index_from_name
+    from tierstore.adapters.vllm import layer_index_from_name
     return layer_index_from_name(str(layer_key))
 
 
@@ -62,8 +62,8 @@ class MoetTier:
                  base_tag: str | None = "base", rank: int = 0, world: int = 1,
                  pp: tuple[int, int] | None = None, extra_seen_rows: int = 0,
                  **store_options):
-        from ..moe import BaseWeights
-        from ..pack import Pack
+        from tierstore.compute.moe import BaseWeights
+        from tierstore.format.pack import Pack
         if not config.store_dir:
             raise ConfigError("VLLM_MOE_W2_STORE_DIR is not set: the tier needs the pack directory")
         self.config, self.device = config, torch.device(device)
@@ -91,7 +91,7 @@ class MoetTier:
         self._snapshot = None
         self._closed = False
         if config.delta_gb is not None:
-            from ..sizing import slots_for_gib
+            from tierstore.store.sizing import slots_for_gib
             self._build_store(slots_for_gib(config.delta_gb, self.pack.slot_bytes))
 
     @classmethod
@@ -100,7 +100,7 @@ class MoetTier:
 
     # -- the store --------------------------------------------------------------
     def _build_store(self, n_slots: int) -> None:
-        from ..store import ExpertStore
+        from tierstore.store.expert_store import ExpertStore
         cfg = self.config
         if cfg.base_ram_gb is None:
             ram_gb = "auto"
@@ -115,17 +115,17 @@ class MoetTier:
                                  policy=cfg.tierstore_policy, device=str(self.device),
                                  max_promote=cfg.gate_max_promote, **options)
         if cfg.tier_preheat:
-            from ..warmstart import arena_heat_path
+            from tierstore.warm import arena_heat_path
             heat = arena_heat_path(self.pack.path)
             if os.path.exists(heat):
-                from ..warmstart import preheat
+                from tierstore.warm import preheat
                 preheat(self.store, heat, pool_fill=0.0)
         if self._pending_floor is not None:
             self.check_pool_floor(*self._pending_floor)
 
     def _need_store(self, what: str):
         if self._closed:
-            from ..errors import ClosedError
+            from tierstore.errors import ClosedError
             raise ClosedError(f"MoetTier.{what} after shutdown()")
         if self.store is None:
             raise ConfigError(f"MoetTier.{what}: VLLM_MOE_W2_DELTA_GB=auto and the pool is not "
@@ -149,7 +149,7 @@ class MoetTier:
         DELTA_RESERVE_GB, capped by DELTA_MAX_GB; then run a deferred floor check.
         A no-op for a pool already sized. Returns the slot count."""
         if self.store is None:
-            from ..sizing import resolve_pool_slots
+            from tierstore.store.sizing import resolve_pool_slots
             cfg = self.config
             n = resolve_pool_slots(slot_bytes=self.pack.slot_bytes,
                                    n_keys=self.n_layers * self.n_experts, device=self.device,
@@ -165,7 +165,7 @@ class MoetTier:
         finalize_auto (the reference checked too early and refused to start).
         Returns the floor in slots.
         """
-        from ..sizing import fire_floor
+        from tierstore.store.sizing import fire_floor
         floor = fire_floor(self.n_layers, top_k, n_spec, max_num_seqs, GATE_FP_MAX)
         if self.store is None:
             self._pending_floor = (top_k, n_spec, max_num_seqs)
@@ -191,7 +191,7 @@ class MoetTier:
         cfg = self.config
         if not cfg.pool_heat or not cfg.heat_dir:
             return 0
-        from ..warmstart import PeriodicSnapshot, pool_heat_name, preheat
+        from tierstore.warm import PeriodicSnapshot, pool_heat_name, preheat
         path = os.path.join(cfg.heat_dir, pool_heat_name(self.tag, self.rank, self.world, self.pp))
         loaded = 0
         if os.path.exists(path):
@@ -212,7 +212,7 @@ class MoetTier:
 
     def moe_w2_forward(self, x, topk_weights, topk_ids, layer_key) -> torch.Tensor:
         """Routed-only MoE output [T, H] (FP4 rows from the pool, else the 2-bit base)."""
-        from ..moe import fused_moe
+        from tierstore.compute.moe import fused_moe
         if self.base is None:
             raise ConfigError(f"{self.pack_path}: no base pack was opened (base_tag=None); "
                               "moe_w2_forward needs the 2-bit base for non-resident experts")

@@ -9,11 +9,11 @@ instances share no state); ``available()`` lists the names. Parameters:
 """
 from __future__ import annotations
 
-from ..errors import ConfigError
-from .base import NO_KEY, Policy
-from .heat import HeatPolicy
-from .hybrid import HybridPolicy
-from .lru import LRUPolicy
+from tierstore.errors import ConfigError
+from tierstore.policies.base import NO_KEY, Policy
+from tierstore.policies.heat import HeatPolicy
+from tierstore.policies.hybrid import HybridPolicy
+from tierstore.policies.lru import LRUPolicy
 
 _REGISTRY: dict[str, type[Policy]] = {
     "lru": LRUPolicy,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError
-from .base import Policy
+from tierstore.errors import ConfigError
+from tierstore.policies.base import Policy
 
 _EMPTY = np.empty(0, dtype=np.int64)
 

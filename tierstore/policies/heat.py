@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from ..errors import ConfigError
-from .dense import DensePolicy, coldest, hottest_order
+from tierstore.errors import ConfigError
+from tierstore.policies.dense import DensePolicy, coldest, hottest_order
 
 DEFAULT_HALF_LIFE_STEPS = 375.0  # 5 s (the reference manager's halving) at 75 tok/s
 _RENORM_EXPONENT = 256.0

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dense import coldest, hottest_order
-from .heat import HeatPolicy
+from tierstore.policies.dense import coldest, hottest_order
+from tierstore.policies.heat import HeatPolicy
 
 
 class HybridPolicy(HeatPolicy):

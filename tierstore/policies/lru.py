@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dense import DensePolicy, coldest, hottest_order
+from tierstore.policies.dense import DensePolicy, coldest, hottest_order
 
 NEVER = -1
 

@@ -1,0 +1,310 @@
+"""Pack file format: names, identity (key20), sidecar schema and its validation.
+
+The spec is docs/FORMAT.md; this module is the one place that enforces it.
+Every sidecar is untrusted. ``load_sidecar`` checks, in this order (safetensors
+style): file size cap, JSON parse, typed decode (msgspec), meaning; the pack
+file's size and the name's key20 are checked by ``Pack.open`` afterwards.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+import numpy as np
+
+from tierstore.errors import FormatError
+
+PAGE = 4096
+SIDECAR_VERSION = 2
+SIDECAR_MAX_BYTES = 64 << 20          # a DS4 sidecar with checksums is ~200 KiB
+MAX_FILE_BYTES = 1 << 62              # keeps every offset inside int64 for the C++ reader
+MAX_LAYERS = MAX_EXPERTS = 1 << 16    # per-layer/per-expert tables stay small for hostile input
+MAX_SLOT_BYTES = 1 << 36
+CHECKSUM_ALGOS = ("xxh3_64",)
+DEFAULT_CHECKSUM = "xxh3_64"
+ORDERS = ("linear", "fragmajor")
+# dtype name -> bytes per element; "e2m1x2" is two FP4 nibbles per byte.
+DTYPE_BYTES = {"uint8": 1, "int8": 1, "e2m1x2": 1, "e8m0": 1, "float8_e4m3fn": 1,
+               "uint16": 2, "bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
+IDENTITY_FIELDS = ("ckpt_id", "zero_mode", "quantizer_abi", "tag", "n_layers", "E",
+                   "slot_bytes", "stride")
+TIERSTORE_ONLY_FIELDS = frozenset({"layout", "checksum", "checksums"})
+
+_TAG = r"[A-Za-z0-9_\-]+"
+_NAME_RE = re.compile(
+    rf"^(?P<tag>{_TAG})(?:\.v2\.(?P<key20>[0-9a-f]{{20}}))?"
+    r"\.rank(?P<rank>\d+)of(?P<world>\d+)(?:\.pp(?P<p>\d+)of(?P<q>\d+))?\.pack$")
+TAG_RE = re.compile(rf"^{_TAG}$")
+
+
+def round_up(n: int, align: int = PAGE) -> int:
+    return -(-n // align) * align
+
+
+class RowSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One named byte range of an expert row: ``bytes`` = DTYPE_BYTES[dtype] * prod(shape)."""
+    name: str
+    offset: int
+    bytes: int
+    dtype: str
+    shape: list[int]
+    codec: str = "raw"
+
+
+class RowLayout(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What the bytes of every row mean. ``kind`` is the row tag (``fp4``, ``base``,
+    ``opaque``...); ``order`` is the nibble order of e2m1 planes."""
+    kind: str
+    sections: list[RowSection]
+    order: Literal["linear", "fragmajor"] = "linear"
+    params: dict[str, int] = {}
+
+
+class Sidecar(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The `.json` next to a pack. The first ten fields are vLLM-Moet's; the last three
+    are tierstore's superset and absent from vLLM-Moet sidecars."""
+    version: int
+    tag: str
+    E: int
+    n_layers: int
+    slot_bytes: int
+    stride: int
+    ckpt_id: str
+    zero_mode: str
+    quantizer_abi: str
+    layers: list[int]
+    layout: RowLayout | None = None
+    checksum: str | None = None
+    checksums: dict[int, list[int]] | None = None
+
+    def identity(self) -> dict:
+        return {k: getattr(self, k) for k in IDENTITY_FIELDS}
+
+
+def key20_of(identity: dict) -> str:
+    """First 20 hex chars of sha256 over the canonical JSON of the identity fields."""
+    canon = json.dumps({k: identity[k] for k in IDENTITY_FIELDS}, sort_keys=True,
+                       separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class PackName:
+    tag: str
+    key20: str | None
+    rank: int
+    world: int
+    pp: tuple[int, int] | None
+
+    @classmethod
+    def parse(cls, path: str | os.PathLike) -> "PackName":
+        base = os.path.basename(os.fspath(path))
+        m = _NAME_RE.match(base)
+        if not m:
+            raise FormatError(f"{os.fspath(path)}: not a pack name; expected "
+                              "<tag>.v2.<key20>.rank<r>of<w>[.pp<p>of<q>].pack or "
+                              "<tag>.rank<r>of<w>.pack")
+        rank, world = int(m["rank"]), int(m["world"])
+        pp = (int(m["p"]), int(m["q"])) if m["p"] is not None else None
+        if world < 1 or rank >= world or (pp and (pp[1] < 1 or pp[0] >= pp[1])):
+            raise FormatError(f"{os.fspath(path)}: rank/pipeline index out of range in the name")
+        return cls(m["tag"], m["key20"], rank, world, pp)
+
+    def filename(self) -> str:
+        key = f".v2.{self.key20}" if self.key20 else ""
+        pp = f".pp{self.pp[0]}of{self.pp[1]}" if self.pp else ""
+        return f"{self.tag}{key}.rank{self.rank}of{self.world}{pp}.pack"
+
+
+def sidecar_path_of(pack_path: str) -> str:
+    return pack_path[: -len(".pack")] + ".json"
+
+
+def lock_path_of(pack_path: str) -> str:
+    return pack_path[: -len(".pack")] + ".lock"
+
+
+def _reject_duplicate_keys(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _reject_constant(name):
+    raise ValueError(f"non-JSON number {name}")
+
+
+SIDECAR_MAX_DEPTH = 16   # a valid sidecar nests 5 levels (layout.sections[i].shape)
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_nesting_depth(raw: bytes) -> int:
+    """Deepest [ / { nesting of a JSON text, strings ignored; vectorised, no parse."""
+    b = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    step = np.isin(b, (0x5B, 0x7B)).astype(np.int32) - np.isin(b, (0x5D, 0x7D))
+    return int(np.cumsum(step).max(initial=0))
+
+
+def load_sidecar(path: str, *, key20_in_name: bool) -> tuple[Sidecar, list[str]]:
+    """Read and validate a sidecar file. Returns the sidecar and the names of unknown
+    vLLM-Moet keys that were tolerated (see FORMAT.md, "Unknown fields")."""
+    # 1. size cap before reading anything
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise FormatError(f"{path}: sidecar is missing") from None
+    if size > SIDECAR_MAX_BYTES:
+        raise FormatError(f"{path}: sidecar is {size} bytes, over the {SIDECAR_MAX_BYTES} cap")
+    with open(path, "rb") as f:
+        raw = f.read(SIDECAR_MAX_BYTES + 1)
+    # 2. nesting depth (Python's own recursion limit differs between versions), then
+    #    JSON parse (strict: no NaN/Infinity, no duplicate keys)
+    if json_nesting_depth(raw) > SIDECAR_MAX_DEPTH:
+        raise FormatError(f"{path}: sidecar JSON is nested too deeply "
+                          f"(more than {SIDECAR_MAX_DEPTH} levels)")
+    try:
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys,
+                         parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{path}: sidecar is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise FormatError(f"{path}: sidecar JSON is nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise FormatError(f"{path}: sidecar must be a JSON object, found {type(obj).__name__}")
+    # 3. typed decode; unknown keys: strict for tierstore's own sidecars
+    known = set(Sidecar.__struct_fields__)
+    unknown = sorted(set(obj) - known)
+    if unknown and not (TIERSTORE_ONLY_FIELDS & set(obj)):
+        if not key20_in_name:
+            raise FormatError(f"{path}: unknown field `{unknown[0]}` in a sidecar whose name "
+                              "carries no key20 identity")
+        warnings.warn(f"{path}: ignoring unknown vLLM-Moet sidecar fields {unknown}",
+                      stacklevel=3)
+        obj = {k: v for k, v in obj.items() if k in known}
+    else:
+        unknown = []
+    try:
+        sc = msgspec.convert(obj, Sidecar, strict=True, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise FormatError(f"{path}: sidecar field error: {exc}") from None
+    # 4. meaning
+    validate_sidecar(sc, path)
+    return sc, unknown
+
+
+def validate_sidecar(sc: Sidecar, path: str) -> None:
+    """Checks of meaning; every message names the file and the field."""
+    def bad(msg: str):
+        raise FormatError(f"{path}: {msg}")
+
+    if sc.version != SIDECAR_VERSION:
+        bad(f"field `version`: expected {SIDECAR_VERSION}, found {sc.version}")
+    if not TAG_RE.match(sc.tag):
+        bad(f"field `tag`: {sc.tag!r} is not a valid tag ([A-Za-z0-9_-]+)")
+    for name in ("E", "n_layers", "slot_bytes"):
+        if getattr(sc, name) <= 0:
+            bad(f"field `{name}`: expected > 0, found {getattr(sc, name)}")
+    for name, cap in (("E", MAX_EXPERTS), ("n_layers", MAX_LAYERS), ("slot_bytes", MAX_SLOT_BYTES)):
+        if getattr(sc, name) > cap:
+            bad(f"field `{name}`: {getattr(sc, name)} is over the cap {cap}")
+    if sc.stride != round_up(sc.slot_bytes):
+        bad(f"field `stride`: expected {round_up(sc.slot_bytes)} (slot_bytes {sc.slot_bytes} "
+            f"rounded up to {PAGE}), found {sc.stride}")
+    if sc.n_layers * sc.E * sc.stride >= MAX_FILE_BYTES:
+        bad(f"geometry {sc.n_layers}x{sc.E}x{sc.stride} overflows the {MAX_FILE_BYTES} byte cap")
+    for i, layer in enumerate(sc.layers):
+        if not 0 <= layer < sc.n_layers:
+            bad(f"field `layers`: layer {layer} out of range [0, {sc.n_layers})")
+        if i and layer <= sc.layers[i - 1]:
+            what = "duplicate" if layer == sc.layers[i - 1] else "unsorted"
+            bad(f"field `layers`: {what} layer {layer} at index {i}")
+    if sc.layout is not None:
+        validate_layout(sc.layout, sc.slot_bytes, path)
+    if sc.checksum is None:
+        if sc.checksums is not None:
+            bad("field `checksums` given without field `checksum` (the algorithm)")
+        return
+    if sc.checksum not in CHECKSUM_ALGOS:
+        bad(f"field `checksum`: unknown algorithm {sc.checksum!r}, expected one of {CHECKSUM_ALGOS}")
+    sums = sc.checksums or {}
+    if set(sums) != set(sc.layers):
+        diff = sorted(set(sums) ^ set(sc.layers))
+        bad(f"field `checksums`: layers {list(sums)[:8]} do not match `layers` (differ at {diff[:8]})")
+    for layer, row_sums in sums.items():
+        if len(row_sums) != sc.E:
+            bad(f"field `checksums`: layer {layer} has {len(row_sums)} entries, expected {sc.E}")
+        if any(not 0 <= v < 1 << 64 for v in row_sums):
+            bad(f"field `checksums`: layer {layer} has a value outside [0, 2^64)")
+
+
+def validate_layout(layout: RowLayout, slot_bytes: int, path: str) -> None:
+    def bad(msg: str):
+        raise FormatError(f"{path}: layout: {msg}")
+
+    if layout.order not in ORDERS:
+        bad(f"order {layout.order!r}, expected one of {ORDERS}")
+    if not layout.sections:
+        bad("no sections")
+    names: set[str] = set()
+    end_prev, prev = 0, None
+    for s in sorted(layout.sections, key=lambda s: s.offset):
+        if s.name in names:
+            bad(f"section `{s.name}` appears twice")
+        names.add(s.name)
+        if s.dtype not in DTYPE_BYTES:
+            bad(f"section `{s.name}`: unknown dtype {s.dtype!r}")
+        n = DTYPE_BYTES[s.dtype]
+        for d in s.shape:
+            if d <= 0:
+                bad(f"section `{s.name}`: shape {s.shape} has a non-positive dimension")
+            n *= d
+        if n != s.bytes:
+            bad(f"section `{s.name}`: bytes {s.bytes}, expected {n} for {s.dtype} {s.shape}")
+        if s.offset < 0 or s.offset + s.bytes > slot_bytes:
+            bad(f"section `{s.name}`: [{s.offset}, {s.offset + s.bytes}) is outside the "
+                f"{slot_bytes}-byte row")
+        if s.offset < end_prev:
+            bad(f"section `{s.name}` at offset {s.offset} overlaps `{prev}` ending at {end_prev}")
+        end_prev, prev = s.offset + s.bytes, s.name
+
+
+def encode_sidecar(sc: Sidecar) -> bytes:
+    """Sorted keys (as vLLM-Moet writes them), one line, trailing newline."""
+    return (json.dumps(msgspec.to_builtins(sc), sort_keys=True, separators=(",", ":"))
+            + "\n").encode()
+
+
+def write_file_atomic(path: str, data: bytes) -> None:
+    """temp + fsync + rename + directory fsync: readers see the old or the new file."""
+    d = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(d)
+
+
+def fsync_dir(d: str) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,269 @@
+"""PackWriter: crash-safe, resumable writing of a pack, one layer at a time.
+
+Protocol (docs/FORMAT.md, "Crash safety"): flock on `.lock` for the writer's
+lifetime; the empty sidecar is published first, then the full-size sparse pack
+file appears by rename; each ``write_layer`` does pwrite + fdatasync, then
+republishes the sidecar (temp + fsync + rename + dir fsync) listing the layer.
+A crash at any point leaves a pack whose listed layers are fully written.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import glob
+import os
+
+import numpy as np
+import xxhash
+
+from tierstore.errors import ConfigError, FormatError, TierIOError
+from tierstore.format.sidecar import (DEFAULT_CHECKSUM, TAG_RE, PackName, RowLayout, Sidecar,
+                                      SIDECAR_VERSION, encode_sidecar, fsync_dir, key20_of,
+                                      load_sidecar, lock_path_of, round_up, sidecar_path_of,
+                                      validate_sidecar, write_file_atomic)
+
+DEFAULT_QUANTIZER_ABI = "tierstore-opaque-v1"
+
+
+class PackBusyError(TierIOError):
+    """Another process (or another PackWriter) holds the pack's `.lock`."""
+
+    def __init__(self, lock_path: str):
+        super().__init__(lock_path, 0, errno.EWOULDBLOCK, what="lock")
+        self.args = (errno.EWOULDBLOCK, f"{lock_path}: another writer holds this pack's lock")
+
+
+class PackReplacedError(TierIOError):
+    """The pack path now names another file than the one this writer opened."""
+
+    def __init__(self, path: str, offset: int):
+        super().__init__(path, offset, errno.ESTALE, what="write")
+        self.args = (errno.ESTALE, f"{path}: the file was replaced or removed while being "
+                                   f"written (inode changed); refusing to write through it")
+
+
+class PackWriter:
+    """Write (or resume writing) one pack. Not thread safe; one writer per pack file,
+    enforced across processes by flock. ``out`` is a directory (the v2 name with key20
+    is chosen) or an explicit `.pack` path. Errors: ConfigError for bad arguments or an
+    identity that differs from an existing pack's, FormatError for a damaged existing
+    pack, PackBusyError, PackReplacedError, TierIOError for failed writes."""
+
+    def __init__(self, out: str | os.PathLike, *, tag: str, n_layers: int, n_experts: int,
+                 slot_bytes: int, ckpt_id: str, zero_mode: str = "none",
+                 quantizer_abi: str = DEFAULT_QUANTIZER_ABI, layout: RowLayout | None = None,
+                 rank: int = 0, world: int = 1, pp: tuple[int, int] | None = None,
+                 checksum: str = DEFAULT_CHECKSUM):
+        out = os.fspath(out)
+        self._fd = self._lock_fd = -1
+        self._closed = False
+        sc = Sidecar(version=SIDECAR_VERSION, tag=tag, E=int(n_experts), n_layers=int(n_layers),
+                     slot_bytes=int(slot_bytes), stride=round_up(int(slot_bytes)),
+                     ckpt_id=ckpt_id, zero_mode=zero_mode, quantizer_abi=quantizer_abi,
+                     layers=[], layout=layout, checksum=checksum, checksums={})
+        try:
+            if not TAG_RE.match(tag):
+                raise FormatError(f"tag {tag!r} is not a valid tag ([A-Za-z0-9_-]+)")
+            validate_sidecar(sc, "PackWriter")
+        except FormatError as exc:
+            raise ConfigError(str(exc)) from None
+        self.identity = sc.identity()
+        self.key20 = key20_of(self.identity)
+        self.path = self._choose_path(out, PackName(tag, self.key20, rank, world, pp))
+        self.sidecar_path = sidecar_path_of(self.path)
+        self.lock_path = lock_path_of(self.path)
+        self._take_lock()
+        try:
+            self._remove_stale_temps()
+            self._sidecar = self._open_or_create(sc)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup -----------------------------------------------------------------------
+    def _choose_path(self, out: str, name: PackName) -> str:
+        if not out.endswith(".pack"):
+            os.makedirs(out, exist_ok=True)
+            return os.path.join(out, name.filename())
+        given = PackName.parse(out)
+        if given.tag != name.tag:
+            raise ConfigError(f"{out}: name's tag {given.tag!r} differs from tag {name.tag!r}")
+        if given.key20 is not None and given.key20 != name.key20:
+            raise ConfigError(f"{out}: key20 in the name is {given.key20}, this identity "
+                              f"hashes to {name.key20}")
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        return out
+
+    def _take_lock(self) -> None:
+        self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise PackBusyError(self.lock_path) from None
+
+    def _remove_stale_temps(self) -> None:
+        """Temp files a killed writer left; safe to remove: we hold the lock."""
+        d = os.path.dirname(os.path.abspath(self.path))
+        for target in (self.path, self.sidecar_path):
+            for stale in glob.glob(os.path.join(glob.escape(d),
+                                                f".{glob.escape(os.path.basename(target))}.tmp-*")):
+                os.unlink(stale)
+
+    def _open_or_create(self, fresh: Sidecar) -> Sidecar:
+        size = fresh.n_layers * fresh.E * fresh.stride
+        have_sidecar = os.path.exists(self.sidecar_path)
+        have_pack = os.path.exists(self.path)
+        if not have_sidecar:
+            if have_pack:
+                raise FormatError(f"{self.path}: pack exists without its sidecar "
+                                  f"{os.path.basename(self.sidecar_path)}; refusing to overwrite")
+            write_file_atomic(self.sidecar_path, encode_sidecar(fresh))
+            self._create_sparse(size)
+            return fresh
+        old, _ = load_sidecar(self.sidecar_path, key20_in_name=True)
+        self._check_resumable(old, fresh)
+        if not have_pack:
+            if old.layers:
+                raise FormatError(f"{self.path}: pack file is missing but its sidecar lists "
+                                  f"layers {old.layers[:8]}")
+            self._create_sparse(size)
+        else:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            found = os.fstat(self._fd).st_size
+            if found != size:
+                raise FormatError(f"{self.path}: file size {found} bytes, expected {size}")
+            st = os.fstat(self._fd)
+            self._ident = (st.st_dev, st.st_ino)
+        if old.checksums is None:
+            old.checksums = {}
+        return old
+
+    def _check_resumable(self, old: Sidecar, fresh: Sidecar) -> None:
+        diffs = [f"{k}: existing {old.identity()[k]!r}, new {v!r}"
+                 for k, v in fresh.identity().items() if old.identity()[k] != v]
+        if old.layout != fresh.layout:
+            diffs.append("layout differs")
+        if old.checksum != fresh.checksum and old.layers:
+            diffs.append(f"checksum: existing {old.checksum!r}, new {fresh.checksum!r}")
+        if diffs:
+            raise ConfigError(f"{self.path}: exists with another identity; cannot resume ("
+                              + "; ".join(diffs) + ")")
+        old.checksum = fresh.checksum
+
+    def _create_sparse(self, size: int) -> None:
+        d = os.path.dirname(os.path.abspath(self.path))
+        tmp = os.path.join(d, f".{os.path.basename(self.path)}.tmp-{os.getpid()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.ftruncate(fd, size)   # sparse: unwritten layers stay holes
+            os.fsync(fd)
+            os.rename(tmp, self.path)
+        except BaseException:
+            os.close(fd)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        fsync_dir(d)
+        self._fd = fd
+        st = os.fstat(fd)
+        self._ident = (st.st_dev, st.st_ino)
+
+    # -- writing ---------------------------------------------------------------------
+    @property
+    def written_layers(self) -> tuple[int, ...]:
+        return tuple(self._sidecar.layers)
+
+    def is_written(self, layer: int) -> bool:
+        return layer in self._sidecar.layers
+
+    def _check_same_file(self, offset: int) -> None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise PackReplacedError(self.path, offset) from None
+        if (st.st_dev, st.st_ino) != self._ident:
+            raise PackReplacedError(self.path, offset)
+
+    def _publish(self) -> None:
+        self._check_same_file(0)
+        write_file_atomic(self.sidecar_path, encode_sidecar(self._sidecar))
+
+    def write_layer(self, layer: int, rows) -> None:
+        """Write all E rows of ``layer`` (uint8 [E, slot_bytes], numpy or CPU torch) and
+        publish it. Rewriting a written layer first unlists it, so a crash mid-rewrite
+        leaves it unlisted rather than half old, half new."""
+        if self._closed:
+            from tierstore.errors import ClosedError
+            raise ClosedError(f"{self.path}: writer is closed")
+        sc = self._sidecar
+        if not 0 <= layer < sc.n_layers:
+            raise ConfigError(f"{self.path}: layer {layer} out of range [0, {sc.n_layers})")
+        arr = np.asarray(rows)
+        if arr.dtype != np.uint8 or arr.shape != (sc.E, sc.slot_bytes):
+            raise ConfigError(f"{self.path}: layer {layer}: rows must be uint8 "
+                              f"[{sc.E}, {sc.slot_bytes}], found {arr.dtype} {list(arr.shape)}")
+        arr = np.ascontiguousarray(arr)
+        if layer in sc.layers:
+            sc.layers.remove(layer)
+            sc.checksums.pop(layer, None)
+            self._publish()
+        sums = [xxhash.xxh3_64_intdigest(memoryview(arr[e])) for e in range(sc.E)]
+        base = layer * sc.E * sc.stride
+        self._check_same_file(base)
+        for e in range(sc.E):
+            self._pwrite_all(memoryview(arr[e]), base + e * sc.stride)
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            raise TierIOError(self.path, base, exc.errno, what="fdatasync") from None
+        sc.layers = sorted(sc.layers + [layer])
+        sc.checksums[layer] = sums
+        try:
+            self._publish()
+        except BaseException:
+            sc.layers.remove(layer)
+            del sc.checksums[layer]
+            raise
+
+    def _pwrite_all(self, view: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(view):
+            try:
+                n = os.pwrite(self._fd, view[done:], offset + done)
+            except OSError as exc:
+                raise TierIOError(self.path, offset + done, exc.errno, what="write") from None
+            if n <= 0:
+                raise TierIOError(self.path, offset + done, errno.EIO, what="write")
+            done += n
+
+    # -- lifetime --------------------------------------------------------------------
+    def open_pack(self):
+        """A reader over what is published so far."""
+        from tierstore.format.pack import Pack
+        return Pack.open(self.path)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)   # closing the fd drops the flock
+            self._lock_fd = -1
+
+    def __enter__(self) -> "PackWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+__all__ = ["PackWriter", "PackBusyError", "PackReplacedError", "DEFAULT_QUANTIZER_ABI"]

@@ -1,0 +1,279 @@
+"""Python face of the native I/O engine (``tierstore._C``).
+
+An :class:`Engine` owns one open file, a pool of native reader threads and, on
+``device="cuda"``, a CUDA copy stream. :meth:`Engine.submit` takes one batch of
+rows as plain integer columns (file offsets, lengths, source and destination
+addresses) and returns a :class:`Completion`. Rows are read in parallel chunks
+with the GIL released; each chunk's copy (H2D on the copy stream, or memcpy into
+host memory) is issued as soon as that chunk's read lands.
+
+Row semantics (see docs/INTERNALS.md, ``tierstore.engine``):
+
+* ``file_offsets[i] >= 0``: read ``lengths[i]`` bytes there into ``src_ptrs[i]``;
+  ``src_ptrs[i] == 0`` reads into ``dst_ptrs[i]`` when that is host memory, else
+  into the engine's own bounded ring of pinned staging buffers.
+* ``file_offsets[i] == -1``: no read; ``src_ptrs[i]`` already holds the bytes.
+* ``dst_ptrs[i] != 0``: then copy to it; ``0``: read only.
+
+The caller keeps every buffer alive until the completion is done (device
+copies: until the batch's event fired, i.e. ``synchronize()`` or work ordered
+after ``stream_wait``).
+"""
+from __future__ import annotations
+
+import errno as _errno
+import logging
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from tierstore import _C
+from tierstore.errors import ClosedError, ConfigError, TierIOError
+
+log = logging.getLogger("tierstore.engine")
+_fallback_logged: set[str] = set()
+
+SOURCES = ("arena", "pagecache", "disk")
+_DIRECT_MODES = ("auto", "on", "off")
+
+
+def _io_error(path: str, offset: int, err: int, message: str, **attrs: Any) -> TierIOError:
+    """A TierIOError whose text is the engine's own one-line message."""
+    exc = TierIOError(path, max(offset, 0), err or _errno.EIO)
+    exc.args = (exc.errno, message)
+    for key, value in attrs.items():
+        setattr(exc, key, value)
+    return exc
+
+
+def _from_native(exc: OSError) -> TierIOError:
+    message = (exc.strerror or str(exc)).split(" [")[0]  # drop the C++ source location
+    return _io_error(exc.filename, getattr(exc, "offset", -1), exc.errno, message)
+
+
+def _column(values, n: int, dtype, name: str) -> np.ndarray:
+    if values is None:
+        return np.zeros(n, dtype=dtype)
+    arr = np.asarray(values)
+    if arr.ndim == 0:
+        arr = np.broadcast_to(arr, (n,))
+    if arr.shape != (n,):
+        raise ConfigError(f"submit: {name} has shape {arr.shape}, expected ({n},)")
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+class Completion:
+    """One submitted batch. Thread safe; hold it until you no longer need the bytes' status."""
+
+    __slots__ = ("_native", "sources", "n_rows")
+
+    def __init__(self, native, n_rows: int, sources: Sequence[str] | None):
+        self._native = native
+        self.n_rows = n_rows
+        self.sources = sources  # the caller's own per-row labels, passed through untouched
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True when every row is read and its copy issued (host copies: done).
+
+        False when ``timeout`` seconds passed first. Raises TierIOError for the
+        first failed row only once every sibling row finished or was cancelled
+        and the H2D copies already issued have completed (nothing still writes
+        into caller memory).
+        """
+        if timeout is not None and timeout < 0:
+            raise ConfigError(f"wait: timeout must be >= 0 or None, got {timeout}")
+        if not self._native.wait(-1.0 if timeout is None else float(timeout)):
+            return False
+        nb = self._native
+        if nb.err:
+            raise _io_error(nb.path, nb.err_row_offset, nb.err, nb.err_message,
+                            row=nb.err_row, failed_offset=nb.err_offset,
+                            failed_rows=self.failed_rows)
+        return True
+
+    def done(self) -> bool:
+        return self._native.done()
+
+    def cancel(self) -> None:
+        """Rows not yet started fail with ECANCELED; rows being read finish."""
+        self._native.cancel()
+
+    @property
+    def failed_rows(self) -> np.ndarray:
+        """Caller row indices that failed (sorted); valid once done()."""
+        return np.asarray(self._native.failed_rows(), dtype=np.int64)
+
+    def stream_wait(self, stream=None) -> None:
+        """Make ``stream`` (torch.cuda.Stream, raw handle, or None = current) wait for the copies.
+
+        Waits on the host for the reads first (wait()), never for the copies.
+        """
+        self.wait()
+        if stream is None:
+            import torch
+            stream = torch.cuda.current_stream()
+        handle = int(getattr(stream, "cuda_stream", stream))
+        rc = self._native.stream_wait(handle)
+        if rc:
+            raise _io_error(self._native.path, 0, _errno.EIO,
+                            f"{self._native.path}: cudaStreamWaitEvent failed (CUDA error {rc})")
+
+    def synchronize(self) -> None:
+        """Host waits until the batch's copies have completed, too (then raises like wait())."""
+        rc = self._native.synchronize()
+        self.wait()
+        if rc:
+            raise _io_error(self._native.path, 0, _errno.EIO,
+                            f"{self._native.path}: cudaEventSynchronize failed (CUDA error {rc})")
+
+
+class Engine:
+    """Reads rows of one file into host memory and copies them to their destinations.
+
+    ``threads`` native readers; ``direct``: "on" requires O_DIRECT (TierIOError
+    when the filesystem refuses it), "off" reads buffered, "auto" probes at
+    open and falls back to buffered, logging once. With O_DIRECT in use and
+    ``probe_cache`` (default), each read first takes what the page cache holds
+    without blocking (RWF_NOWAIT) and sends only the rest to O_DIRECT, so the
+    page cache stays an opportunistic tier. ``chunk_bytes``: read task
+    size; ``chunk_ramp``: a batch's first ``threads`` tasks grow from
+    chunk_bytes/threads to chunk_bytes, so the first copy starts after a short
+    read; ``stage_bytes`` x ``stage_count``: the pinned staging ring used for
+    rows read without a caller buffer. A failed row may leave part of its bytes
+    in its destination; the caller must not publish it.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, threads: int = 8, direct: str = "auto",
+                 device: str = "cpu", device_index: int = 0, chunk_bytes: int = 4 << 20,
+                 stage_bytes: int = 16 << 20, stage_count: int = 8, probe_cache: bool = True,
+                 chunk_ramp: bool = True):
+        self.path = os.fspath(path)
+        problems = []
+        if not isinstance(threads, int) or not 1 <= threads <= 512:
+            problems.append(f"threads={threads!r} (expected 1..512)")
+        if direct not in _DIRECT_MODES:
+            problems.append(f"direct={direct!r} (expected one of {', '.join(_DIRECT_MODES)})")
+        if device not in ("cpu", "cuda"):
+            problems.append(f"device={device!r} (expected 'cpu' or 'cuda')")
+        for name, value in (("chunk_bytes", chunk_bytes), ("stage_bytes", stage_bytes)):
+            if not isinstance(value, int) or value < 4096 or value % 4096:
+                problems.append(f"{name}={value!r} (expected a positive multiple of 4096)")
+        if not isinstance(stage_count, int) or stage_count < 1:
+            problems.append(f"stage_count={stage_count!r} (expected >= 1)")
+        if problems:
+            raise ConfigError(f"Engine({self.path}): invalid " + "; ".join(problems))
+        if device == "cuda":
+            from tierstore import cuda_available
+            if not cuda_available():
+                raise ConfigError(f"Engine({self.path}): device='cuda' but no CUDA device "
+                                  f"(built_with_cuda={bool(_C.built_with_cuda())})")
+        self.device = device
+        self.device_index = int(device_index)
+        self.threads = threads
+        try:
+            self._native = _C.NativeEngine(self.path, threads, direct,
+                                           self.device_index if device == "cuda" else -1,
+                                           chunk_bytes, stage_bytes, stage_count,
+                                           bool(probe_cache), bool(chunk_ramp))
+        except _C.NativeIOError as exc:
+            raise _from_native(exc) from None
+        reason = self._native.fallback_reason
+        if reason and self.path not in _fallback_logged:
+            _fallback_logged.add(self.path)
+            log.warning("%s", reason)
+
+    # -- properties ---------------------------------------------------------
+    @property
+    def direct_active(self) -> bool:
+        """True when O_DIRECT is in use (after the open-time probe)."""
+        return self._native.direct_active
+
+    @property
+    def copy_stream(self) -> int:
+        """Raw cudaStream_t of the engine's copy stream (0 on a CPU engine)."""
+        return self._native.copy_stream
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    # -- memory ---------------------------------------------------------------
+    def alloc_host(self, nbytes: int):
+        """A page-aligned torch.uint8 tensor of ``nbytes``; pinned when CUDA is present.
+
+        The tensor keeps the native buffer alive; the memory is freed (and
+        unregistered) when the last reference goes.
+        """
+        import torch
+        if not isinstance(nbytes, (int, np.integer)) or nbytes <= 0:
+            raise ConfigError(f"alloc_host: nbytes must be a positive int, got {nbytes!r}")
+        array, _pinned = _C.alloc_host(int(nbytes), True)
+        return torch.from_numpy(array)
+
+    # -- I/O -----------------------------------------------------------------
+    def submit(self, file_offsets, lengths, src_ptrs=None, dst_ptrs=None, *,
+               dst_device: bool = False, sources: Sequence[str] | None = None) -> Completion:
+        """Submit one batch of rows (equal-length integer columns; see the module doc)."""
+        if self._native.closed:
+            raise ClosedError(f"{self.path}: engine is closed")
+        offsets = np.ascontiguousarray(np.asarray(file_offsets), dtype=np.int64).reshape(-1)
+        n = offsets.shape[0]
+        lens = _column(lengths, n, np.uint64, "lengths")
+        src = _column(src_ptrs, n, np.uint64, "src_ptrs")
+        dst = _column(dst_ptrs, n, np.uint64, "dst_ptrs")
+        if dst_device and self.device != "cuda":
+            raise ConfigError(f"submit: dst_device=True on a device='{self.device}' engine")
+        try:
+            native = self._native.submit(offsets, lens, src, dst, bool(dst_device))
+        except ValueError as exc:
+            raise ConfigError(f"{self.path}: {str(exc).split(' [')[0]}") from None
+        except RuntimeError as exc:
+            raise ClosedError(str(exc)) from None
+        return Completion(native, n, sources)
+
+    def stats(self) -> dict:
+        """Counters since open: per source rows, bytes, latency histogram (log2 us) and p50/p99 (ms)."""
+        raw = self._native.stats()
+        for name in SOURCES:
+            hist = raw[name]["latency_hist_us_log2"]
+            raw[name]["p50_ms"] = _hist_quantile(hist, 0.50)
+            raw[name]["p99_ms"] = _hist_quantile(hist, 0.99)
+        return raw
+
+    def close(self) -> None:
+        """Cancel queued rows, finish syscalls in flight, join threads, drain the copy stream."""
+        self._native.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _inject_faults(self, *, every_nth: int = 0, errno: int = _errno.EIO,
+                       fail_offset: int = -1, short_reads: bool = False,
+                       delay_us: int = 0) -> None:
+        """Test-only: faults applied to each read syscall (all defaults: none).
+
+        every_nth: the nth, 2nth, ... syscall fails with ``errno``; fail_offset:
+        a syscall covering this file offset fails; short_reads: syscalls return
+        half of what was asked (the read loop must still be byte-exact);
+        delay_us: sleep before each syscall (keeps reads in flight).
+        """
+        self._native.set_faults(every_nth, errno, fail_offset, short_reads, delay_us)
+
+
+def _hist_quantile(hist: Sequence[int], q: float) -> float:
+    """Upper edge (ms) of the log2-microsecond bucket holding quantile q; nan when empty."""
+    total = sum(hist)
+    if total == 0:
+        return math.nan
+    rank = q * total
+    seen = 0
+    for bucket, count in enumerate(hist):
+        seen += count
+        if seen >= rank:
+            return (1 << bucket) / 1000.0
+    return (1 << (len(hist) - 1)) / 1000.0

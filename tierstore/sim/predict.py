@@ -1,0 +1,279 @@
+"""The ``predict`` model: demand fill under a base policy (``hybrid``) plus
+prefetch of the experts the routing so far predicts, learned online.
+
+Predictor (``CoRoutingPredictor``), per pair of consecutive layers, decayed
+counts (half-life ``half_life`` ticks, lazy global gain as in heat.py):
+- cross-layer: ``C[l, f, e]`` = how often expert f at layer l and expert e at
+  layer l+1 were routed by the same token. After layer l reads the slot table
+  at tick t, P(e at l+1 | layer l's experts F) = sum_f C[l,f,e] / sum_f N[l,f]
+  (a pooled mixture over the k experts of F; sums to top_k over e), shrunk
+  toward layer l+1's marginal routing frequency with the weight of
+  ``prior_weight`` observations so that a pair seen twice is not "certain".
+- next-token: ``T[l, g, e]`` = expert g at layer l at tick t-1 and e at layer l
+  at tick t; the same pooled estimate from layer l+1's experts at t-1.
+- the two are mixed with weights learned online: each predictor's share is
+  its decayed mean probability mass on what was actually routed.
+
+Prefetch, at each (tick, layer l) after its reads and demand fill: the
+non-resident experts of layer l+1 with predicted probability >= ``threshold``,
+best first, up to the read budget (``budget`` rows per tick, handed out as
+budget / n_layers per layer with carry-over, never more than ``budget`` in
+one go), each displacing the base policy's victim (keys of the current layer
+and keys predicted for the next one are pinned). Timing assumption: a
+prefetch issued while layer l computes lands before layer l+1 reads (one
+layer of lead time); traces at prefill-like rates make that optimistic.
+
+Accounting: prefetched rows are reads; a prefetch is a hit when first read
+while resident, wasted when evicted before use or never used.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tierstore import policies as _policies
+from tierstore.errors import ConfigError
+from tierstore.policies.base import Policy
+
+_RENORM_EXPONENT = 256.0
+LAZY_PER_TICK = 8  # the reference manager's promotions per pass
+
+
+class CoRoutingPredictor:
+    """Online cross-layer and next-token co-routing counts (see module doc).
+    Expert ids are per layer (0..n_experts-1); layers are dense indices."""
+
+    def __init__(self, n_layers: int, n_experts: int, half_life: float = 512.0,
+                 prior_weight: float = 4.0):
+        self.n_layers, self.n_experts = n_layers, n_experts
+        shape = (max(n_layers - 1, 1), n_experts, n_experts)
+        self.cross = np.zeros(shape)
+        self.cross_n = np.zeros(shape[:2])
+        self.temporal = np.zeros((n_layers, n_experts, n_experts))
+        self.temporal_n = np.zeros((n_layers, n_experts))
+        self.marginal = np.zeros((n_layers, n_experts))  # decayed routings per expert
+        self.marginal_n = np.zeros(n_layers)             # decayed reads of the layer
+        self.half_life = float(half_life)
+        self.prior_weight = float(prior_weight)
+        self._t = 0.0
+        self._gain = 1.0
+        self.skill = np.array([1.0, 1.0])  # decayed mass on the truth: cross, temporal
+
+    def tick(self) -> None:
+        self._t += 1.0
+        exponent = self._t / self.half_life
+        if exponent > _RENORM_EXPONENT:
+            for arr in (self.cross, self.cross_n, self.temporal, self.temporal_n,
+                        self.marginal, self.marginal_n):
+                arr *= 2.0 ** -exponent
+            self._t, exponent = 0.0, 0.0
+        self._gain = 2.0 ** exponent
+
+    def observe(self, layer: int, experts: np.ndarray) -> None:
+        """The layer routed ``experts`` (its marginal, the predictions' prior)."""
+        self.marginal[layer][experts] += self._gain
+        self.marginal_n[layer] += self._gain
+
+    def learn(self, layer: int, src: np.ndarray, dst: np.ndarray, *, temporal: bool) -> None:
+        """src experts (layer ``layer`` or same layer one tick earlier) were
+        followed by dst experts (layer ``layer + 1``, or ``layer`` now)."""
+        if src.size == 0 or dst.size == 0:
+            return
+        counts, totals = ((self.temporal, self.temporal_n) if temporal
+                          else (self.cross, self.cross_n))
+        counts[layer][np.ix_(src, dst)] += self._gain
+        totals[layer][src] += self._gain
+
+    def predict(self, layer: int, src: np.ndarray, *, temporal: bool) -> np.ndarray:
+        """float64 [n_experts]: P(each expert routed) given ``src``."""
+        counts, totals = ((self.temporal, self.temporal_n) if temporal
+                          else (self.cross, self.cross_n))
+        dst = layer if temporal else layer + 1
+        denom = totals[layer][src].sum() if src.size else 0.0
+        if denom <= 0 or self.marginal_n[dst] <= 0:
+            return np.zeros(self.n_experts)
+        # Shrink toward the destination layer's marginal with the weight of
+        # ``prior_weight`` observations: few co-routings must not look certain.
+        prior = self.marginal[dst] / self.marginal_n[dst]
+        return (counts[layer][src].sum(axis=0) + self.prior_weight * prior) / \
+            (denom + self.prior_weight)
+
+    def mix(self, p_cross: np.ndarray | None, p_temp: np.ndarray | None) -> np.ndarray:
+        if p_cross is None:
+            return p_temp
+        if p_temp is None:
+            return p_cross
+        w = self.skill / self.skill.sum()
+        return w[0] * p_cross + w[1] * p_temp
+
+    def score(self, p_cross, p_temp, actual: np.ndarray, top_k: int) -> None:
+        """Credit each predictor with the probability mass it put on ``actual``."""
+        decay = 2.0 ** (-1.0 / self.half_life)
+        for i, p in enumerate((p_cross, p_temp)):
+            if p is not None:
+                self.skill[i] = self.skill[i] * decay + p[actual].sum() / max(top_k, 1)
+
+
+def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "layer",
+                   base: str = "hybrid", threshold: float = 0.2, half_life: float = 512.0,
+                   prior_weight: float = 4.0, use_cross: bool = True, use_temporal: bool = True,
+                   demand_fill: bool = True, **base_params):
+    """Demand fill under ``base`` plus predicted prefetch; returns sim counters.
+    ``demand_fill=False`` (the ``prefetch`` model): misses are served from
+    elsewhere (the 2-bit base, as in the reference); the reads are the
+    predicted prefetches plus, at each tick end, a reference-style lazy pass
+    (at most 8, hottest first by the base policy) with the tick's unused
+    budget, so a tick never reads more than ``budget`` rows."""
+    from tierstore.sim.runner import _Counters
+    if granularity != "layer":
+        raise ConfigError("policy 'predict' needs granularity 'layer' (it prefetches "
+                          "the next layer while the current one runs)")
+    if budget < 0 or not (0.0 <= threshold <= 1.0):
+        raise ConfigError(f"predict: budget must be >= 0 and threshold in [0, 1], "
+                          f"got {budget}, {threshold}")
+    trace = prep.trace
+    L, E = trace.n_layers, trace.n_experts
+    policy: Policy = _policies.make(base, prep.n_keys, slots, **base_params)
+    pred = CoRoutingPredictor(L, E, half_life, prior_weight)
+    cnt = _Counters(prep)
+    resident = np.zeros(prep.n_keys, dtype=bool)
+    pinned = np.zeros(prep.n_keys, dtype=bool)
+    prefetched = np.zeros(prep.n_keys, dtype=bool)  # admitted by prefetch, not yet read
+    filters = type(policy).admit is not Policy.admit
+    dkeys, dcounts, single = prep.dkeys, prep.dcounts, prep.all_single
+    gstarts, tick_end, dlayer, dtick = prep.gstarts, prep.g_tick_end, prep.dlayer, prep.dtick
+    prev_tick_experts: list[np.ndarray | None] = [None] * L  # layer -> experts at t-1
+    this_tick_experts: list[np.ndarray | None] = [None] * L
+    top_k = max(int(np.median(np.diff(gstarts))) if gstarts.size > 1 else 1, 1)
+    n_res, allowance, per_layer = 0, 0.0, budget / max(L, 1)
+    pending_pred = None  # (layer, p_cross, p_temp) predicted for the next group
+
+    def evict(v):
+        nonlocal n_res
+        if v.size:
+            resident[v] = False
+            cnt.wasted += int(np.count_nonzero(prefetched[v]))
+            prefetched[v] = False
+            policy.on_evict(v)
+            cnt.evictions += v.size
+            n_res -= v.size
+
+    tick_reads = 0
+
+    def lazy_promote(t: int, n: int) -> None:
+        """The reference's lazy pass with the tick's unused budget: the hottest
+        non-resident keys by the base policy's scores, into free slots or over
+        victims not used this tick when ``policy.admit`` agrees (counted as
+        demand reads: they are not predictions)."""
+        nonlocal n_res
+        score = policy.scores()
+        score[resident] = -np.inf
+        top = np.argpartition(-score, n)[:n] if score.size > n else np.arange(score.size)
+        cand = top[score[top] > 0]
+        if cand.size == 0:
+            return
+        cand = cand[np.argsort(-score[cand], kind="stable")]
+        free = max(slots - n_res, 0)
+        fill, rest = cand[:free], cand[free:]
+        if rest.size:
+            used = dkeys[prep.dstarts[t]:prep.dstarts[t + 1]]
+            pinned[used] = True
+            v = policy.victims(rest.size, pinned)
+            pinned[used] = False
+            ok = np.asarray(policy.admit(rest[:v.size], v), dtype=bool)
+            evict(v[ok])
+            fill = np.concatenate((fill, rest[:v.size][ok]))
+        if fill.size:
+            resident[fill] = True
+            policy.on_admit(fill)
+            cnt.demand_reads += fill.size
+            n_res += fill.size
+
+    for g in range(gstarts.size - 1):
+        a, b = gstarts[g], gstarts[g + 1]
+        u = dkeys[a:b]
+        layer, t = int(dlayer[a]), int(dtick[a])
+        experts = u - layer * E
+        r = resident[u]
+        cnt.hit[a:b] = r
+        pf = prefetched[u]
+        if pf.any():
+            cnt.prefetch_hits += int(np.count_nonzero(pf))
+            prefetched[u] = False
+        # 1. learn from what this layer routed, and score the prediction made for it
+        if pending_pred is not None and pending_pred[0] == layer:
+            pred.score(pending_pred[1], pending_pred[2], experts, top_k)
+        if layer > 0 and this_tick_experts[layer - 1] is not None:
+            pred.learn(layer - 1, this_tick_experts[layer - 1], experts, temporal=False)
+        if prev_tick_experts[layer] is not None:
+            pred.learn(layer, prev_tick_experts[layer], experts, temporal=True)
+        this_tick_experts[layer] = experts
+        pred.observe(layer, experts)
+        # 2. demand fill (as sim.replay_demand_fill, one access call per group)
+        policy.on_access(u, None if single else dcounts[a:b])
+        miss = u[~r] if demand_fill else u[:0]
+        if miss.size:
+            cnt.demand_reads += miss.size
+            free = max(slots - n_res, 0)
+            if miss.size > free:
+                if filters:
+                    miss = policy.rank(miss)
+                pinned[u] = True
+                v = policy.victims(miss.size - free, pinned)
+                pinned[u] = False
+                contenders = miss[free:free + v.size]
+                cnt.rejected += miss.size - free - v.size
+                if filters and v.size:
+                    ok = np.asarray(policy.admit(contenders, v), dtype=bool)
+                    cnt.rejected += int(ok.size - np.count_nonzero(ok))
+                    v, contenders = v[ok], contenders[ok]
+                miss = np.concatenate((miss[:free], contenders))
+                evict(v)
+            if miss.size:
+                resident[miss] = True
+                policy.on_admit(miss)
+                n_res += miss.size
+        # 3. predict layer+1 at this tick and prefetch within the budget
+        pending_pred = None
+        allowance = min(allowance + per_layer, float(max(budget, 0)))
+        nxt = layer + 1
+        if nxt < L:
+            p_cross = pred.predict(layer, experts, temporal=False) if use_cross else None
+            src_t = prev_tick_experts[nxt]
+            p_temp = (pred.predict(nxt, src_t, temporal=True)
+                      if use_temporal and src_t is not None else None)
+            if p_cross is not None or p_temp is not None:
+                p = pred.mix(p_cross, p_temp)
+                pending_pred = (nxt, p_cross, p_temp)
+                n_take = min(int(allowance), budget - tick_reads)  # never over budget a tick
+                if n_take > 0:
+                    keys = nxt * E + np.flatnonzero(p >= max(threshold, 1e-12))
+                    want = keys[~resident[keys]]
+                    if want.size:
+                        want = want[np.argsort(-p[want - nxt * E], kind="stable")][:n_take]
+                        free = max(slots - n_res, 0)
+                        if want.size > free:
+                            pinned[u] = True
+                            pinned[keys] = True
+                            v = policy.victims(want.size - free, pinned)
+                            pinned[u] = False
+                            pinned[keys] = False
+                            want = want[:free + v.size]
+                            evict(v)
+                        if want.size:
+                            resident[want] = True
+                            prefetched[want] = True
+                            policy.on_admit(want)
+                            n_res += want.size
+                            cnt.prefetched += want.size
+                            tick_reads += want.size
+                            allowance -= want.size
+        if tick_end[g]:
+            if not demand_fill and budget > tick_reads:
+                lazy_promote(t, min(budget - tick_reads, LAZY_PER_TICK))
+                allowance = 0.0  # the lazy pass spent what the layers left
+            tick_reads = 0
+            prev_tick_experts, this_tick_experts = this_tick_experts, [None] * L
+            policy.decay()
+            pred.tick()
+    cnt.wasted += int(np.count_nonzero(prefetched))
+    return cnt

@@ -1,0 +1,191 @@
+"""ExpertStore construction: options, policies per tier, sizing, engine, allocation.
+
+Every argument and option is validated once, here, and all bad values are
+reported together in one ConfigError. Sizing order (tierstore.sizing): resolve
+the pool's slot count (an "auto" pool from free memory), check it fits, size the
+arena, and only then check the fire floor.
+
+Policies are per tier and never share a knob: ``policy`` is a name (the pool's;
+the arena uses ``arena_policy``) or ``{"pool": spec, "arena": spec}`` where a spec
+is a name or ``{"name": ..., **params}``. The ``half_life`` / ``half_life_s``
+options tune the pool's policy only; a heat-like policy given no parameters gets
+the ``half_life_steps`` / ``half_life_s`` settings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tierstore import policies, settings
+from tierstore.store import sizing
+from tierstore.errors import ConfigError
+
+_OPTIONS = ("threads", "direct", "lazy_per_step", "half_life", "half_life_s", "arena_policy",
+            "reserve_gb", "max_gb", "scan_keep", "fire_rounds", "latency_window", "engine",
+            "stream", "snapshot", "snapshot_every_s", "gate_fp_max")
+_HEAT_LIKE = ("heat", "hybrid")
+
+
+def _spec(spec, tier: str, problems: list[str]) -> tuple[str, dict]:
+    if isinstance(spec, str):
+        return spec.lower(), {}
+    if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+        params = {k: v for k, v in spec.items() if k != "name"}
+        return spec["name"].lower(), params
+    problems.append(f"{tier} policy must be a name or {{'name': ..., **params}}, found {spec!r}")
+    return "lru", {}
+
+
+def _default_params(name: str, half_life=None, half_life_s=None) -> dict:
+    if name not in _HEAT_LIKE:
+        return {}
+    if half_life_s is None and half_life is None:
+        half_life_s = settings.get("half_life_s") or None
+        half_life = None if half_life_s else (settings.get("half_life_steps") or None)
+    if half_life_s:
+        return {"half_life_s": float(half_life_s)}
+    return {"half_life": float(half_life)} if half_life else {}
+
+
+@dataclass
+class StoreConfig:
+    device: torch.device
+    n_slots: int
+    n_rows: int
+    max_promote: int
+    pool_policy: tuple[str, dict]
+    arena_policy: tuple[str, dict]
+    threads: int
+    direct: str
+    lazy_per_step: int
+    scan_keep: float
+    fire_rounds: int
+    latency_window: int
+    snapshot: Any = None
+    snapshot_every_s: float = 10.0
+    engine: Any = None
+    stream: Any = None
+    floor: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, pack, *, vram_slots, vram_gb, ram_gb, policy, device, max_promote, top_k,
+              n_spec, max_seqs, force, options: dict) -> "StoreConfig":
+        problems: list[str] = []
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            problems.append(f"unknown option(s) {', '.join(unknown)} (known: {', '.join(_OPTIONS)})")
+        opt = lambda name: options.get(name, None)  # noqa: E731
+        # 1. device
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError):
+            problems.append(f"device must be 'cuda', 'cuda:N' or 'cpu', found {device!r}")
+            dev = torch.device("cpu")
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                problems.append("device='cuda' but torch sees no CUDA device (use device='cpu')")
+            elif dev.index is None:
+                dev = torch.device("cuda", torch.cuda.current_device())
+        elif dev.type != "cpu":
+            problems.append(f"device must be 'cuda' or 'cpu', found {device!r}")
+        # 2. policies, one per tier
+        if isinstance(policy, dict) and set(policy) <= {"pool", "arena"} and policy:
+            pool_spec = _spec(policy.get("pool", settings.get("pool_policy")), "pool", problems)
+            if "arena" in policy and opt("arena_policy") is not None:
+                problems.append("arena policy given twice (policy={'arena': ...} and arena_policy=)")
+            arena_spec = _spec(policy.get("arena", opt("arena_policy") or settings.get("arena_policy")),
+                               "arena", problems)
+        else:
+            pool_spec = _spec(settings.get("pool_policy") if policy is None else policy, "pool", problems)
+            arena_spec = _spec(opt("arena_policy") or settings.get("arena_policy"), "arena", problems)
+        for (name, params), tier in ((pool_spec, "pool"), (arena_spec, "arena")):
+            if name not in policies.available():
+                problems.append(f"{tier} policy {name!r} unknown (available: {', '.join(policies.available())})")
+        if not pool_spec[1]:
+            pool_spec = (pool_spec[0], _default_params(pool_spec[0], opt("half_life"), opt("half_life_s")))
+        elif opt("half_life") is not None or opt("half_life_s") is not None:
+            problems.append("half_life given both as an option and in the pool policy's parameters")
+        if not arena_spec[1]:
+            arena_spec = (arena_spec[0], _default_params(arena_spec[0]))
+        # 3. numbers
+        def number(name, value, kind, lo, hi=None):
+            try:
+                v = kind(value)
+                if v < lo or (hi is not None and v > hi):
+                    raise ValueError
+                return v
+            except (TypeError, ValueError):
+                rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+                problems.append(f"{name} must be {rng}, found {value!r}")
+                return kind(lo)
+        get = lambda name: settings.get(name) if opt(name) is None else opt(name)  # noqa: E731
+        max_promote = number("max_promote", settings.get("max_promote") if max_promote is None
+                             else max_promote, int, 0)
+        threads = number("threads", get("threads"), int, 1)
+        direct = str(get("direct")).lower()
+        if direct not in ("auto", "on", "off"):
+            problems.append(f"direct must be 'auto', 'on' or 'off', found {direct!r}")
+        lazy = number("lazy_per_step", get("lazy_per_step"), int, 0)
+        scan_keep = number("scan_keep", get("scan_keep"), float, 0.0, 1.0)
+        rounds = number("fire_rounds", get("fire_rounds"), int, 1)
+        window = number("latency_window", get("latency_window"), int, 1)
+        reserve = number("reserve_gb", get("reserve_gb"), float, 0.0)
+        max_gb = number("max_gb", get("max_gb"), float, 0.0)
+        snap_every = number("snapshot_every_s", get("snapshot_every_s"), float, 0.0)
+        gate_fp_max = number("gate_fp_max", 3 if opt("gate_fp_max") is None else opt("gate_fp_max"), int, 0)
+        if top_k is not None:
+            number("top_k", top_k, int, 1)
+        number("n_spec", n_spec, int, 0)
+        number("max_seqs", max_seqs, int, 0)
+        if problems:
+            raise ConfigError(f"ExpertStore({pack.path}): " + "; ".join(problems))
+        # 4. sizing: the pool first (auto included), then memory, then the floor
+        n_keys = int(pack.n_layers) * int(pack.n_experts)
+        n_slots = sizing.resolve_pool_slots(slot_bytes=pack.slot_bytes, n_keys=n_keys, device=dev,
+                                            vram_slots=vram_slots, vram_gb=vram_gb,
+                                            reserve_gb=reserve, max_gb=max_gb)
+        host_avail = sizing.host_available_bytes()
+        if dev.type == "cpu":
+            host_avail -= n_slots * int(pack.slot_bytes)
+        n_rows = sizing.resolve_arena_rows(ram_gb=ram_gb, stride=pack.stride, n_keys=n_keys,
+                                           reserve_gb=reserve, available=host_avail)
+        floor = None
+        if top_k is not None:
+            floor = sizing.fire_floor(pack.n_layers, int(top_k), int(n_spec), int(max_seqs), gate_fp_max)
+            sizing.check_floor(n_slots, floor, slot_bytes=int(pack.slot_bytes), force=bool(force),
+                               what=f"n_layers={pack.n_layers}, top_k={top_k}, n_spec={n_spec}, "
+                                    f"max_seqs={max_seqs}, gate_fp_max={gate_fp_max}")
+        return cls(device=dev, n_slots=n_slots, n_rows=n_rows, max_promote=max_promote,
+                   pool_policy=pool_spec, arena_policy=arena_spec, threads=threads, direct=direct,
+                   lazy_per_step=lazy, scan_keep=scan_keep, fire_rounds=rounds,
+                   latency_window=window, snapshot=opt("snapshot"), snapshot_every_s=snap_every,
+                   engine=opt("engine"), stream=opt("stream"), floor=floor)
+
+    # -- building the parts ------------------------------------------------------------
+    def open_engine(self, pack):
+        """(engine, owned): the shared engine given as an option, or a new one."""
+        if self.engine is not None:
+            return self.engine, False
+        from tierstore.io.engine import Engine
+        return Engine(pack.path, threads=self.threads, direct=self.direct,
+                      device=self.device.type, device_index=self.device.index or 0), True
+
+    def allocate_tiers(self, pack, engine):
+        from tierstore.store.arena import HostArena
+        from tierstore.store.pool import SlotPool
+        n_keys = int(pack.n_layers) * int(pack.n_experts)
+        pool_pol = policies.make(self.pool_policy[0], n_keys, self.n_slots, **self.pool_policy[1])
+        arena_pol = policies.make(self.arena_policy[0], n_keys, self.n_rows, **self.arena_policy[1])
+        pool = SlotPool(self.n_slots, pack.slot_bytes, pack.n_layers, pack.n_experts,
+                        self.device, pool_pol)
+        arena = HostArena(engine, self.n_rows, pack.stride, pack.slot_bytes, n_keys, arena_pol)
+        return pool, arena
+
+    def consumer_stream(self):
+        """The stream slot-table writes are ordered on when a call names none."""
+        if self.device.type != "cuda":
+            return None
+        return self.stream if self.stream is not None else torch.cuda.current_stream(self.device)

@@ -1,0 +1,503 @@
+"""ExpertStore: the three tiers (VRAM pool, pinned RAM arena, pack on disk) as one store.
+
+Calls and who makes them::
+
+    record(layer, topk_ids)   forward thread, every MoE layer: heat only, no I/O
+    fire(routed)              forward thread, on an uncertain step: synchronous promotion
+    release(fire_result)      forward thread, when the re-run step is done
+    step()                    forward thread, end of a decode step: lazy promotions, decay
+    promote(keys) -> Ticket   any thread: asynchronous, the background worker does the I/O
+
+Locking: ``store.lock`` (an RLock) guards the bookkeeping (slot state, the host
+mirror of the slot table, pins, policies, counters). It is held for array work
+only: slots are reserved under it, the reads happen with it released, and it is
+taken again to publish or roll back (``tierstore.store_io``). Nothing holding it
+reads the disk or waits for a read.
+
+Heat: ``record`` only queues the ids (tierstore.store_record); they are folded
+into the policies and the hit counters, vectorised, at the next fire / step /
+stats call.
+
+Errors: bad keys raise ConfigError / FormatError (tierstore.pack.check_keys); a
+failed read raises TierIOError naming the file, offset, layer and expert, after
+every slot the batch took is back (nothing is published); use after close()
+raises ClosedError.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+
+import numpy as np
+import torch
+
+from tierstore.errors import ClosedError, ConfigError
+from tierstore.store.config import StoreConfig
+from tierstore.store.mover import Mover
+from tierstore.store.recorder import RoutingRecorder
+from tierstore.store.stats import Counters, FireResult, StoreStats, TierStats  # noqa: F401 (re-export)
+
+try:
+    from tierstore._C import unique_dense_keys as _unique_dense_keys
+except (ImportError, AttributeError):  # extension built before fold.cpp existed
+    _unique_dense_keys = None
+
+log = logging.getLogger("tierstore.store")
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+def _work(store_ref, jobs) -> None:
+    """Background worker of one store: promotions, deferred source unpins, snapshots.
+    Holds the store only while running a job."""
+    while True:
+        job = jobs.get()
+        store = store_ref()
+        if job is None or store is None:
+            return
+        try:
+            store._run_job(job)
+        finally:
+            with store._jobs_cv:
+                store._jobs_open -= 1
+                store._jobs_cv.notify_all()
+            del store
+
+
+class Ticket:
+    """Handle of an asynchronous promotion. ``wait`` re-raises the promotion's error."""
+
+    def __init__(self, requested: int):
+        self.requested = int(requested)
+        self.promoted = 0
+        self._error: BaseException | None = None
+        self._event = threading.Event()
+
+    def _finish(self, promoted: int = 0, error: BaseException | None = None) -> None:
+        self.promoted, self._error = int(promoted), error
+        self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the promotion finished (False on timeout); raises its error."""
+        if not self._event.wait(timeout):
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+
+class ExpertStore:
+    """Expert rows of one pack in a VRAM pool + RAM arena (contract: ../shared/DESIGN.md).
+
+    pack        a Pack (or a path for Pack.open); the store reads it through its engine
+    vram_slots  pool slots; or vram_gb (GiB, or "auto" = free device memory minus
+                reserve_gb); neither = "auto". Sized before the fire floor is checked.
+    ram_gb      pinned arena in GiB of stride-sized rows (0 = none, "auto" = 1/4 pack)
+    policy      pool policy name, or {"pool": spec, "arena": spec} (store_config.py)
+    device      "cuda"/"cuda:N" (real VRAM pool) or "cpu" (pool in host memory)
+    max_promote default cap on new promotions per fire (TIERSTORE_MAX_PROMOTE)
+    top_k, n_spec, max_seqs (+ option gate_fp_max): when top_k is given the pool must
+                hold fire_floor(...) slots: CapacityError, or a warning with force=True
+    warm_start  a poolmon / pool-heat / arena-heat file preheated at construction
+    **options   threads, direct, lazy_per_step, half_life, half_life_s, arena_policy,
+                reserve_gb, max_gb, scan_keep, fire_rounds, latency_window, engine,
+                stream, snapshot, snapshot_every_s, gate_fp_max (docs/SETTINGS.md)
+
+    Owns the pool and slot_table tensors (allocated once, never moved), the arena and,
+    unless ``engine=`` was given, its engine. Thread safety: every method may be called
+    from any thread; record/fire/release/step are meant for the forward thread.
+    Errors: ConfigError (bad arguments, all reported together), CapacityError (sizing),
+    FormatError (unwritten layer), TierIOError (reads), ClosedError (after close).
+    """
+
+    def __init__(self, pack, vram_slots=None, vram_gb=None, ram_gb=0.0, policy=None,
+                 device="cuda", max_promote=None, top_k=None, n_spec=0, max_seqs=1,
+                 force=False, warm_start=None, **options):
+        if isinstance(pack, (str, os.PathLike)):
+            from tierstore.format.pack import Pack
+            pack = Pack.open(pack)
+        cfg = StoreConfig.build(pack, vram_slots=vram_slots, vram_gb=vram_gb, ram_gb=ram_gb,
+                                policy=policy, device=device, max_promote=max_promote,
+                                top_k=top_k, n_spec=n_spec, max_seqs=max_seqs, force=force,
+                                options=options)
+        self.config = cfg
+        self.pack = pack
+        self.device = cfg.device
+        self.n_slots, self.slot_bytes = cfg.n_slots, int(pack.slot_bytes)
+        self.max_promote = cfg.max_promote
+        self._E, self._L = int(pack.n_experts), int(pack.n_layers)
+        self._n_keys = self._E * self._L
+        self._layer_written = np.ascontiguousarray(pack.written, dtype=bool)
+        self._written = np.repeat(self._layer_written, self._E)
+        self.lock = threading.RLock()
+        self._idle = threading.Condition(self.lock)
+        self._active = 0
+        self._closed = False
+        self.step_count = 0
+        self.counters = Counters(cfg.latency_window)
+        self.engine, self._owns_engine = cfg.open_engine(pack)
+        try:
+            self._pool, self._arena = cfg.allocate_tiers(pack, self.engine)
+        except BaseException:
+            if self._owns_engine:
+                self.engine.close()
+            raise
+        self.pool_policy, self.arena_policy = self._pool.policy, self._arena.policy
+        self._stream = cfg.consumer_stream()
+        self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
+                            self.counters, cfg.scan_keep, default_stream=self._stream)
+        self._recorder = RoutingRecorder(pack, self.counters, self.lock, self.device)
+        self._fold = self._recorder._fold  # record()'s fast path (None: numpy fold)
+        self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
+        self._prefill: FireResult | None = None
+        self._lazy_busy = False
+        self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs_cv = threading.Condition()  # not store.lock: waiting never blocks the forward
+        self._jobs_open = 0                    # queued or running jobs
+        # The worker holds only a weak reference, so a store nobody closed can still be
+        # collected (and __del__ closes it).
+        self._worker = threading.Thread(target=_work, args=(weakref.ref(self), self._jobs),
+                                        name="tierstore-store", daemon=True)
+        self._worker.start()
+        if warm_start is not None:
+            self.preheat(warm_start)
+
+    # -- views -------------------------------------------------------------------------
+    @property
+    def pool(self) -> torch.Tensor:
+        return self._pool.pool
+
+    @property
+    def slot_table(self) -> torch.Tensor:
+        return self._pool.slot_table
+
+    @property
+    def n_arena_rows(self) -> int:
+        return self._arena.n_slots
+
+    @property
+    def arena(self):
+        return self._arena
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def resident_keys(self, tier: str = "pool") -> np.ndarray:
+        """int64 [N, 2] (layer, expert) of the tier's resident rows, hottest first."""
+        states = {"pool": self._pool, "arena": self._arena}.get(tier)
+        if states is None:
+            raise ConfigError(f"resident_keys: tier must be 'pool' or 'arena', found {tier!r}")
+        with self.lock:
+            dense = states.resident_keys()
+        return np.stack([dense // self._E, dense % self._E], axis=1)
+
+    # -- record ------------------------------------------------------------------------
+    def record(self, layer: int, topk_ids) -> None:
+        """Routing of one MoE layer was observed. Heat only: no I/O, no lock, no host
+        sync. See tierstore.store_record for what happens to the ids."""
+        if self._closed:
+            raise ClosedError(f"{self.pack.path}: record() on a closed store")
+        if self._fold is not None and type(topk_ids) is np.ndarray:
+            try:  # the common case in one native call; the fold checks the layer too
+                return self._fold.add(layer, topk_ids)
+            except (TypeError, IndexError):
+                pass  # the recorder converts the ids or raises the ConfigError
+        self._recorder.record(layer, topk_ids)
+
+    def _fold_records(self) -> None:
+        """Fold queued routing into hit counters and both policies (caller holds the lock).
+        One native call gives the keys, counts and hit split (store_record.py); then
+        each policy gets one on_access with the counts as weights."""
+        taken = self._recorder.take(self._stream, self._pool.resident_slot,
+                                    self._arena.resident_slot, self._seen)
+        if taken is None:
+            return
+        keys, weights, tally = taken
+        self.counters.add_tally(tally)
+        self._pool.policy.on_access(keys, weights=weights)
+        self._arena.policy.on_access(keys, weights=weights)
+
+    # -- fire / release ------------------------------------------------------------------
+    def fire(self, routed, max_promote=None, stream=None) -> FireResult:
+        """Make every routed (layer, expert) resident (at most ``max_promote`` new ones,
+        hottest first, no admission control) and pin them until ``release``. Returns
+        once the reads are done and the copies and table writes are ordered on
+        ``stream`` (default: the store's consumer stream)."""
+        cap = self.max_promote if max_promote is None else int(max_promote)
+        return self._fire(self._dense(routed), cap, stream, scan=False)
+
+    def ensure_resident(self, layer: int, topk_ids, stream=None) -> FireResult:
+        """Prefill: make one layer's routed experts resident as a scan (fills free
+        slots, never evicts the hot share ``scan_keep``), pinned until the next
+        ensure_resident or step()."""
+        ids = np.asarray(topk_ids.cpu() if isinstance(topk_ids, torch.Tensor) else topk_ids)
+        ids = np.unique(ids.reshape(-1))
+        ids = ids[ids >= 0]
+        keys = self._dense(np.stack([np.full(len(ids), int(layer)), ids], axis=1))
+        self._release_prefill()
+        self._prefill = self._fire(keys, self.n_slots, stream, scan=True)
+        return self._prefill
+
+    def release(self, fire_result: FireResult) -> None:
+        """Unpin what ``fire_result`` pinned. Releasing twice is a ConfigError."""
+        with self.lock:
+            self._check_open("release")
+            if fire_result.released:
+                raise ConfigError("release: this FireResult was already released")
+            self._pool.unpin(fire_result.keys)
+            fire_result.released = True
+
+    def _release_prefill(self) -> None:
+        if self._prefill is not None and not self._prefill.released:
+            self.release(self._prefill)
+        self._prefill = None
+
+    def _fire(self, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResult:
+        from tierstore.store.fire import run_fire  # the fire's rounds, kept in their own module
+        t0 = time.perf_counter()
+        self._enter("fire")
+        try:
+            result = run_fire(self, keys, cap, self._resolve_stream(stream), scan)
+        finally:
+            self._exit()
+        result.latency_s = time.perf_counter() - t0
+        with self.lock:
+            if not scan:
+                c = self.counters
+                c.fires += 1
+                c.fire_promoted += result.promoted
+                c.fire_over_cap += result.over_cap + result.no_slot
+                c.fire_latency.append(result.latency_s)
+        return result
+
+    # -- promote / load_arena / evict -----------------------------------------------------
+    def promote(self, keys) -> Ticket:
+        """Queue keys for the background worker (evicting cold unpinned keys); returns a
+        Ticket. Bad keys raise here; I/O errors surface at ``ticket.wait()``."""
+        dense = self._dense(keys)
+        self._check_open("promote")
+        ticket = Ticket(len(dense))
+        self._submit_job(("promote", dense, ticket, False))
+        return ticket
+
+    def load_arena(self, keys) -> int:
+        """Read ``keys`` into arena rows (no pool copy), synchronously; rows loaded."""
+        dense = self._dense(keys)
+        self._enter("load_arena")
+        try:
+            with self.lock:
+                batch = self._mover.plan(dense, to_pool=False, stream=self._stream)
+            if batch is None:
+                return 0
+            self._mover.run(batch)
+            return len(batch.keys)
+        finally:
+            self._exit()
+
+    def evict(self, keys) -> int:
+        """Evict resident, unpinned ``keys`` from the pool; returns how many left."""
+        dense = self._dense(keys)
+        self._enter("evict")
+        try:
+            with self.lock:
+                gone, slots = self._pool.evict(dense)
+                event = self._pool.unpublish(gone, self._stream)
+            if event is not None:
+                event.synchronize()
+            with self.lock:
+                self._pool.finish_evict(slots)
+            return len(gone)
+        finally:
+            self._exit()
+
+    # -- step / stats ----------------------------------------------------------------------
+    def step(self) -> None:
+        """End of a decode step: fold heat, decay, queue lazy promotions (at most
+        ``lazy_per_step``, hottest first, through the admission filter), snapshots."""
+        with self.lock:
+            self._check_open("step")
+            self._fold_records()
+            if self._prefill is not None:
+                self._release_prefill()
+            self._pool.policy.decay(steps=1)
+            self._arena.policy.decay(steps=1)
+            self.step_count += 1
+            cfg = self.config
+            if cfg.lazy_per_step and not self._lazy_busy:
+                from tierstore.store.fire import lazy_candidates
+                keys, rejected = lazy_candidates(self, np.flatnonzero(self._seen))
+                self.counters.lazy_rejected += rejected
+                if len(keys):
+                    self._lazy_busy = True
+                    self.counters.lazy_queued += len(keys)
+                    self._submit_job(("promote", keys, Ticket(len(keys)), True))
+            self._seen.fill(False)
+            if self._snapshot_path and cfg.snapshot_every_s and (
+                    time.monotonic() - self._last_snapshot >= cfg.snapshot_every_s):
+                self._last_snapshot = time.monotonic()
+                self._submit_job(("snapshot", self._snapshot_path))
+
+    def stats(self) -> StoreStats:
+        with self.lock:
+            self._check_open("stats")
+            self._fold_records()
+            snap_args = (self._pool, self._arena, self.step_count)
+            engine_stats = self.engine.stats() if hasattr(self.engine, "stats") else None
+            return self.counters.snapshot(*snap_args, engine_stats)
+
+    def check_invariants(self) -> None:
+        """AssertionError when tier bookkeeping, policies and the device slot table
+        disagree (a host sync on CUDA; tests and debugging)."""
+        with self.lock:
+            self._pool.check_invariants(device=True)
+            self._arena.check_invariants()
+            self._pool.policy.check_invariants()
+            self._arena.policy.check_invariants()
+
+    # -- warm start ---------------------------------------------------------------------------
+    def save_poolmon(self, path):
+        from tierstore import warm as warmstart
+        return warmstart.save_poolmon(self, path)
+
+    def preheat(self, src, pool_fill: float = 0.9, progress=None):
+        from tierstore import warm as warmstart
+        return warmstart.preheat(self, src, pool_fill=pool_fill, progress=progress)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Finish in-flight fires and the running promotion, cancel queued ones
+        (their tickets raise ClosedError), stop the worker, close the engine."""
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._idle.wait()
+        self._jobs.put(None)
+        if threading.current_thread() is not self._worker:
+            self._worker.join()
+        if self._owns_engine:
+            self.engine.close()
+
+    def __del__(self):
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __enter__(self) -> "ExpertStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"ExpertStore({self.pack.path!r}, device={self.device}, {self.n_slots} slots, "
+                f"{self.n_arena_rows} arena rows{', closed' if self._closed else ''})")
+
+    # -- internals --------------------------------------------------------------------------------
+    def _dense(self, keys) -> np.ndarray:
+        """Unique dense ids of (layer, expert) pairs, first-seen order; validated by the pack."""
+        if isinstance(keys, dict):
+            parts = [np.stack(np.broadcast_arrays(int(l), np.asarray(
+                v.cpu() if isinstance(v, torch.Tensor) else v).reshape(-1)), axis=1)
+                for l, v in keys.items()]
+            arr = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
+        elif isinstance(keys, torch.Tensor):
+            arr = keys.detach().cpu().numpy()
+        else:
+            arr = np.asarray(keys if isinstance(keys, (list, tuple, np.ndarray)) else list(keys))
+        if arr.size == 0:
+            return _EMPTY
+        arr = arr.reshape(-1, 2) if arr.ndim == 1 and arr.size == 2 else arr
+        if _unique_dense_keys is not None:  # one native pass: check, dense ids, dedupe
+            dense = _unique_dense_keys(arr, self._L, self._E, self._layer_written)
+            if dense is not None:
+                return dense
+        # Not an int64 [N, 2] array, or a bad key: the pack's checks raise the error.
+        dense = self.pack.check_keys(arr)
+        if len(dense) <= 1:
+            return dense
+        order = np.argsort(dense, kind="stable")
+        ranked = dense[order]
+        first = np.empty(len(dense), dtype=bool)
+        first[0] = True
+        np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+        return dense[np.sort(order[first])]  # unique, in first-seen order
+
+    def _resolve_stream(self, stream):
+        return self._stream if stream is None else stream
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ClosedError(f"{self.pack.path}: {what}() on a closed store")
+
+    def _enter(self, what: str) -> None:
+        with self.lock:
+            self._check_open(what)
+            self._active += 1
+
+    def _exit(self) -> None:
+        with self.lock:
+            self._active -= 1
+            self._idle.notify_all()
+
+    def _run_job(self, job) -> None:
+        kind = job[0]
+        if kind == "promote":
+            _, keys, ticket, lazy = job
+            try:
+                if self._closed:
+                    raise ClosedError(f"{self.pack.path}: store closed before this "
+                                      f"promotion of {len(keys)} keys ran")
+                ticket._finish(self._promote_now(keys))
+            except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
+                ticket._finish(error=exc)
+                if lazy and not isinstance(exc, ClosedError):
+                    log.warning("lazy promotion failed: %s", exc)
+            finally:
+                if lazy:
+                    self._lazy_busy = False
+        elif kind == "sources":
+            try:
+                self._mover.finish_sources(job[1])
+            except BaseException as exc:  # noqa: BLE001
+                log.warning("copy completion failed: %s", exc)
+        elif kind == "snapshot" and not self._closed:
+            try:
+                self.save_poolmon(job[1])
+            except Exception as exc:  # noqa: BLE001 - a snapshot is a hint
+                log.warning("%s: poolmon snapshot failed: %s", job[1], exc)
+
+    def _promote_now(self, keys: np.ndarray) -> int:
+        with self.lock:
+            keys = keys[self._pool.slot_of[keys] < 0]
+            batch = self._mover.plan(keys, to_pool=True, stream=self._stream) if len(keys) else None
+        if batch is None:
+            return 0
+        self._mover.run(batch)  # the worker may block on the copies itself
+        return len(batch.keys)
+
+    def _defer_sources(self, batch) -> None:
+        self._submit_job(("sources", batch))
+
+    def _submit_job(self, job) -> None:
+        with self._jobs_cv:
+            self._jobs_open += 1
+        self._jobs.put(job)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until the background worker has nothing queued or running (lazy
+        promotions, promote() tickets, snapshots); False on timeout. The runner calls
+        this at a step boundary when it needs a settled pool (tests, snapshots)."""
+        with self._jobs_cv:
+            return self._jobs_cv.wait_for(lambda: self._jobs_open == 0, timeout)

@@ -1,0 +1,122 @@
+"""The body of ExpertStore.fire and the choice of step()'s lazy promotions.
+
+A fire pins every routed key first (so nothing it needs can be evicted while it
+works), then in rounds:
+
+1. under the lock: split the pinned keys into resident / being loaded by another
+   batch (the worker, another fire) / missing; in round 1 rank the missing ones
+   by heat and cap them at ``max_promote`` (no admission control); reserve slots.
+2. lock released: run its own batch (read, copy, publish on the caller's stream)
+   and wait for the other batches it depends on; the caller's stream waits on
+   their table-write events.
+3. a key whose other batch failed is retried by the next round (at most
+   ``fire_rounds``); whatever still is not resident is unpinned and reported.
+
+A read error of its own batch unpins everything and raises (the batch rolled
+itself back). Rounds are not steps: ``step_count`` only moves in ``step()``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tierstore.store.stats import FireResult
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+def _drop(keys: np.ndarray, gone: np.ndarray) -> np.ndarray:
+    return keys[~np.isin(keys, gone)] if len(gone) else keys
+
+
+def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResult:
+    pool, mover, lock = store._pool, store._mover, store.lock
+    result = FireResult(keys=_EMPTY, sources={"pool": 0, "arena": 0, "read": 0})
+    with lock:
+        store._fold_records()
+        pool.pin(keys)
+        pinned = keys
+        result.already_resident = int(np.count_nonzero(pool.resident_slot[keys] >= 0))
+        result.sources["pool"] = result.already_resident
+    if result.already_resident == len(keys):  # the common fire: nothing to load or wait for
+        return _finish(store, result, keys, stream)
+    try:
+        for rnd in range(store.config.fire_rounds):
+            with lock:
+                resident = pool.resident_slot[pinned] >= 0
+                loading = ~resident & (pool.slot_of[pinned] >= 0)
+                missing = pinned[~resident & ~loading]
+                if rnd == 0:
+                    ranked = pool.policy.rank(missing) if len(missing) else missing
+                    new, over = ranked[:cap], ranked[cap:]
+                    result.over_cap = len(over)
+                else:
+                    new, over = missing, _EMPTY
+                batch = (mover.plan(new, to_pool=True, stream=stream, scan=scan)
+                         if len(new) else None)
+                placed = batch.keys if batch is not None else _EMPTY
+                unplaced = _drop(new, placed)
+                result.no_slot += len(unplaced)
+                ids = (set(pool.batch_of_slot[pool.slot_of[pinned[loading]]].tolist())
+                       if loading.any() else ())
+                others = [mover.inflight[b] for b in ids if b in mover.inflight]
+                gone = np.concatenate([over, unplaced])
+                if len(gone):
+                    pool.unpin(gone)
+                    pinned = _drop(pinned, gone)
+            if batch is not None:
+                mover.run(batch, defer_sources=store._defer_sources)
+                result.promoted += len(placed)
+                result.sources["arena"] += batch.n_arena_hits
+                result.sources["read"] += len(placed) - batch.n_arena_hits
+            for other in others:
+                other.done.wait()
+                if other.ok and other.publish_event is not None and stream is not None:
+                    stream.wait_event(other.publish_event)
+            result.rounds = rnd + 1
+            if all(other.ok for other in others):
+                break  # another round only for keys whose other batch failed
+        with lock:  # another batch failed in every round: give those keys up
+            left = pinned[pool.resident_slot[pinned] < 0]
+            if len(left):
+                pool.unpin(left)
+                pinned = _drop(pinned, left)
+                result.no_slot += len(left)
+    except BaseException:
+        with lock:
+            pool.unpin(pinned)
+        raise
+    return _finish(store, result, pinned, stream)
+
+
+def _finish(store, result: FireResult, pinned: np.ndarray, stream) -> FireResult:
+    if stream is not None and stream != store._stream:
+        stream.wait_stream(store._stream)  # keys published earlier on the store's stream
+    result.keys = pinned
+    result.waited = len(pinned) - result.already_resident - result.promoted
+    return result
+
+
+def lazy_candidates(store, seen: np.ndarray) -> tuple[np.ndarray, int]:
+    """Keys step() should promote in the background: seen this step, not in the pool,
+    in a written layer; hottest first, at most ``lazy_per_step``. When the pool is
+    full a candidate must be hotter than the victim it would displace and pass the
+    policy's admission filter. Returns (keys, rejected). Caller holds the lock."""
+    pool = store._pool
+    if not len(seen):
+        return _EMPTY, 0
+    cand = seen[(pool.slot_of[seen] < 0) & store._written[seen]]
+    if not len(cand):
+        return _EMPTY, 0
+    cand = pool.policy.rank(cand)[:store.config.lazy_per_step]
+    n_free = pool.n_free
+    if len(cand) <= n_free:
+        return cand, 0
+    need = cand[n_free:]
+    victims = np.asarray(pool.policy.victims(len(need), pool.key_pins > 0), dtype=np.int64)
+    scores = pool.policy.scores()
+    keep = np.zeros(len(need), dtype=bool)
+    n = min(len(need), len(victims))
+    keep[:n] = scores[need[:n]] > scores[victims[:n]]
+    for i in np.flatnonzero(keep):  # at most lazy_per_step pairs
+        keep[i] = bool(pool.policy.admit(int(need[i]), int(victims[i])))
+    return np.concatenate([cand[:n_free], need[keep]]), int(np.count_nonzero(~keep))

@@ -1,0 +1,220 @@
+"""Load batches: the three phases of moving rows up a tier.
+
+1. ``Mover.plan`` (caller holds the store lock; no I/O): reserve pool slots
+   (LOADING; victims unpublished on the consumer stream) and arena rows, pin
+   arena rows that will be copy sources, build the engine's row arrays.
+2. ``Mover.run`` (lock released): wait for the unpublish event, submit to the
+   engine, wait for the reads. Nothing here holds the lock while reading.
+3. still in ``run``: re-take the lock to publish (stream waits on the copy, then
+   the slot-table write on that stream) or, on any error, roll back every slot
+   and row the batch took and publish nothing.
+
+A batch's arena source rows stay pinned until its copies have finished; on the
+CPU that is when the reads returned, on CUDA when ``completion.synchronize()``
+returns, which ``finish_sources`` does off the forward thread.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import numpy as np
+
+from tierstore.errors import TierIOError
+
+_ids = itertools.count(1)
+
+
+class LoadBatch:
+    """One engine submission. ``keys[i]`` lands in ``pool_slots[i]`` (pool loads)."""
+
+    def __init__(self, keys, to_pool, stream):
+        self.id = next(_ids)
+        self.keys = keys
+        self.to_pool = to_pool
+        self.stream = stream
+        self.pool_slots = np.empty(0, np.int64)
+        self.reused = np.empty(0, np.int64)       # pool slots taken from victims (EVICTING)
+        self.unpublish_event = None
+        self.arena_new = np.empty(0, np.int64)    # arena rows this batch reads into (LOADING)
+        self.arena_pinned = np.empty(0, np.int64)  # arena keys pinned as copy sources
+        self.offsets = self.src = self.dst = None
+        self.n_arena_hits = 0
+        self.completion = None
+        self.publish_event = None
+        self.ok = False
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.sources_released = False
+
+
+class Mover:
+    """Plans and runs load batches for one store (see the module docstring)."""
+
+    def __init__(self, pack, engine, pool, arena, lock, counters, scan_keep: float,
+                 default_stream=None):
+        self.pack, self.engine, self.pool, self.arena = pack, engine, pool, arena
+        self.lock, self.counters, self.scan_keep = lock, counters, float(scan_keep)
+        self.default_stream = default_stream  # the store's consumer stream (CUDA)
+        self.inflight: dict[int, LoadBatch] = {}
+
+    # -- 1. plan (under the lock) ------------------------------------------------------
+    def plan(self, keys: np.ndarray, *, to_pool: bool, stream, scan: bool = False,
+             allow_evict: bool = True) -> LoadBatch | None:
+        """Reserve room for ``keys`` (unique dense ids, hottest first). Pool loads take
+        keys not in the pool; arena-only loads (``to_pool=False``) keys not in the
+        arena. Keys that do not fit are left out. None when nothing fits."""
+        pool, arena = self.pool, self.arena
+        batch = LoadBatch(keys, to_pool, stream)
+        protect = arena.hot_mask(self.scan_keep) if scan else None
+        if not to_pool:
+            got = arena.take(keys[arena.slot_of[keys] < 0], allow_evict=allow_evict,
+                             protect=protect)
+            if len(got.reused):
+                arena.begin_load(got.reused)  # arena rows have no readers but pinned copies
+            if not len(got):
+                return None
+            arena.pin(got.keys)
+            batch.keys, batch.arena_new, batch.arena_pinned = got.keys, got.slots, got.keys
+            batch.offsets = self.pack.row_offsets(got.keys).astype(np.int64)
+            batch.src = arena.row_ptrs(got.slots)
+            batch.dst = np.zeros(len(got.keys), np.uint64)
+            self.inflight[batch.id] = batch
+            return batch
+        taken = pool.take(keys, allow_evict=allow_evict,
+                          protect=pool.hot_mask(self.scan_keep) if scan else None)
+        if not len(taken):
+            return None
+        keys = batch.keys = taken.keys
+        batch.pool_slots, batch.reused = taken.slots, taken.reused
+        if len(taken.victims):
+            if stream is not None and self.default_stream is not None and stream != self.default_stream:
+                # Readers of the victims may sit on the store's stream too: the unpublish
+                # event must come after their work as well as the caller's.
+                stream.wait_stream(self.default_stream)
+            batch.unpublish_event = pool.unpublish(taken.victims, stream)
+        pool.batch_of_slot[taken.slots] = batch.id
+        # Arena hits are zero-copy sources; misses read into a free (or evictable) row
+        # when there is one, else into the engine's own staging buffers.
+        a_slot = arena.resident_slot[keys]
+        hit = a_slot >= 0
+        hit_keys = keys[hit]
+        arena.pin(hit_keys)  # before taking rows: a source row must not become a victim
+        got = arena.take(keys[~hit & (arena.slot_of[keys] < 0)], allow_evict=True,
+                         protect=protect)
+        if len(got.reused):
+            arena.begin_load(got.reused)
+        arena.pin(got.keys)
+        batch.arena_new = got.slots
+        batch.arena_pinned = np.concatenate([hit_keys, got.keys])
+        batch.n_arena_hits = len(hit_keys)
+        offsets = self.pack.row_offsets(keys).astype(np.int64)
+        src = np.zeros(len(keys), dtype=np.uint64)
+        offsets[hit] = -1
+        src[hit] = arena.row_ptrs(a_slot[hit])
+        if len(got.keys):
+            order = np.argsort(keys, kind="stable")
+            src[order[np.searchsorted(keys[order], got.keys)]] = arena.row_ptrs(got.slots)
+        batch.offsets, batch.src, batch.dst = offsets, src, pool.slot_ptrs(batch.pool_slots)
+        self.inflight[batch.id] = batch
+        return batch
+
+    # -- 2 + 3. run (lock released for the I/O) ------------------------------------------
+    def run(self, batch: LoadBatch, defer_sources=None) -> None:
+        """Read, copy and publish ``batch``; on error roll it back and raise (annotated)."""
+        t0 = time.perf_counter()
+        try:
+            if batch.unpublish_event is not None:
+                batch.unpublish_event.synchronize()  # readers of the old bytes are done
+            if len(batch.reused):
+                with self.lock:
+                    self.pool.begin_load(batch.reused)
+            lengths = np.full(len(batch.keys), self.pack.slot_bytes, dtype=np.int64)
+            batch.completion = self.engine.submit(
+                batch.offsets, lengths, batch.src, batch.dst,
+                dst_device=bool(batch.to_pool and self.pool.is_cuda))
+            batch.completion.wait()
+        except BaseException as exc:
+            err = self._annotate(exc, batch)
+            self._rollback(batch)
+            batch.error = err
+            batch.done.set()
+            if err is exc:
+                raise
+            raise err from exc
+        with self.lock:
+            if batch.to_pool:
+                if self.pool.is_cuda:
+                    batch.completion.stream_wait(batch.stream)
+                batch.publish_event = self.pool.publish(batch.pool_slots, batch.stream)
+            if len(batch.arena_new):
+                self.arena.commit(batch.arena_new)
+            self._account(batch, time.perf_counter() - t0)
+            batch.ok = True
+            self.inflight.pop(batch.id, None)
+            if not (batch.to_pool and self.pool.is_cuda):
+                self._unpin_sources(batch)  # CPU copies / arena-only reads are complete
+        batch.done.set()
+        if not batch.sources_released:
+            (defer_sources or self.finish_sources)(batch)
+
+    def finish_sources(self, batch: LoadBatch) -> None:
+        """Wait for the batch's copies, then let its arena source rows be evicted."""
+        if batch.sources_released:
+            return
+        try:
+            batch.completion.synchronize()
+        finally:
+            with self.lock:
+                self._unpin_sources(batch)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _unpin_sources(self, batch: LoadBatch) -> None:
+        if not batch.sources_released:
+            self.arena.unpin(batch.arena_pinned)
+            batch.sources_released = True
+
+    def _rollback(self, batch: LoadBatch) -> None:
+        comp = batch.completion
+        if comp is not None and self.pool.is_cuda:
+            try:  # copies of rows that did succeed may still be landing in our slots
+                comp.synchronize()
+            except BaseException:
+                pass
+        with self.lock:
+            if len(batch.pool_slots):
+                self.pool.rollback(batch.pool_slots)
+            if len(batch.arena_new):
+                self.arena.rollback(batch.arena_new)
+            self._unpin_sources(batch)
+            self.counters.failed_reads += 1
+            self.inflight.pop(batch.id, None)
+
+    def _annotate(self, exc: BaseException, batch: LoadBatch) -> BaseException:
+        """A TierIOError naming the layer/expert whose read failed (offset -> row)."""
+        if not isinstance(exc, TierIOError):
+            return exc
+        dense = exc.offset // self.pack.stride
+        if not 0 <= dense < self.pack.n_layers * self.pack.n_experts:
+            rows = getattr(batch.completion, "failed_rows", None)
+            if rows is None or not len(rows):
+                return exc
+            dense = int(batch.keys[int(rows[0])])
+        layer, expert = divmod(int(dense), self.pack.n_experts)
+        out = TierIOError(exc.path, exc.offset, exc.errno or 5,
+                          what=f"layer {layer} expert {expert} read")
+        detail = str(exc)
+        if detail and detail not in str(out):  # keep the engine's own words (short read, ...)
+            out.args = (out.errno, f"{out} [{detail}]")
+        out.layer, out.expert = layer, expert
+        return out
+
+    def _account(self, batch: LoadBatch, seconds: float) -> None:
+        c, nbytes = self.counters, self.pack.slot_bytes
+        n_read = int(np.count_nonzero(batch.offsets >= 0))
+        c.bytes_read += n_read * nbytes
+        if batch.to_pool:
+            c.bytes_arena += batch.n_arena_hits * nbytes
+            c.bytes_to_pool += len(batch.keys) * nbytes
+            c.move_seconds += seconds

@@ -1,0 +1,105 @@
+"""The VRAM slot pool: one fixed allocation plus the slot table kernels read.
+
+``pool``       torch.uint8 [n_slots, slot_bytes] on the pool's device
+``slot_table`` torch.int32 [n_layers, n_experts] on the same device, -1 = not resident
+
+Both are allocated once and never reallocated or rebound: CUDA graphs captured
+their addresses, so every change is a copy into them. The host keeps numpy
+mirrors (``SlotStates``: state per slot, owner, pins, the published map) that the
+store consults without touching the device.
+
+Publish protocol (DESIGN.md): a key becomes visible in ``slot_table`` only after
+its bytes are in the pool, ordered on the consumer's stream: the caller makes the
+stream wait on the copy's completion, then ``publish`` enqueues the table write
+on that same stream (a non-blocking copy from a pinned host tensor, then an
+``index_copy_``). ``unpublish`` enqueues the -1 writes and returns an event the
+store waits on before the slot's bytes may be overwritten. On the CPU pool the
+same calls run; the writes are immediate and there is no event.
+
+Thread safety: none; the store serialises every call under its lock. No call
+here does I/O or waits on the device.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tierstore.store.slots import RESIDENT, SlotStates
+
+
+class SlotPool(SlotStates):
+    """Fixed-slot pool of ``n_slots`` rows of ``slot_bytes`` on ``device``."""
+
+    def __init__(self, n_slots: int, slot_bytes: int, n_layers: int, n_experts: int,
+                 device, policy):
+        super().__init__(n_slots, n_layers * n_experts, policy, tier="pool")
+        self.device = torch.device(device)
+        self.slot_bytes = int(slot_bytes)
+        self.n_layers, self.n_experts = int(n_layers), int(n_experts)
+        self.pool = torch.empty((self.n_slots, self.slot_bytes), dtype=torch.uint8,
+                                device=self.device)
+        self.slot_table = torch.full((self.n_layers, self.n_experts), -1, dtype=torch.int32,
+                                     device=self.device)
+        self._table_flat = self.slot_table.view(-1)  # same storage; never a copy
+        self._base_ptr = int(self.pool.data_ptr())
+        # Load batch id per slot, so a fire can find the batch loading a key.
+        self.batch_of_slot = np.zeros(self.n_slots, dtype=np.int64)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def slot_ptrs(self, slots: np.ndarray) -> np.ndarray:
+        """Device addresses of ``slots`` (uint64), the engine's copy destinations."""
+        return (np.uint64(self._base_ptr)
+                + np.asarray(slots, dtype=np.uint64) * np.uint64(self.slot_bytes))
+
+    # -- slot table writes --------------------------------------------------------------
+    def _write_table(self, keys: np.ndarray, values: np.ndarray, stream):
+        """Enqueue ``slot_table.flat[keys] = values`` on ``stream``; returns an event
+        recorded after the write (CUDA) or None (CPU, where the write is done)."""
+        if len(keys) == 0:
+            return None
+        host = np.stack([np.asarray(keys, dtype=np.int64), np.asarray(values, dtype=np.int64)])
+        if not self.is_cuda:
+            self._table_flat[torch.from_numpy(host[0])] = torch.from_numpy(host[1]).to(torch.int32)
+            return None
+        # pin_memory() comes from torch's caching host allocator, which records the copy
+        # on the stream and does not recycle the buffer before the copy has run.
+        staged = torch.from_numpy(host).pin_memory()
+        with torch.cuda.stream(stream):
+            dev = staged.to(self.device, non_blocking=True)
+            self._table_flat.index_copy_(0, dev[0], dev[1].to(torch.int32))
+            event = torch.cuda.Event()
+            event.record(stream)
+        return event
+
+    def publish(self, slots: np.ndarray, stream):
+        """LOADING -> RESIDENT and the table write on ``stream``. The caller has made
+        ``stream`` wait on the copies into ``slots``. Returns the table-write event."""
+        keys = self.commit(slots)
+        return self._write_table(keys, np.asarray(slots, dtype=np.int64), stream)
+
+    def unpublish(self, keys: np.ndarray, stream):
+        """Enqueue -1 for ``keys`` (which already left RESIDENT in the host mirror);
+        returns the event after which their old slots' bytes may be overwritten."""
+        return self._write_table(keys, np.full(len(keys), -1, dtype=np.int64), stream)
+
+    # -- checking ------------------------------------------------------------------------
+    def device_table(self) -> np.ndarray:
+        """The slot table as the device sees it, flat (a host sync on CUDA: tests only)."""
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+        return self.slot_table.view(-1).cpu().numpy().astype(np.int64)
+
+    def check_invariants(self, device: bool = True) -> None:
+        super().check_invariants()
+        if device:
+            table = self.device_table()
+            mirror = self.resident_slot.astype(np.int64)
+            bad = np.flatnonzero(table != mirror)
+            assert len(bad) == 0, (
+                f"pool: slot_table[{bad[0] // self.n_experts}, {bad[0] % self.n_experts}] = "
+                f"{table[bad[0]]}, host mirror says {mirror[bad[0]]}")
+            held = table[table >= 0]
+            assert np.all(self.state[held] == RESIDENT), "pool: slot_table points at a non-RESIDENT slot"

@@ -1,0 +1,298 @@
+"""Warm-start file formats: tierstore poolmon, vLLM-Moet pool-heat-v1 and arena heat.
+
+The spec is in ``tierstore.warmstart``'s docstring and docs/WARMSTART.md; this
+module enforces it. Reading is untrusted-header style (STYLE.md §5): size cap,
+JSON parse, sniff which format, version, typed strict decode (msgspec), then
+per-file meaning (non-negative pairs, finite heat). Matching against a pack
+(identity, geometry, range, duplicates) is ``warm_validate``'s job.
+
+Every format is read into one in-memory shape, ``WarmFile``: per tier the
+owners hottest first as an int64 ``[N, 2]`` array plus float64 heat. Formats
+without scores (pool-heat, arena heat) get rank-based heat ``(N - i) / N`` and
+``ranked=True``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import msgspec
+import numpy as np
+
+from tierstore.errors import FormatError
+from tierstore.warm.io import read_capped
+
+POOLMON_VERSION = "tierstore-poolmon-v1"
+POOL_HEAT_VERSION = "pool-heat-v1"
+ARENA_HEAT_VERSION = 1
+KINDS = ("poolmon", "pool-heat", "arena-heat")
+
+
+# ---------------------------------------------------------------- structs
+class PackIdentity(msgspec.Struct, forbid_unknown_fields=True):
+    """What a warm file must agree on with the pack it warms. ``stride``,
+    ``ckpt_id`` and ``key20`` are None when the source did not carry them
+    (a pool-heat file, or a poolmon merged from pool-heat files)."""
+    tag: str
+    n_layers: int
+    n_experts: int
+    slot_bytes: int
+    stride: Optional[int] = None
+    ckpt_id: Optional[str] = None
+    key20: Optional[str] = None
+
+    @classmethod
+    def of_pack(cls, pack) -> "PackIdentity":
+        def opt(name, kind):
+            value = getattr(pack, name, None)
+            return None if value is None else kind(value)
+        return cls(tag=str(pack.tag), n_layers=int(pack.n_layers), n_experts=int(pack.n_experts),
+                   slot_bytes=int(pack.slot_bytes), stride=opt("stride", int),
+                   ckpt_id=opt("ckpt_id", str), key20=opt("key20", str))
+
+
+class TierOwners(msgspec.Struct, forbid_unknown_fields=True):
+    capacity: int
+    owners: list[tuple[int, int, float]]  # [layer, expert, heat], hottest first
+
+
+class PoolmonTiers(msgspec.Struct, forbid_unknown_fields=True):
+    pool: TierOwners
+    arena: TierOwners = msgspec.field(default_factory=lambda: TierOwners(0, []))
+
+
+class TierCounters(msgspec.Struct, forbid_unknown_fields=True):
+    hits: int = 0
+    misses: int = 0
+    promotions: int = 0
+    evictions: int = 0
+
+
+class PoolmonCounters(msgspec.Struct, forbid_unknown_fields=True):
+    pool: TierCounters = msgspec.field(default_factory=TierCounters)
+    arena: TierCounters = msgspec.field(default_factory=TierCounters)
+
+
+class Poolmon(msgspec.Struct, forbid_unknown_fields=True):
+    version: str
+    pack: PackIdentity
+    tiers: PoolmonTiers
+    counters: PoolmonCounters = msgspec.field(default_factory=PoolmonCounters)
+    wall_time: float = 0.0      # unix seconds when the snapshot was taken
+    steps: int = 0              # store.step_count at the snapshot
+    policy: str = ""            # pool policy name, informational
+
+
+class PoolHeatMeta(msgspec.Struct):  # foreign format: extra keys are tolerated
+    version: str
+    tag: str
+    n_layers: int
+    E: int
+    slot_bytes: int
+
+
+class PoolHeat(msgspec.Struct):
+    meta: PoolHeatMeta
+    owners: list[tuple[int, int]]
+
+
+class ArenaHeat(msgspec.Struct):
+    version: int
+    keys: list[tuple[int, int]]
+
+
+# ---------------------------------------------------------------- in memory
+@dataclass
+class WarmTier:
+    keys: np.ndarray                 # int64 [N, 2] (layer, expert), hottest first
+    heat: np.ndarray                 # float64 [N], non-increasing
+    capacity: Optional[int] = None   # slots of the tier when it was recorded
+    ranked: bool = False             # heat derived from rank, not measured
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    @classmethod
+    def empty(cls, capacity: Optional[int] = None) -> "WarmTier":
+        return cls(np.zeros((0, 2), np.int64), np.zeros(0, np.float64), capacity)
+
+
+@dataclass
+class WarmFile:
+    path: str
+    kind: str                                   # one of KINDS
+    identity: Optional[PackIdentity]            # None for arena heat
+    pool: WarmTier
+    arena: WarmTier
+    counters: PoolmonCounters = field(default_factory=PoolmonCounters)
+    wall_time: float = 0.0
+    steps: Optional[int] = None
+    policy: str = ""
+    skipped: dict = field(default_factory=dict)  # reason -> entries dropped
+
+
+def rank_heat(n: int) -> np.ndarray:
+    """Scores for a hottest-first list without scores: 1, (n-1)/n, ..., 1/n."""
+    return (n - np.arange(n, dtype=np.float64)) / max(n, 1)
+
+
+def _pairs(rows, path: str, where: str) -> np.ndarray:
+    try:
+        keys = np.asarray(rows, dtype=np.int64).reshape(-1, 2) if rows else np.zeros((0, 2), np.int64)
+    except OverflowError:
+        raise FormatError(f"{path}: {where}: a layer or expert number is out of the int64 "
+                          f"range") from None
+    bad = np.flatnonzero((keys < 0).any(axis=1))
+    if bad.size:
+        i = int(bad[0])
+        raise FormatError(f"{path}: {where}[{i}] = [{keys[i, 0]}, {keys[i, 1]}]: "
+                          f"layer and expert must be >= 0 ({bad.size} such entries)")
+    return keys
+
+
+def _tier_from_owners(t: TierOwners, path: str, where: str) -> WarmTier:
+    keys = _pairs([o[:2] for o in t.owners], path, where)
+    heat = np.asarray([o[2] for o in t.owners], dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(heat) | (heat < 0))
+    if bad.size:
+        raise FormatError(f"{path}: {where}[{int(bad[0])}]: heat {float(heat[bad[0]])!r} is not a "
+                          f"finite non-negative number")
+    if t.capacity < 0:
+        raise FormatError(f"{path}: {where}: capacity {t.capacity} is negative")
+    order = np.argsort(-heat, kind="stable")  # writers sort, but a hint may not be
+    return WarmTier(keys[order], heat[order], t.capacity, ranked=False)
+
+
+def _ranked_tier(rows, path: str, where: str) -> WarmTier:
+    keys = _pairs(rows, path, where)
+    return WarmTier(keys, rank_heat(len(keys)), None, ranked=True)
+
+
+def sniff_kind(obj) -> Optional[str]:
+    """Which warm format a parsed JSON value is, or None."""
+    # Decided by the most specific key present, so a file missing another
+    # required key still gets that format's precise error message.
+    if not isinstance(obj, dict):
+        return None
+    version = obj.get("version")
+    if "tiers" in obj or (isinstance(version, str) and version.startswith("tierstore-poolmon")):
+        return "poolmon"
+    if "meta" in obj:
+        return "pool-heat"
+    if "keys" in obj:
+        return "arena-heat"
+    return None
+
+
+def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
+    """Decode one warm file (any of the three formats). Raises FormatError."""
+    if not data.strip():
+        raise FormatError(f"{path}: empty file, expected warm-start JSON")
+    try:
+        obj = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise FormatError(f"{path}: corrupt JSON: {exc}") from exc
+    except RecursionError:
+        raise FormatError(f"{path}: corrupt JSON: nested too deeply") from None
+    kind = sniff_kind(obj)
+    if kind is None:
+        raise FormatError(f"{path}: not a warm-start file (expected a poolmon, "
+                          f"pool-heat-v1 or arena heat JSON object)")
+    try:
+        if kind == "poolmon":
+            if obj.get("version") != POOLMON_VERSION:
+                raise FormatError(f"{path}: poolmon version {obj.get('version')!r}, "
+                                  f"expected {POOLMON_VERSION!r}")
+            pm = msgspec.convert(obj, Poolmon, strict=True)
+            return WarmFile(path, kind, pm.pack,
+                            _tier_from_owners(pm.tiers.pool, path, "tiers.pool.owners"),
+                            _tier_from_owners(pm.tiers.arena, path, "tiers.arena.owners"),
+                            pm.counters, pm.wall_time, pm.steps, pm.policy)
+        if kind == "pool-heat":
+            meta = obj.get("meta")
+            version = meta.get("version") if isinstance(meta, dict) else None
+            if version != POOL_HEAT_VERSION:
+                raise FormatError(f"{path}: pool-heat meta.version {version!r}, "
+                                  f"expected {POOL_HEAT_VERSION!r}")
+            ph = msgspec.convert(obj, PoolHeat, strict=True)
+            m = ph.meta
+            ident = PackIdentity(tag=m.tag, n_layers=m.n_layers, n_experts=m.E,
+                                 slot_bytes=m.slot_bytes)
+            return WarmFile(path, kind, ident, _ranked_tier(ph.owners, path, "owners"),
+                            WarmTier.empty(), wall_time=mtime)
+        if obj.get("version") != ARENA_HEAT_VERSION or isinstance(obj.get("version"), bool):
+            raise FormatError(f"{path}: arena heat version {obj.get('version')!r}, "
+                              f"expected {ARENA_HEAT_VERSION}")
+        ah = msgspec.convert(obj, ArenaHeat, strict=True)
+        return WarmFile(path, kind, None, WarmTier.empty(),
+                        _ranked_tier(ah.keys, path, "keys"), wall_time=mtime)
+    except msgspec.ValidationError as exc:
+        raise FormatError(f"{path}: {kind}: {exc}") from exc
+
+
+def read_warm_file(path: str | os.PathLike) -> WarmFile:
+    """Read and decode a warm file strictly. Raises FileNotFoundError,
+    FormatError or TierIOError; the message names the file."""
+    path = os.fspath(path)
+    data = read_capped(path)
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        mtime = 0.0
+    return parse_warm_bytes(data, path, mtime)
+
+
+# ---------------------------------------------------------------- writers
+def _owners3(tier: WarmTier) -> list:
+    return [[int(l), int(e), float(h)] for (l, e), h in zip(tier.keys.tolist(), tier.heat.tolist())]
+
+
+def to_poolmon(wf: WarmFile, identity: Optional[PackIdentity] = None) -> Poolmon:
+    ident = identity or wf.identity
+    if ident is None:
+        raise FormatError(f"{wf.path}: {wf.kind} carries no pack identity; give --pack "
+                          f"to convert it to a poolmon")
+    return Poolmon(version=POOLMON_VERSION, pack=ident,
+                   tiers=PoolmonTiers(
+                       pool=TierOwners(int(wf.pool.capacity or len(wf.pool)), _owners3(wf.pool)),
+                       arena=TierOwners(int(wf.arena.capacity or len(wf.arena)), _owners3(wf.arena))),
+                   counters=wf.counters, wall_time=float(wf.wall_time),
+                   steps=int(wf.steps or 0), policy=wf.policy)
+
+
+def to_pool_heat(wf: WarmFile, identity: Optional[PackIdentity] = None) -> PoolHeat:
+    """pool-heat-v1 from the pool tier (the arena tier when there is no pool)."""
+    ident = identity or wf.identity
+    if ident is None:
+        raise FormatError(f"{wf.path}: {wf.kind} carries no pack identity; give --pack "
+                          f"to convert it to pool-heat-v1")
+    tier = wf.pool if len(wf.pool) or not len(wf.arena) else wf.arena
+    meta = PoolHeatMeta(version=POOL_HEAT_VERSION, tag=ident.tag, n_layers=ident.n_layers,
+                        E=ident.n_experts, slot_bytes=ident.slot_bytes)
+    return PoolHeat(meta=meta, owners=[tuple(k) for k in tier.keys.tolist()])
+
+
+def to_arena_heat(wf: WarmFile) -> ArenaHeat:
+    """Arena heat from the arena tier (the pool tier when the arena is empty)."""
+    tier = wf.arena if len(wf.arena) or not len(wf.pool) else wf.pool
+    return ArenaHeat(version=ARENA_HEAT_VERSION, keys=[tuple(k) for k in tier.keys.tolist()])
+
+
+def encode(obj) -> bytes:
+    """One-line JSON (pool-heat-v1 is specified as one line; the others follow)."""
+    return msgspec.json.encode(obj)
+
+
+def pool_heat_name(tag: str, rank: int = 0, world: int = 1,
+                   pp: Optional[tuple[int, int]] = None) -> str:
+    """vLLM-Moet's file name: ``pool-heat.<tag>.rank<r>of<w>[.pp<p>of<q>].json``."""
+    name = f"pool-heat.{tag}.rank{rank}of{world}"
+    if pp is not None:
+        name += f".pp{pp[0]}of{pp[1]}"
+    return name + ".json"
+
+
+def arena_heat_path(pack_path: str | os.PathLike) -> str:
+    """vLLM-Moet's arena heat file sits beside the pack: ``<pack path>.heat.json``."""
+    return os.fspath(pack_path) + ".heat.json"
