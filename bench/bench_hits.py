@@ -17,15 +17,15 @@ import time
 from pathlib import Path
 
 from tierstore import sim
-from tierstore.sim import traces
+from tierstore.sim import synth, traces
 from tierstore.cli.bench_hits import plot_hits
-from tierstore.sim.traces import _atomic_write
+from tierstore.files.atomic import write_atomic_with
 
 
 def load(cfg: dict) -> traces.Trace:
     if "trace" in cfg:
         return traces.load_trace(cfg["trace"])
-    return traces.synthetic_trace(**cfg["synthetic"])
+    return synth.synthetic_trace(**cfg["synthetic"])
 
 
 def markdown(results, trace) -> str:
@@ -42,11 +42,11 @@ def markdown(results, trace) -> str:
 
 
 SPEED_CASES = [  # (label, trace factory, granularity, slots)
-    ("DS4 synthetic batch 1, 512 ticks", lambda: traces.synthetic_trace(
+    ("DS4 synthetic batch 1, 512 ticks", lambda: synth.synthetic_trace(
         512, seed=0, prefill_tokens=0), "tick", 512),
-    ("DS4 synthetic batch 1, 512 ticks", lambda: traces.synthetic_trace(
+    ("DS4 synthetic batch 1, 512 ticks", lambda: synth.synthetic_trace(
         512, seed=0, prefill_tokens=0), "layer", 512),
-    ("DS4 synthetic batch 16, 128 ticks", lambda: traces.synthetic_trace(
+    ("DS4 synthetic batch 16, 128 ticks", lambda: synth.synthetic_trace(
         128, seed=0, batch=16, prefill_tokens=0), "layer", 2048),
     ("FLAME 2048 ticks", lambda: traces.load_trace(
         "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"), "tick", 102),
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     body = json.dumps({"config": cfg, "machine": platform.platform(), "python": sys.version.split()[0],
                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                        "load_s": t_load, "results": [r.as_dict() for r in results]}, indent=1)
-    _atomic_write(out / f"hits_{name}.json", lambda f: f.write(body.encode()))
+    write_atomic_with(out / f"hits_{name}.json", lambda f: f.write(body.encode()))
     plot_hits(results, str(out / f"hits_{name}.png"),
               title=f"{trace.name}: hit rate vs pool size ({cfg.get('granularity', 'layer')} reads)")
     print(markdown(results, trace))

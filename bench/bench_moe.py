@@ -23,6 +23,8 @@ import time
 import torch
 
 from tierstore.format import fp4
+
+from tierstore.format import layouts
 from tierstore.testing.model import make_moe_model, pool_benefit, random_expert_rows
 from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe_reference
 
@@ -36,7 +38,7 @@ def _routings(R, T, E, k, seed, device):
 
 
 def _bytes_read(ids, slot_table, H, I):
-    fp4_b, base_b = fp4.row_bytes("fp4", H, I), fp4.row_bytes("base", H, I)
+    fp4_b, base_b = layouts.row_bytes("fp4", H, I), layouts.row_bytes("base", H, I)
     total = 0
     for r in range(ids.shape[0]):
         experts = torch.unique(ids[r].reshape(-1))

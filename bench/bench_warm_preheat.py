@@ -25,7 +25,7 @@ import numpy as np
 
 
 def _write_pack(directory: str, n_layers: int, n_experts: int, slot_bytes: int):
-    from tierstore.format.pack import Pack, PackWriter
+    from tierstore.format import Pack, PackWriter
     rng = np.random.default_rng(0)
     block = rng.integers(1, 256, size=(n_experts, slot_bytes), dtype=np.uint8)
     with PackWriter(directory, tag="fp4", n_layers=n_layers, n_experts=n_experts,

@@ -32,7 +32,8 @@ def model_and_dir(n_layers: int = L, n_experts: int = E, seed: int = 1):
 
 def slot_bytes() -> int:
     from tierstore.format import fp4
-    return fp4.row_bytes("fp4", H, I)
+    from tierstore.format import layouts
+    return layouts.row_bytes("fp4", H, I)
 
 
 def env_for(store_dir: str, slots: int | None = 16, **extra) -> dict:

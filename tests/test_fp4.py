@@ -8,6 +8,8 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
 from tierstore.format import fp4
+
+from tierstore.format import layouts
 from tierstore.errors import ConfigError, FormatError
 
 GRID = np.array(fp4.E2M1_GRID)
@@ -154,33 +156,33 @@ def test_fragmajor_lane_layout_matches_the_documented_formula():
 def test_expert_row_round_trip_and_sections(tag, order):
     H, I = 128, 64
     w13, w2 = torch.randn(2 * I, H), torch.randn(H, I)
-    row = fp4.encode_expert(w13, w2, tag, order)
-    secs = fp4.row_sections(tag, H, I, order)
+    row = layouts.encode_expert(w13, w2, tag, order)
+    secs = layouts.row_sections(tag, H, I, order)
     assert row.dtype == np.uint8 and row.size == secs[-1].offset + secs[-1].bytes
     assert [s.offset for s in secs[1:]] == [a.offset + a.bytes for a in secs[:-1]]
-    a, b = fp4.decode_expert(row, tag, H, I, order)
+    a, b = layouts.decode_expert(row, tag, H, I, order)
     assert a.shape == (2 * I, H) and b.shape == (H, I)
     limit = 0.2 if tag == "fp4" else 0.45
     assert _rel(a, w13) < limit and _rel(b, w2) < limit
     # the w2 scale section really is w2's scale
-    p = fp4.split_row(row, tag, H, I, order)
+    p = layouts.split_row(row, tag, H, I, order)
     assert torch.equal(p["w2.s"], fp4.quantize_mxfp4(w2)[1] if tag == "fp4" else fp4.quantize_base2(w2)[1])
 
 
 def test_row_bytes_match_compat_sizes_at_ds4_shape():
-    assert fp4.row_bytes("fp4", 4096, 2048) == 13_369_344
-    assert fp4.row_bytes("delta", 4096, 2048) == 12_582_912
-    assert fp4.row_bytes("base", 4096, 2048) == 7_077_888
+    assert layouts.row_bytes("fp4", 4096, 2048) == 13_369_344
+    assert layouts.row_bytes("delta", 4096, 2048) == 12_582_912
+    assert layouts.row_bytes("base", 4096, 2048) == 7_077_888
 
 
 def test_delta_row_needs_external_scales():
     H, I = 64, 64
     w13, w2 = torch.randn(2 * I, H), torch.randn(H, I)
-    row = fp4.encode_expert(w13, w2, "delta")
+    row = layouts.encode_expert(w13, w2, "delta")
     with pytest.raises(ConfigError, match="scales"):
-        fp4.decode_expert(row, "delta", H, I)
+        layouts.decode_expert(row, "delta", H, I)
     sc = (fp4.quantize_mxfp4(w13)[1], fp4.quantize_mxfp4(w2)[1])
-    a, _ = fp4.decode_expert(row, "delta", H, I, scales=sc)
+    a, _ = layouts.decode_expert(row, "delta", H, I, scales=sc)
     assert _rel(a, w13) < 0.2
 
 
@@ -190,11 +192,11 @@ def test_bad_inputs_name_the_problem():
     with pytest.raises(ConfigError, match="multiple of 32"):
         fp4.quantize_mxfp4(torch.zeros(2, 48))
     with pytest.raises(FormatError, match="expected at least"):
-        fp4.decode_expert(np.zeros(10, np.uint8), "fp4", 64, 64)
+        layouts.decode_expert(np.zeros(10, np.uint8), "fp4", 64, 64)
     with pytest.raises(FormatError, match="255"):
         fp4.dequantize_mxfp4(torch.zeros(1, 16, dtype=torch.uint8), torch.full((1, 1), 255, dtype=torch.uint8))
     with pytest.raises(ConfigError, match="unknown"):
-        fp4.row_sections("fp8", 64, 64)
+        layouts.row_sections("fp8", 64, 64)
 
 
 @pytest.mark.parametrize("v", [2.9774707e38, 3.4e38, -float(np.finfo(np.float32).max), 1.7e38])
@@ -208,11 +210,11 @@ def test_values_near_float32_max_decode_finite_in_float32(v):
 def test_batched_encode_equals_per_expert_encode():
     w13, w2 = torch.randn(2, 3, 128, 64), torch.randn(2, 3, 64, 64)
     for tag, order in (("fp4", "linear"), ("fp4", "fragmajor"), ("base", "linear")):
-        rows = fp4.encode_experts(w13, w2, tag, order)
-        assert rows.shape == (2, 3, fp4.row_bytes(tag, 64, 64))
-        np.testing.assert_array_equal(rows[1, 2], fp4.encode_expert(w13[1, 2], w2[1, 2], tag, order))
-        a, b = fp4.decode_experts(torch.from_numpy(rows), tag, 64, 64, order)
-        a1, b1 = fp4.decode_expert(rows[1, 2], tag, 64, 64, order)
+        rows = layouts.encode_experts(w13, w2, tag, order)
+        assert rows.shape == (2, 3, layouts.row_bytes(tag, 64, 64))
+        np.testing.assert_array_equal(rows[1, 2], layouts.encode_expert(w13[1, 2], w2[1, 2], tag, order))
+        a, b = layouts.decode_experts(torch.from_numpy(rows), tag, 64, 64, order)
+        a1, b1 = layouts.decode_expert(rows[1, 2], tag, 64, 64, order)
         assert torch.equal(a[1, 2], a1) and torch.equal(b[1, 2], b1)
 
 

@@ -7,17 +7,18 @@ import torch
 
 import tierstore as ts
 from tierstore.format import fp4
+from tierstore.format import layouts
 from tierstore.errors import ConfigError
-from tierstore.testing.model import (make_moe_model, pool_benefit, write_model_packs,
-                                     expert_shape_of)
+from tierstore.format.layouts import expert_shape_of
+from tierstore.testing.model import make_moe_model, pool_benefit, write_model_packs
 
 
 def test_model_rows_are_the_encoded_weights():
     m = make_moe_model(1, 4, 64, 64, seed=1)
-    assert m.fp4_rows.shape == (1, 4, fp4.row_bytes("fp4", 64, 64))
-    assert m.base_rows.shape == (1, 4, fp4.row_bytes("base", 64, 64))
-    np.testing.assert_array_equal(m.fp4_rows[0, 2], fp4.encode_expert(m.w13[0, 2], m.w2[0, 2], "fp4"))
-    np.testing.assert_array_equal(m.base_rows[0, 3], fp4.encode_expert(m.w13[0, 3], m.w2[0, 3], "base"))
+    assert m.fp4_rows.shape == (1, 4, layouts.row_bytes("fp4", 64, 64))
+    assert m.base_rows.shape == (1, 4, layouts.row_bytes("base", 64, 64))
+    np.testing.assert_array_equal(m.fp4_rows[0, 2], layouts.encode_expert(m.w13[0, 2], m.w2[0, 2], "fp4"))
+    np.testing.assert_array_equal(m.base_rows[0, 3], layouts.encode_expert(m.w13[0, 3], m.w2[0, 3], "base"))
 
 
 def test_same_seed_same_model_and_heavy_tails():
@@ -44,7 +45,7 @@ def test_written_packs_open_with_layout_and_rows(tmp_path):
         p = ts.Pack.open(path)
         assert p.tag == tag and p.n_layers == 2 and p.n_experts == 4
         assert p.slot_bytes == rows.shape[-1] and expert_shape_of(p) == (64, 128)
-        assert [s.name for s in p.layout.sections] == [s.name for s in fp4.row_sections(tag, 64, 128)]
+        assert [s.name for s in p.layout.sections] == [s.name for s in layouts.row_sections(tag, 64, 128)]
         np.testing.assert_array_equal(p.read_row(1, 3), rows[1, 3])
         p.verify()
 

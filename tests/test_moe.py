@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from tierstore.format import fp4
+
+from tierstore.format import layouts
 from tierstore.errors import ConfigError
 from tierstore.testing.model import make_moe_model, write_model_packs
 from tierstore.compute.moe import (BaseWeights, StaticPool, dense_moe, fused_moe,
@@ -21,7 +23,7 @@ def model():
 
 def _decoded(model, tag):
     rows = model.fp4_rows if tag == "fp4" else model.base_rows
-    a, b = fp4.decode_experts(torch.from_numpy(rows), tag, H, I)
+    a, b = layouts.decode_experts(torch.from_numpy(rows), tag, H, I)
     return a.double(), b.double()
 
 

@@ -11,8 +11,9 @@ from hypothesis import given, settings, strategies as st
 from safetensors.torch import save_file
 
 from tierstore import ConfigError, FormatError, Pack
-from tierstore.format import fp4
-from tierstore.format.build import build_synthetic, fit_expert_shape
+from tierstore.format import fp4, layouts
+from tierstore.format.build import build_synthetic
+from tierstore.format.layouts import fit_expert_shape
 from tierstore.format.from_safetensors import build_from_safetensors
 
 H, I, E = 128, 64, 3
@@ -21,9 +22,9 @@ H, I, E = 128, 64, 3
 @settings(max_examples=60, deadline=None)
 @given(tag=st.sampled_from(fp4.TAGS), hu=st.integers(1, 80), iu=st.integers(1, 80))
 def test_fit_expert_shape_finds_an_exact_shape_for_every_expert_row_size(tag, hu, iu):
-    slot = fp4.row_bytes(tag, 64 * hu, 64 * iu)
+    slot = layouts.row_bytes(tag, 64 * hu, 64 * iu)
     got = fit_expert_shape(tag, slot)
-    assert got is not None and fp4.row_bytes(tag, *got) == slot
+    assert got is not None and layouts.row_bytes(tag, *got) == slot
     assert got[0] % 64 == 0 and got[1] % 64 == 0
 
 
@@ -35,11 +36,11 @@ def test_fit_expert_shape_picks_deepseek_ratio_and_rejects_non_fitting_sizes():
 
 
 def test_synthetic_rows_decode_to_heavy_tailed_weights(tmp_path):
-    path, layout = build_synthetic(str(tmp_path), 2, 4, fp4.row_bytes("fp4", 256, 128))
+    path, layout = build_synthetic(str(tmp_path), 2, 4, layouts.row_bytes("fp4", 256, 128))
     assert layout.params == {"H": 256, "I": 128}
     with Pack.open(path) as p:
         rows = torch.from_numpy(np.stack([p.read_row(1, e) for e in range(4)]))
-    w13, w2 = fp4.decode_expert(rows, "fp4", 256, 128)
+    w13, w2 = layouts.decode_expert(rows, "fp4", 256, 128)
     x = w13.flatten().double()
     kurtosis = ((x - x.mean()) ** 4).mean() / x.var() ** 2
     assert 0.01 < x.std() < 0.04 and kurtosis > 4.0       # Gaussian would be 3
@@ -47,15 +48,15 @@ def test_synthetic_rows_decode_to_heavy_tailed_weights(tmp_path):
 
 
 def test_synthetic_fragmajor_order_round_trips_through_the_codec(tmp_path):
-    slot = fp4.row_bytes("fp4", 64, 64)
+    slot = layouts.row_bytes("fp4", 64, 64)
     lin, _ = build_synthetic(str(tmp_path / "a"), 1, 2, slot, seed=5)
     frag, lay = build_synthetic(str(tmp_path / "b"), 1, 2, slot, seed=5, order="fragmajor")
     assert lay.order == "fragmajor"
     with Pack.open(lin) as a, Pack.open(frag) as b:
         ra, rb = (torch.from_numpy(x.read_row(0, 1)) for x in (a, b))
         assert not torch.equal(ra, rb)
-        da = fp4.decode_expert(ra, "fp4", 64, 64)
-        db = fp4.decode_expert(rb, "fp4", 64, 64, order="fragmajor")
+        da = layouts.decode_expert(ra, "fp4", 64, 64)
+        db = layouts.decode_expert(rb, "fp4", 64, 64, order="fragmajor")
         assert torch.equal(da[0], db[0]) and torch.equal(da[1], db[1])
 
 
@@ -73,7 +74,7 @@ def _save(d, tensors, name="model.safetensors"):
 def _expected_rows(w, layer):
     a = torch.stack([w[layer, e][0] for e in range(E)])
     b = torch.stack([w[layer, e][1] for e in range(E)])
-    return fp4.encode_experts(a, b, "fp4")
+    return layouts.encode_experts(a, b, "fp4")
 
 
 def test_fused_names_in_two_files_build_rows_equal_to_the_codec(tmp_path):
@@ -85,7 +86,7 @@ def test_fused_names_in_two_files_build_rows_equal_to_the_codec(tmp_path):
     path, layout = build_from_safetensors(str(tmp_path / "out"), str(src))
     wb = {k: (a.bfloat16().float(), b.bfloat16().float()) for k, (a, b) in w.items()}
     with Pack.open(path) as p:
-        assert (p.n_layers, p.n_experts, p.slot_bytes) == (2, E, fp4.row_bytes("fp4", H, I))
+        assert (p.n_layers, p.n_experts, p.slot_bytes) == (2, E, layouts.row_bytes("fp4", H, I))
         assert p.identity["ckpt_id"].startswith("safetensors-xxh3_128:")
         want = _expected_rows(wb, 4)
         for e in range(E):
@@ -122,7 +123,7 @@ def test_nvfp4_tensors_are_requantised_to_mxfp4(tmp_path):
     path, _ = build_from_safetensors(str(tmp_path / "out"), str(tmp_path / "ck"))
     with Pack.open(path) as p:
         assert "from-nvfp4" in p.identity["quantizer_abi"]
-        want = fp4.encode_expert(dec[0, 1, "w13"], dec[0, 1, "w2"])
+        want = layouts.encode_expert(dec[0, 1, "w13"], dec[0, 1, "w2"])
         assert np.array_equal(p.read_row(0, 1), want)
     with pytest.raises(FormatError, match="NVFP4 tensors found but --format mxfp4"):
         build_from_safetensors(str(tmp_path / "out2"), str(tmp_path / "ck"), fmt="mxfp4")

@@ -54,7 +54,7 @@ def test_sidecar_over_size_cap_rejected_before_parsing(pack_files):
     path, sidecar, _ = pack_files
     with open(sidecar, "r+b") as f:
         f.truncate(SIDECAR_MAX_BYTES + 1)       # sparse; never parsed
-    _expect_reject(path, rf"fp4.rank0of1.json: sidecar is {SIDECAR_MAX_BYTES + 1} bytes, over")
+    _expect_reject(path, rf"fp4.rank0of1.json: sidecar is {SIDECAR_MAX_BYTES + 1} bytes, larger than")
 
 
 @pytest.mark.parametrize("raw, why", [

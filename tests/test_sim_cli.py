@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from tierstore.sim import traces
+from tierstore.sim import synth, traces
 from tierstore.cli import main
 
 SMALL = ["--synthetic", "--ticks", "40", "--layers", "3", "--experts", "16", "--top-k", "2",
@@ -31,7 +31,7 @@ def test_json_lists_every_policy_and_slot_with_required_fields(capsys, tmp_path)
 
 
 def test_table_output_on_a_trace_file(capsys, tmp_path):
-    tr = traces.synthetic_trace(30, n_layers=2, n_experts=8, top_k=2, prefill_tokens=0, seed=3)
+    tr = synth.synthetic_trace(30, n_layers=2, n_experts=8, top_k=2, prefill_tokens=0, seed=3)
     path = traces.save_trace(tmp_path / "t.npy", tr.to_rows(), {"num_experts": 8})
     assert main(["bench", "hits", "--trace", str(path), "--slots", "3", "--policies",
                  "lru,belady", "--split", "second"]) == 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tierstore.sim import traces
+from tierstore.sim import synth, traces
 from tierstore.errors import ConfigError, FormatError
 
 FLAME = Path("/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy")
@@ -56,7 +56,7 @@ def test_not_npy_and_corrupt_meta_are_format_errors(tmp_path):
         traces.load_trace(junk)
     path = write(tmp_path, np.zeros((1, 3), np.int32))
     path.with_suffix("").with_suffix(".meta.json").write_text("{oops")
-    with pytest.raises(FormatError, match=r"t.meta.json: not valid JSON"):
+    with pytest.raises(FormatError, match=r"t.meta.json: trace metadata is not valid JSON"):
         traces.load_trace(path)
 
 
@@ -88,15 +88,15 @@ def test_recorder_captures_rank_order_and_saves_atomically(tmp_path):
 
 
 def test_split_cuts_at_a_tick_boundary():
-    tr = traces.synthetic_trace(10, n_layers=2, n_experts=16, top_k=2, prefill_tokens=0, seed=1)
+    tr = synth.synthetic_trace(10, n_layers=2, n_experts=16, top_k=2, prefill_tokens=0, seed=1)
     a, b = tr.split(0.5)
     assert (a.n_ticks, b.n_ticks) == (5, 5) and a.ticks.max() < b.ticks.min()
     assert a.n_rows + b.n_rows == tr.n_rows
 
 
 def test_synthetic_router_shapes_ranges_and_determinism():
-    r1 = traces.SyntheticRouter(5, 32, 4, seed=7)
-    r2 = traces.SyntheticRouter(5, 32, 4, seed=7)
+    r1 = synth.SyntheticRouter(5, 32, 4, seed=7)
+    r2 = synth.SyntheticRouter(5, 32, 4, seed=7)
     s1, s2 = r1.step(batch=3), r2.step(batch=3)
     assert s1.shape == (5, 3, 4) and s1.dtype == np.int32
     np.testing.assert_array_equal(s1, s2)
@@ -105,12 +105,12 @@ def test_synthetic_router_shapes_ranges_and_determinism():
     p = r1.prefill(64)
     assert p.shape == (5, 64, 4)
     assert len(np.unique(p[0])) > 24  # a prompt touches most experts of a layer
-    other = traces.SyntheticRouter(5, 32, 4, seed=8).step(batch=3)
+    other = synth.SyntheticRouter(5, 32, 4, seed=8).step(batch=3)
     assert not np.array_equal(other, s1)
 
 
 def test_synthetic_decode_has_token_locality_and_skew():
-    tr = traces.synthetic_trace(300, n_layers=4, n_experts=64, top_k=4, prefill_tokens=0, seed=0)
+    tr = synth.synthetic_trace(300, n_layers=4, n_experts=64, top_k=4, prefill_tokens=0, seed=0)
     keys = tr.keys.reshape(300, 16)
     reuse = np.mean([np.isin(keys[t + 1], keys[t]).mean() for t in range(299)])
     assert reuse > 3 * (4 / 64)  # well above chance
@@ -120,8 +120,8 @@ def test_synthetic_decode_has_token_locality_and_skew():
 
 def test_synthetic_router_rejects_bad_parameters():
     with pytest.raises(ConfigError, match="unknown parameter.*zipf"):
-        traces.SyntheticRouter(2, 8, 2, zipff=1.0)
+        synth.SyntheticRouter(2, 8, 2, zipff=1.0)
     with pytest.raises(ConfigError, match="top_k"):
-        traces.SyntheticRouter(2, 8, 9)
+        synth.SyntheticRouter(2, 8, 9)
     with pytest.raises(ConfigError, match="batch must be > 0"):
-        traces.SyntheticRouter(2, 8, 2).step(0)
+        synth.SyntheticRouter(2, 8, 2).step(0)

@@ -77,7 +77,7 @@ def test_inspect_corrupt_file_one_line_exit_1(tmp_path, capsys):
     p.write_text('{"version": 1, "keys": [[0, 1]')
     rc, out, err = run(capsys, "warm", "inspect", str(p))
     assert rc == 1 and out == ""
-    assert err == f"tierstore: error: {p}: corrupt JSON: Input data was truncated\n"
+    assert err == f"tierstore: error: {p}: warm-start file is not valid JSON: truncated\n"
 
 
 def test_inspect_missing_file_exit_1(tmp_path, capsys):

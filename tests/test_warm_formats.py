@@ -129,7 +129,7 @@ def test_write_atomic_into_missing_dir_raises_naming_target(tmp_path):
 # ------------------------------------------------------------------ rejections (strict read)
 @pytest.mark.parametrize("raw, reason", [
     (b"", "empty file"),
-    (b'{"meta": {"version": "pool-heat-v1", "tag": "fp4"', "corrupt JSON: Input data was truncated"),
+    (b'{"meta": {"version": "pool-heat-v1", "tag": "fp4"', "warm-start file is not valid JSON: truncated"),
     (b"[1, 2, 3]", "not a warm-start file"),
     (b'{"hello": 1}', "not a warm-start file"),
     (b'{"meta": {"version": "pool-heat-v2"}, "owners": []}', "meta.version 'pool-heat-v2'"),

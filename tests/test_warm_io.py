@@ -11,12 +11,13 @@ import textwrap
 import pytest
 
 from tierstore.errors import TierIOError
-from tierstore.warm.io import read_capped, write_atomic, write_atomic_async
+from tierstore.files.atomic import write_atomic, write_atomic_async
+from tierstore.files.untrusted import read_capped
 
 _LIMITED_WRITE = textwrap.dedent("""
     import resource, signal, sys
     from tierstore.errors import TierIOError
-    from tierstore.warm.io import write_atomic
+    from tierstore.files.atomic import write_atomic
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # get EFBIG instead of a signal
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
     try:
@@ -54,7 +55,7 @@ def test_async_write_replaces_atomically(tmp_path):
 def test_read_capped_refuses_directory_and_large_file(tmp_path):
     from tierstore.errors import FormatError
     with pytest.raises(FormatError, match="is a directory"):
-        read_capped(tmp_path)
+        read_capped(tmp_path, cap=100)
     big = tmp_path / "big.json"
     big.write_bytes(b"x" * 101)
     with pytest.raises(FormatError, match="101 bytes, larger than the 100-byte cap"):

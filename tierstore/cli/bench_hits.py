@@ -53,11 +53,11 @@ def register(sub) -> None:
 
 
 def load_source(args):
-    from tierstore.sim import traces
+    from tierstore.sim import synth, traces
     if args.trace:
         trace = traces.load_trace(args.trace)
     else:
-        trace = traces.synthetic_trace(args.ticks, batch=args.batch, seed=args.seed,
+        trace = synth.synthetic_trace(args.ticks, batch=args.batch, seed=args.seed,
                                        n_layers=args.layers, n_experts=args.experts,
                                        top_k=args.top_k, prefill_tokens=args.prefill_tokens,
                                        prefill_every=args.prefill_every)
@@ -112,7 +112,7 @@ def plot_hits(results, path: str, title: str = "") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from tierstore.sim.traces import _atomic_write
+    from tierstore.files.atomic import write_atomic_with
     from pathlib import Path
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(r.policy for r in results):
@@ -130,5 +130,5 @@ def plot_hits(results, path: str, title: str = "") -> None:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _atomic_write(Path(path), lambda f: fig.savefig(f, format="png", dpi=120))
+    write_atomic_with(Path(path), lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)

@@ -260,12 +260,8 @@ def report(res: dict) -> str:
 
 
 def _write_json(path: str, res: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    from tierstore.files.atomic import write_atomic
+    write_atomic(path, json.dumps(res, indent=1).encode())
 
 
 def main(args) -> int:

@@ -20,17 +20,14 @@ PAGE = 4096
 def create_file(path: str, nbytes: int, seed: int = 0) -> None:
     """Write nbytes of non-zero pseudo-random data (temp + fsync + rename)."""
     block = np.random.default_rng(seed).integers(1, 256, size=64 << 20, dtype=np.uint8)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
+    from tierstore.files.atomic import atomic_output
+    with atomic_output(path) as f:
         written, k = 0, 0
         while written < nbytes:
             n = min(block.size, nbytes - written)
             block[:8] = np.frombuffer(np.int64(k).tobytes(), np.uint8) | 1  # blocks differ
             f.write(block[:n].tobytes())
             written, k = written + n, k + 1
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def evict(path: str) -> str:

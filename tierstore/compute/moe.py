@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tierstore.format import fp4
+from tierstore.format import layouts
+from tierstore.compute.checks import DECODE_MAX_TOKENS, check_moe_args
 from tierstore.errors import ConfigError
 
-DECODE_MAX_TOKENS = 16
 _CHUNK_BYTES = 256 << 20        # bound on dequantised weights held at once (reference)
 
 
@@ -31,7 +31,7 @@ class BaseWeights:
 
     def __init__(self, rows, H: int, I: int, device="cpu"):
         rows = rows if isinstance(rows, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rows))
-        need = fp4.row_bytes("base", H, I)
+        need = layouts.row_bytes("base", H, I)
         if rows.dim() != 3 or rows.dtype != torch.uint8 or rows.shape[-1] < need:
             raise ConfigError(f"base rows must be uint8 [n_layers, E, >= {need}] for H={H}, I={I}; "
                               f"found {rows.dtype} {list(rows.shape)}")
@@ -43,7 +43,7 @@ class BaseWeights:
     def from_pack(cls, pack, device="cpu", H: int | None = None, I: int | None = None) -> "BaseWeights":
         """Load every written row of a ``base`` pack (unwritten layers stay zero)."""
         from tierstore.format.pack import Pack
-        from tierstore.testing.model import expert_shape_of
+        from tierstore.format.layouts import expert_shape_of
         if not hasattr(pack, "read_row"):
             pack = Pack.open(pack)
         if H is None or I is None:
@@ -100,10 +100,10 @@ def _slot_aware_weights(layer: int, store, base: BaseWeights, dtype):
         w13 = torch.empty(len(experts), 2 * I, H, dtype=dtype, device=experts.device)
         w2 = torch.empty(len(experts), H, I, dtype=dtype, device=experts.device)
         if bool(resident.any()):
-            a, b = fp4.decode_experts(store.pool[slots[resident]], "fp4", H, I)
+            a, b = layouts.decode_experts(store.pool[slots[resident]], "fp4", H, I)
             w13[resident], w2[resident] = a.to(dtype), b.to(dtype)
         if bool((~resident).any()):
-            a, b = fp4.decode_experts(base.rows[layer].to(experts.device)[experts[~resident]], "base", H, I)
+            a, b = layouts.decode_experts(base.rows[layer].to(experts.device)[experts[~resident]], "base", H, I)
             w13[~resident], w2[~resident] = a.to(dtype), b.to(dtype)
         return w13, w2
     return weights
@@ -153,7 +153,7 @@ def grouped_experts_forward(x, topk_weights, topk_ids, weights, n_experts: int, 
 def fused_moe_reference(x, topk_weights, topk_ids, layer: int, store, base: BaseWeights,
                         dtype=torch.float32) -> torch.Tensor:
     """The torch reference: output [T, H] in ``dtype`` (use float64 for test oracles)."""
-    _check_args(x, topk_weights, topk_ids, layer, store, base)
+    check_moe_args(x, topk_weights, topk_ids, layer, store, base)
     return grouped_experts_forward(x, topk_weights, topk_ids,
                                    _slot_aware_weights(layer, store, base, dtype),
                                    base.n_experts, base.I, dtype)
@@ -165,21 +165,6 @@ def dense_moe(x, topk_weights, topk_ids, w13, w2, dtype=torch.float64) -> torch.
         return w13[experts.cpu()].to(x.device, dtype), w2[experts.cpu()].to(x.device, dtype)
     return grouped_experts_forward(x, topk_weights, topk_ids, weights, w13.shape[0],
                                    w13.shape[1] // 2, dtype)
-
-
-def _check_args(x, topk_weights, topk_ids, layer, store, base) -> None:
-    if x.dim() != 2 or x.shape[1] != base.H:
-        raise ConfigError(f"fused_moe: x must be [T, H={base.H}], found {list(x.shape)}")
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
-        raise ConfigError(f"fused_moe: topk_ids {list(topk_ids.shape)} and topk_weights "
-                          f"{list(topk_weights.shape)} must both be [T={x.shape[0]}, k]")
-    if not 0 <= layer < base.n_layers or tuple(store.slot_table.shape) != (base.n_layers, base.n_experts):
-        raise ConfigError(f"fused_moe: layer {layer} with slot_table {list(store.slot_table.shape)}; "
-                          f"base has [{base.n_layers}, {base.n_experts}]")
-    need = fp4.row_bytes("fp4", base.H, base.I)
-    if store.slot_bytes < need:
-        raise ConfigError(f"fused_moe: pool slot_bytes {store.slot_bytes} < fp4 row bytes {need} "
-                          f"for H={base.H}, I={base.I}")
 
 
 # ---- dispatch --------------------------------------------------------------------

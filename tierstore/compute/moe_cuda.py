@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from tierstore.compute.checks import DECODE_MAX_TOKENS, check_moe_args
 from tierstore.errors import ConfigError
 
 _prepared: set[int] = set()
@@ -38,8 +39,7 @@ def fused_moe_decode(x, topk_weights, topk_ids, layer: int, store, base, *, out=
     ``out`` ([T, H], x's dtype) and ``workspace`` (from ``decode_workspace``) may be
     given to keep every address fixed, e.g. across CUDA-graph replays."""
     from tierstore import _C
-    from tierstore.compute.moe import DECODE_MAX_TOKENS, _check_args
-    _check_args(x, topk_weights, topk_ids, layer, store, base)
+    check_moe_args(x, topk_weights, topk_ids, layer, store, base)
     T, k = topk_ids.shape
     if T > DECODE_MAX_TOKENS or k > 16:
         raise ConfigError(f"fused_moe (cuda): T={T}, k={k}; the decode kernel takes T <= "

@@ -12,11 +12,12 @@ from typing import Callable
 import numpy as np
 
 from tierstore.errors import ConfigError
-from tierstore.format.sidecar import RowLayout, RowSection
+from tierstore.format import layouts
+from tierstore.format.layouts import expert_layout, fit_expert_shape, opaque_layout
+from tierstore.format.sidecar import RowLayout
 from tierstore.format.writer import PackWriter
 
 FORMATS = ("mxfp4", "nvfp4")
-OPAQUE_BLOCK_BYTES = 17           # one MXFP4 block of 32 elements: 16 nibble bytes + 1 e8m0
 SYNTHETIC_T_DF = 4.0              # Student-t degrees of freedom: heavy tails like real experts
 SYNTHETIC_STD = 0.02
 
@@ -28,58 +29,12 @@ def quantizer_abi(fmt: str, tag: str, order: str = "linear") -> str:
     return f"tierstore-{codec}-b32-{order}{src}-v1"
 
 
-def fit_expert_shape(tag: str, slot_bytes: int) -> tuple[int, int] | None:
-    """(H, I) whose ``tag`` row is exactly ``slot_bytes``, or None. Rule (FORMAT.md):
-    H and I multiples of 64; row bytes = c_tag * H * I (fp4 51/32, delta 3/2, base 27/32);
-    among all factorisations pick H/I closest to 2 (DeepSeek's ratio), then larger H."""
-    from tierstore.format import fp4
-    if tag not in fp4.TAGS:
-        return None
-    per_4096 = fp4.row_bytes(tag, 64, 64)           # bytes of a 64x64 (H x I) expert
-    if (slot_bytes * 4096) % per_4096:
-        return None
-    units = slot_bytes * 4096 // per_4096 // 4096    # H*I / 4096 = (H/64) * (I/64)
-    if units * per_4096 != slot_bytes:
-        return None
-    best = None
-    for h in range(1, math.isqrt(units) + 1):
-        if units % h:
-            continue
-        for hu, iu in ((h, units // h), (units // h, h)):
-            score = (abs(math.log2(hu / iu) - 1.0), -hu)
-            if best is None or score < best[0]:
-                best = (score, (64 * hu, 64 * iu))
-    H, I = best[1]
-    assert fp4.row_bytes(tag, H, I) == slot_bytes
-    return H, I
-
-
-def expert_layout(tag: str, H: int, I: int, order: str = "linear") -> RowLayout:
-    from tierstore.format import fp4
-    secs = [RowSection(name=s.name, offset=s.offset, bytes=s.bytes, dtype=s.dtype,
-                       shape=list(s.shape), codec=s.codec)
-            for s in fp4.row_sections(tag, H, I, order)]
-    return RowLayout(kind=tag, sections=secs, order=order, params={"H": H, "I": I})
-
-
-def opaque_layout(slot_bytes: int) -> RowLayout:
-    """No (H, I) fits: the row holds ``n`` MXFP4 blocks (all nibbles, then all scales);
-    the tail of ``slot_bytes - 17 n`` bytes stays zero."""
-    n = slot_bytes // OPAQUE_BLOCK_BYTES
-    if n == 0:
-        raise ConfigError(f"slot_bytes {slot_bytes}: too small for one MXFP4 block "
-                          f"({OPAQUE_BLOCK_BYTES} bytes)")
-    return RowLayout(kind="opaque", order="linear", params={"blocks": n}, sections=[
-        RowSection(name="q", offset=0, bytes=16 * n, dtype="uint8", shape=[n, 16], codec="e2m1"),
-        RowSection(name="s", offset=16 * n, bytes=n, dtype="uint8", shape=[n, 1], codec="e8m0")])
-
-
 def _heavy_tailed(rng: np.random.Generator, shape) -> np.ndarray:
     t = rng.standard_t(SYNTHETIC_T_DF, size=shape).astype(np.float32)
     return t * np.float32(SYNTHETIC_STD / math.sqrt(SYNTHETIC_T_DF / (SYNTHETIC_T_DF - 2)))
 
 
-def _through_nvfp4(w):
+def through_nvfp4(w):
     """What an NVFP4 checkpoint of ``w`` holds, decoded: one global scale per matrix."""
     import torch
     from tierstore.format import fp4
@@ -103,7 +58,7 @@ def synthetic_layer_rows(layout: RowLayout, n_experts: int, seed: int, layer: in
         n = layout.params["blocks"]
         w = torch.from_numpy(_heavy_tailed(rng, (n_experts, n * 32)))
         if fmt == "nvfp4":
-            w = _through_nvfp4(w.reshape(n_experts, n, 32)).reshape(n_experts, n * 32)
+            w = through_nvfp4(w.reshape(n_experts, n, 32)).reshape(n_experts, n * 32)
         q, s = fp4.quantize_mxfp4(w)
         slot = layout.sections[-1].offset + layout.sections[-1].bytes
         return torch.cat([q, s], dim=-1).numpy(), slot
@@ -111,8 +66,8 @@ def synthetic_layer_rows(layout: RowLayout, n_experts: int, seed: int, layer: in
     w13 = _heavy_tailed(rng, (n_experts, 2 * I, H))
     w2 = _heavy_tailed(rng, (n_experts, H, I))
     if fmt == "nvfp4":
-        w13, w2 = _through_nvfp4(w13), _through_nvfp4(w2)
-    rows = fp4.encode_experts(w13, w2, layout.kind, layout.order)
+        w13, w2 = through_nvfp4(w13), through_nvfp4(w2)
+    rows = layouts.encode_experts(w13, w2, layout.kind, layout.order)
     return rows, rows.shape[-1]
 
 

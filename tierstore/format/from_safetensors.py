@@ -23,7 +23,9 @@ import numpy as np
 import xxhash
 
 from tierstore.errors import ConfigError, FormatError
-from tierstore.format.build import FORMATS, expert_layout, quantizer_abi
+from tierstore.format.build import FORMATS, quantizer_abi
+from tierstore.format import layouts
+from tierstore.format.layouts import expert_layout
 from tierstore.format.writer import PackWriter
 
 _NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp\.)?experts\.(\d+)\."
@@ -90,7 +92,7 @@ def _expert_mats(parts: dict, where: str, fmt: str):
     """(w13 [2I, H], w2 [H, I]) float32. Float input with fmt "nvfp4" goes through an
     NVFP4 round trip (as if the checkpoint had been NVFP4)."""
     import torch
-    from tierstore.format.build import _through_nvfp4
+    from tierstore.format.build import through_nvfp4
     if "w2" not in parts:
         raise FormatError(f"{where}: missing w2 (down_proj)")
     if "w13" in parts:
@@ -104,7 +106,7 @@ def _expert_mats(parts: dict, where: str, fmt: str):
     for t, was_nvfp4 in mats:
         if was_nvfp4 and fmt == "mxfp4":
             raise FormatError(f"{where}: NVFP4 tensors found but --format mxfp4 was given")
-        out.append(_through_nvfp4(t) if fmt == "nvfp4" and not was_nvfp4 else t)
+        out.append(through_nvfp4(t) if fmt == "nvfp4" and not was_nvfp4 else t)
     w13 = out[0] if len(out) == 2 else torch.cat(out[:2], dim=0)
     return w13, out[-1]
 
@@ -149,7 +151,6 @@ def build_from_safetensors(out: str, src: str, *, tag: str = "fp4", fmt: str | N
     I, H = w13.shape[0] // 2, w13.shape[1]
     layout = expert_layout(tag, H, I, order)
     slot = layout.sections[-1].offset + layout.sections[-1].bytes
-    from tierstore.format import fp4
     with PackWriter(out, tag=tag, n_layers=len(ckpt_layers), n_experts=E, slot_bytes=slot,
                     ckpt_id=ckpt_id or checkpoint_id(src, files),
                     quantizer_abi=quantizer_abi(fmt, tag, order), layout=layout) as w:
@@ -166,7 +167,7 @@ def build_from_safetensors(out: str, src: str, *, tag: str = "fp4", fmt: str | N
                     raise FormatError(f"{where}: w13 {list(m13.shape)}, w2 {list(m2.shape)}; "
                                       f"expected [{2 * I}, {H}] and [{H}, {I}]")
                 a[e], b[e] = m13, m2
-            w.write_layer(li, np.ascontiguousarray(fp4.encode_experts(a, b, tag, order)))
+            w.write_layer(li, np.ascontiguousarray(layouts.encode_experts(a, b, tag, order)))
             if on_layer:
                 on_layer(li + 1, len(ckpt_layers))
         return w.path, layout

@@ -2,7 +2,7 @@
 
 A pack is ``n_layers * E`` rows of ``slot_bytes`` bytes at ``stride`` (4 KiB
 aligned) spacing, plus a `.json` sidecar. Format spec: docs/FORMAT.md. Writer:
-``tierstore.pack_writer.PackWriter`` (re-exported here).
+``tierstore.format.writer.PackWriter``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tierstore.errors import ConfigError, FormatError, TierIOError
 from tierstore.format.sidecar import (DEFAULT_CHECKSUM, PackName, RowLayout, RowSection, Sidecar,
                                       key20_of, load_sidecar, sidecar_path_of)
 
-__all__ = ["Pack", "PackWriter", "RowLayout", "RowSection", "find_pack", "VerifyReport"]
+__all__ = ["RowLayout", "RowSection", "find_pack", "VerifyReport"]
 
 _VERIFY_CHUNK = 64 << 20  # bytes read per pread during verify
 
@@ -276,6 +276,3 @@ def _progress(progress, total: int, label: str) -> Callable[[int | None], None]:
         else:
             p.update(task, completed=done)
     return update
-
-
-from tierstore.format.writer import PackWriter  # noqa: E402  (the writer imports Pack)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
-import numpy as np
 
 from tierstore.errors import FormatError
+from tierstore.files.untrusted import read_json
 
 PAGE = 4096
 SIDECAR_VERSION = 2
@@ -130,54 +130,18 @@ def lock_path_of(pack_path: str) -> str:
     return pack_path[: -len(".pack")] + ".lock"
 
 
-def _reject_duplicate_keys(pairs):
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
-def _reject_constant(name):
-    raise ValueError(f"non-JSON number {name}")
-
-
 SIDECAR_MAX_DEPTH = 16   # a valid sidecar nests 5 levels (layout.sections[i].shape)
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-
-
-def json_nesting_depth(raw: bytes) -> int:
-    """Deepest [ / { nesting of a JSON text, strings ignored; vectorised, no parse."""
-    b = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
-    step = np.isin(b, (0x5B, 0x7B)).astype(np.int32) - np.isin(b, (0x5D, 0x7D))
-    return int(np.cumsum(step).max(initial=0))
 
 
 def load_sidecar(path: str, *, key20_in_name: bool) -> tuple[Sidecar, list[str]]:
     """Read and validate a sidecar file. Returns the sidecar and the names of unknown
     vLLM-Moet keys that were tolerated (see FORMAT.md, "Unknown fields")."""
-    # 1. size cap before reading anything
+    # 1. a regular file, its size against a cap, 2. nesting depth (a linear scan), then
+    #    strict JSON (no NaN/Infinity, no duplicate keys): tierstore.files.untrusted
     try:
-        size = os.stat(path).st_size
+        obj = read_json(path, SIDECAR_MAX_BYTES, "sidecar", SIDECAR_MAX_DEPTH)
     except FileNotFoundError:
         raise FormatError(f"{path}: sidecar is missing") from None
-    if size > SIDECAR_MAX_BYTES:
-        raise FormatError(f"{path}: sidecar is {size} bytes, over the {SIDECAR_MAX_BYTES} cap")
-    with open(path, "rb") as f:
-        raw = f.read(SIDECAR_MAX_BYTES + 1)
-    # 2. nesting depth (Python's own recursion limit differs between versions), then
-    #    JSON parse (strict: no NaN/Infinity, no duplicate keys)
-    if json_nesting_depth(raw) > SIDECAR_MAX_DEPTH:
-        raise FormatError(f"{path}: sidecar JSON is nested too deeply "
-                          f"(more than {SIDECAR_MAX_DEPTH} levels)")
-    try:
-        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys,
-                         parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{path}: sidecar is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise FormatError(f"{path}: sidecar JSON is nested too deeply") from None
     if not isinstance(obj, dict):
         raise FormatError(f"{path}: sidecar must be a JSON object, found {type(obj).__name__}")
     # 3. typed decode; unknown keys: strict for tierstore's own sidecars
@@ -281,30 +245,3 @@ def encode_sidecar(sc: Sidecar) -> bytes:
     """Sorted keys (as vLLM-Moet writes them), one line, trailing newline."""
     return (json.dumps(msgspec.to_builtins(sc), sort_keys=True, separators=(",", ":"))
             + "\n").encode()
-
-
-def write_file_atomic(path: str, data: bytes) -> None:
-    """temp + fsync + rename + directory fsync: readers see the old or the new file."""
-    d = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(d)
-
-
-def fsync_dir(d: str) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

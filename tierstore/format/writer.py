@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import glob
 import os
 
 import numpy as np
 import xxhash
 
 from tierstore.errors import ConfigError, FormatError, TierIOError
+from tierstore.files.atomic import (create_sized_atomic, remove_quietly, stale_temps,
+                                    write_atomic)
 from tierstore.format.sidecar import (DEFAULT_CHECKSUM, TAG_RE, PackName, RowLayout, Sidecar,
-                                      SIDECAR_VERSION, encode_sidecar, fsync_dir, key20_of,
+                                      SIDECAR_VERSION, encode_sidecar, key20_of,
                                       load_sidecar, lock_path_of, round_up, sidecar_path_of,
-                                      validate_sidecar, write_file_atomic)
+                                      validate_sidecar)
 
 DEFAULT_QUANTIZER_ABI = "tierstore-opaque-v1"
 
@@ -105,11 +106,9 @@ class PackWriter:
 
     def _remove_stale_temps(self) -> None:
         """Temp files a killed writer left; safe to remove: we hold the lock."""
-        d = os.path.dirname(os.path.abspath(self.path))
         for target in (self.path, self.sidecar_path):
-            for stale in glob.glob(os.path.join(glob.escape(d),
-                                                f".{glob.escape(os.path.basename(target))}.tmp-*")):
-                os.unlink(stale)
+            for stale in stale_temps(target):
+                remove_quietly(stale)
 
     def _open_or_create(self, fresh: Sidecar) -> Sidecar:
         size = fresh.n_layers * fresh.E * fresh.stride
@@ -119,7 +118,7 @@ class PackWriter:
             if have_pack:
                 raise FormatError(f"{self.path}: pack exists without its sidecar "
                                   f"{os.path.basename(self.sidecar_path)}; refusing to overwrite")
-            write_file_atomic(self.sidecar_path, encode_sidecar(fresh))
+            write_atomic(self.sidecar_path, encode_sidecar(fresh))
             self._create_sparse(size)
             return fresh
         old, _ = load_sidecar(self.sidecar_path, key20_in_name=True)
@@ -153,21 +152,8 @@ class PackWriter:
         old.checksum = fresh.checksum
 
     def _create_sparse(self, size: int) -> None:
-        d = os.path.dirname(os.path.abspath(self.path))
-        tmp = os.path.join(d, f".{os.path.basename(self.path)}.tmp-{os.getpid()}")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            os.ftruncate(fd, size)   # sparse: unwritten layers stay holes
-            os.fsync(fd)
-            os.rename(tmp, self.path)
-        except BaseException:
-            os.close(fd)
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        fsync_dir(d)
-        self._fd = fd
-        st = os.fstat(fd)
+        self._fd = create_sized_atomic(self.path, size)   # unwritten layers stay holes
+        st = os.fstat(self._fd)
         self._ident = (st.st_dev, st.st_ino)
 
     # -- writing ---------------------------------------------------------------------
@@ -188,7 +174,7 @@ class PackWriter:
 
     def _publish(self) -> None:
         self._check_same_file(0)
-        write_file_atomic(self.sidecar_path, encode_sidecar(self._sidecar))
+        write_atomic(self.sidecar_path, encode_sidecar(self._sidecar))
 
     def write_layer(self, layer: int, rows) -> None:
         """Write all E rows of ``layer`` (uint8 [E, slot_bytes], numpy or CPU torch) and

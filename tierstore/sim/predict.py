@@ -33,6 +33,7 @@ import numpy as np
 from tierstore import policies as _policies
 from tierstore.errors import ConfigError
 from tierstore.policies.base import Policy
+from tierstore.sim.counting import Counters
 
 _RENORM_EXPONENT = 256.0
 LAZY_PER_TICK = 8  # the reference manager's promotions per pass
@@ -123,7 +124,6 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     predicted prefetches plus, at each tick end, a reference-style lazy pass
     (at most 8, hottest first by the base policy) with the tick's unused
     budget, so a tick never reads more than ``budget`` rows."""
-    from tierstore.sim.runner import _Counters
     if granularity != "layer":
         raise ConfigError("policy 'predict' needs granularity 'layer' (it prefetches "
                           "the next layer while the current one runs)")
@@ -134,7 +134,7 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     L, E = trace.n_layers, trace.n_experts
     policy: Policy = _policies.make(base, prep.n_keys, slots, **base_params)
     pred = CoRoutingPredictor(L, E, half_life, prior_weight)
-    cnt = _Counters(prep)
+    cnt = Counters(prep)
     resident = np.zeros(prep.n_keys, dtype=bool)
     pinned = np.zeros(prep.n_keys, dtype=bool)
     prefetched = np.zeros(prep.n_keys, dtype=bool)  # admitted by prefetch, not yet read

@@ -141,7 +141,7 @@ def synthetic_trace(n_ticks: int = 2048, *, batch: int = 1, prefill_tokens: int 
     ticks = np.concatenate([c[0] for c in chunks])
     layers = np.concatenate([c[1] for c in chunks]).astype(np.int32)
     experts = np.concatenate([c[2] for c in chunks]).astype(np.int32)
-    meta = {"name": f"synthetic_ds4_seed{seed}", "generator": "tierstore.traces.synthetic_trace",
+    meta = {"name": f"synthetic_ds4_seed{seed}", "generator": "tierstore.sim.synth.synthetic_trace",
             "seed": seed, "n_ticks": n_ticks, "batch": batch, "prefill_tokens": prefill_tokens,
             "prefill_every": prefill_every, "prefill_ticks": prefill_ticks,
             "num_layers": n_layers, "num_experts": n_experts, "top_k": top_k,

@@ -25,6 +25,10 @@ from typing import Iterator
 import numpy as np
 
 from tierstore.errors import FormatError
+from tierstore.files.atomic import write_atomic_with
+from tierstore.files.untrusted import read_json
+
+MAX_META_BYTES = 16 << 20   # a trace's .meta.json is a few hundred bytes
 
 REQUIRED_COLUMNS = ("tick", "layer", "expert")
 OPTIONAL_COLUMNS = ("weight",)
@@ -123,10 +127,9 @@ def load_trace(path: str | os.PathLike, *, n_experts: int | None = None) -> Trac
     meta = {}
     mp = _meta_path(path)
     if mp.exists():
-        try:
-            meta = json.loads(mp.read_text())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise FormatError(f"{mp}: not valid JSON ({exc})") from None
+        meta = read_json(mp, MAX_META_BYTES, "trace metadata")
+        if not isinstance(meta, dict):
+            raise FormatError(f"{mp}: trace metadata must be a JSON object")
     rows = np.asarray(arr[:, :3], dtype=np.int64)
     ticks, layers, experts = rows[:, 0], rows[:, 1], rows[:, 2]
     if n_experts is None:
@@ -168,24 +171,11 @@ def save_trace(path: str | os.PathLike, rows: np.ndarray, meta: dict | None = No
     rows = np.ascontiguousarray(rows, dtype=np.int32)
     if rows.ndim != 2 or rows.shape[1] != 3:
         raise FormatError(f"{path}: refusing to write shape {rows.shape}, expected [rows, 3]")
-    _atomic_write(path, lambda f: np.save(f, rows, allow_pickle=False))
+    write_atomic_with(path, lambda f: np.save(f, rows, allow_pickle=False))
     if meta is not None:
         body = json.dumps(meta, indent=2, sort_keys=True).encode()
-        _atomic_write(_meta_path(path), lambda f: f.write(body))
+        write_atomic_with(_meta_path(path), lambda f: f.write(body))
     return path
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 class TraceRecorder:
@@ -230,10 +220,3 @@ class TraceRecorder:
         meta = {**self.meta, "name": Path(path).stem, "n_ticks": int(np.unique(rows[:, 0]).size),
                 "columns": list(REQUIRED_COLUMNS)}
         return save_trace(path, rows, meta)
-
-
-def __getattr__(name):  # the generator lives in traces_synth.py; one import point
-    if name in ("SyntheticRouter", "synthetic_trace", "DS4_SHAPE"):
-        from tierstore.sim import synth
-        return getattr(synth, name)
-    raise AttributeError(f"module 'tierstore.traces' has no attribute {name!r}")

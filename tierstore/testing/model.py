@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tierstore.format import fp4
+from tierstore.format import layouts
+from tierstore.format.layouts import expert_layout
 from tierstore.errors import ConfigError
 
 
@@ -68,23 +69,14 @@ def make_moe_model(n_layers: int, n_experts: int, H: int, I: int, seed: int = 0,
     """Generate and quantise a model. H and I must be multiples of 64."""
     if min(n_layers, n_experts) < 1:
         raise ConfigError(f"n_layers={n_layers}, n_experts={n_experts}: both must be >= 1")
-    fp4.row_sections("fp4", H, I)          # validates H, I
+    layouts.row_sections("fp4", H, I)          # validates H, I
     gen = np.random.default_rng(seed)
     w13 = torch.from_numpy(_draw(gen, (n_layers, n_experts, 2 * I, H), dist, H))
     w2 = torch.from_numpy(_draw(gen, (n_layers, n_experts, H, I), dist, I))
     router = torch.from_numpy(gen.standard_normal((n_layers, H, n_experts)).astype(np.float32))
     return MoEModel(n_layers, n_experts, H, I, seed, dist, w13, w2, router,
-                    fp4.encode_experts(w13, w2, "fp4", order),
-                    fp4.encode_experts(w13, w2, "base"))
-
-
-def row_layout(tag: str, H: int, I: int, order: str = "linear"):
-    """The pack sidecar's RowLayout for rows made by ``fp4.encode_experts``."""
-    from tierstore.format.sidecar import RowLayout, RowSection
-    secs = [RowSection(name=s.name, offset=s.offset, bytes=s.bytes, dtype=s.dtype,
-                       shape=list(s.shape), codec=s.codec)
-            for s in fp4.row_sections(tag, H, I, order)]
-    return RowLayout(kind=tag, sections=secs, order=order, params={"H": H, "I": I})
+                    layouts.encode_experts(w13, w2, "fp4", order),
+                    layouts.encode_experts(w13, w2, "base"))
 
 
 def write_model_packs(model: MoEModel, out_dir: str | os.PathLike,
@@ -98,21 +90,11 @@ def write_model_packs(model: MoEModel, out_dir: str | os.PathLike,
     for tag, rows in (("fp4", model.fp4_rows), ("base", model.base_rows)):
         with PackWriter(out_dir, tag=tag, n_layers=model.n_layers, n_experts=model.n_experts,
                         slot_bytes=rows.shape[-1], ckpt_id=ckpt,
-                        layout=row_layout(tag, model.H, model.I)) as w:
+                        layout=expert_layout(tag, model.H, model.I)) as w:
             for layer in range(model.n_layers):
                 w.write_layer(layer, rows[layer])
             paths.append(w.path)
     return paths[0], paths[1]
-
-
-def expert_shape_of(pack) -> tuple[int, int]:
-    """(H, I) from a pack's row layout params (packs written by ``write_model_packs``)."""
-    layout = getattr(pack, "layout", None)
-    if layout is None or "H" not in layout.params or "I" not in layout.params:
-        from tierstore.errors import FormatError
-        raise FormatError(f"{pack.path}: sidecar has no row layout with H and I params; "
-                          f"cannot interpret its rows as experts")
-    return int(layout.params["H"]), int(layout.params["I"])
 
 
 def pool_benefit(model: MoEModel, n_tokens: int = 64, top_k: int = 4, layers=None,
@@ -160,10 +142,10 @@ def random_expert_rows(n: int, tag: str, H: int, I: int, seed: int = 0, device="
     scales 2^e, e uniform in ``scale_exp``: uint8 [n, row_bytes]. Fast at DS4 shapes
     (no quantisation), for kernel checks and benchmarks."""
     g = torch.Generator(device=device).manual_seed(seed)
-    rows = torch.randint(0, 256, (n, fp4.row_bytes(tag, H, I)), dtype=torch.uint8,
+    rows = torch.randint(0, 256, (n, layouts.row_bytes(tag, H, I)), dtype=torch.uint8,
                          generator=g, device=device)
     lo, hi = scale_exp
-    for s in fp4.row_sections(tag, H, I):
+    for s in layouts.row_sections(tag, H, I):
         if s.codec == "e8m0":
             rows[:, s.offset:s.offset + s.bytes] = torch.randint(
                 127 + lo, 127 + hi + 1, (n, s.bytes), dtype=torch.uint8, generator=g, device=device)

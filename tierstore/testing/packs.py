@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from tierstore.format.pack import Pack, PackWriter
+from tierstore.format import Pack, PackWriter
 
 RANDOM_QUANTIZER_ABI = "tierstore-random-v1"
 

@@ -45,12 +45,12 @@ cold start; never a crash and never a wrong expert.
 """
 from __future__ import annotations
 
-from tierstore.warm.formats import (ARENA_HEAT_VERSION, KINDS, POOL_HEAT_VERSION, POOLMON_VERSION,
+from tierstore.warm.formats import (MAX_WARM_FILE_BYTES, ARENA_HEAT_VERSION, KINDS, POOL_HEAT_VERSION, POOLMON_VERSION,
                                     ArenaHeat, PackIdentity, PoolHeat, Poolmon, WarmFile,
                                     WarmTier, arena_heat_path, encode, parse_warm_bytes,
                                     pool_heat_name, read_warm_file, to_arena_heat, to_pool_heat,
                                     to_poolmon)
-from tierstore.warm.io import MAX_WARM_FILE_BYTES, write_atomic, write_atomic_async
+from tierstore.files.atomic import write_atomic, write_atomic_async
 from tierstore.warm.preheat import PreheatSummary, preheat
 from tierstore.warm.snapshot import (PeriodicSnapshot, async_snapshot_loop, save_arena_heat,
                                      save_pool_heat, save_poolmon, save_poolmon_async, snapshot)

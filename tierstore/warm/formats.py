@@ -21,7 +21,10 @@ import msgspec
 import numpy as np
 
 from tierstore.errors import FormatError
-from tierstore.warm.io import read_capped
+from tierstore.files.untrusted import loads_strict, read_capped
+
+MAX_WARM_FILE_BYTES = 64 << 20  # a DS4 poolmon is ~0.5 MB; anything near this is hostile
+MAX_WARM_DEPTH = 16             # a valid warm file nests 4 levels (tiers.pool.owners[i])
 
 POOLMON_VERSION = "tierstore-poolmon-v1"
 POOL_HEAT_VERSION = "pool-heat-v1"
@@ -189,12 +192,7 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
     """Decode one warm file (any of the three formats). Raises FormatError."""
     if not data.strip():
         raise FormatError(f"{path}: empty file, expected warm-start JSON")
-    try:
-        obj = msgspec.json.decode(data)
-    except msgspec.DecodeError as exc:
-        raise FormatError(f"{path}: corrupt JSON: {exc}") from exc
-    except RecursionError:
-        raise FormatError(f"{path}: corrupt JSON: nested too deeply") from None
+    obj = loads_strict(data, path, "warm-start file", MAX_WARM_DEPTH)
     kind = sniff_kind(obj)
     if kind is None:
         raise FormatError(f"{path}: not a warm-start file (expected a poolmon, "
@@ -235,7 +233,7 @@ def read_warm_file(path: str | os.PathLike) -> WarmFile:
     """Read and decode a warm file strictly. Raises FileNotFoundError,
     FormatError or TierIOError; the message names the file."""
     path = os.fspath(path)
-    data = read_capped(path)
+    data = read_capped(path, MAX_WARM_FILE_BYTES, "warm-start file")
     try:
         mtime = os.stat(path).st_mtime
     except OSError:

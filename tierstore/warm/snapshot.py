@@ -21,7 +21,7 @@ import numpy as np
 
 from tierstore.warm.formats import (PackIdentity, PoolmonCounters, TierCounters, WarmFile,
                                     WarmTier, encode, to_arena_heat, to_pool_heat, to_poolmon)
-from tierstore.warm.io import write_atomic, write_atomic_async
+from tierstore.files.atomic import write_atomic, write_atomic_async
 
 log = logging.getLogger("tierstore.warmstart")
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from tierstore.errors import FormatError
 from tierstore.warm.formats import PackIdentity, PoolmonCounters, TierCounters, WarmFile, WarmTier
-from tierstore.warm.validate import _fit_tier, identity_mismatches
+from tierstore.warm.validate import fit_tier, identity_mismatches
 
 TOP_N = 64  # one fire's worth of rows
 
@@ -128,11 +128,11 @@ def summarize(wf: WarmFile, top_n: int = TOP_N) -> dict:
     problems: dict = {}
     if ident is not None:
         for label, tier in (("pool", wf.pool), ("arena", wf.arena)):
-            _fit_tier(tier, ident.n_layers, ident.n_experts, None, problems, label)
+            fit_tier(tier, ident.n_layers, ident.n_experts, None, problems, label)
     else:
         big = max([int(t.keys[:, 1].max()) + 1 for t in (wf.pool, wf.arena) if len(t)] or [1])
         for label, tier in (("pool", wf.pool), ("arena", wf.arena)):
-            _fit_tier(tier, 1 << 62, big, None, problems, label)
+            fit_tier(tier, 1 << 62, big, None, problems, label)
     n_layers = ident.n_layers if ident is not None else None
     return {
         "file": wf.path, "kind": wf.kind,

@@ -46,7 +46,7 @@ def check_identity(wf: WarmFile, expected: PackIdentity, what: str = "pack") -> 
         raise FormatError(f"{wf.path}: {wf.kind} is for another {what}: " + "; ".join(bad))
 
 
-def _fit_tier(tier: WarmTier, n_layers: int, n_experts: int,
+def fit_tier(tier: WarmTier, n_layers: int, n_experts: int,
               written: Optional[np.ndarray], skipped: dict, label: str) -> WarmTier:
     keys = tier.keys
     if not len(keys):
@@ -83,8 +83,8 @@ def fit_to_pack(wf: WarmFile, pack) -> WarmFile:
     written = getattr(pack, "written", None)
     written = None if written is None else np.asarray(written, dtype=bool)
     skipped = dict(wf.skipped)
-    pool = _fit_tier(wf.pool, expected.n_layers, expected.n_experts, written, skipped, "pool")
-    arena = _fit_tier(wf.arena, expected.n_layers, expected.n_experts, written, skipped, "arena")
+    pool = fit_tier(wf.pool, expected.n_layers, expected.n_experts, written, skipped, "pool")
+    arena = fit_tier(wf.arena, expected.n_layers, expected.n_experts, written, skipped, "arena")
     return replace(wf, pool=pool, arena=arena, skipped=skipped)
 
 
