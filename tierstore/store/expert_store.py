@@ -27,69 +27,22 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
-import weakref
 
 import numpy as np
 import torch
 
 from tierstore.errors import ClosedError, ConfigError
 from tierstore.store.config import StoreConfig
+from tierstore.store.keys import dense_keys
 from tierstore.store.mover import Mover
 from tierstore.store.recorder import RoutingRecorder
-from tierstore.store.stats import Counters, FireResult, StoreStats, TierStats  # noqa: F401 (re-export)
+from tierstore.store.stats import Counters, FireResult, StoreStats
+from tierstore.store.worker import Ticket, Worker
 
-try:
-    from tierstore._C import unique_dense_keys as _unique_dense_keys
-except (ImportError, AttributeError):  # extension built before fold.cpp existed
-    _unique_dense_keys = None
 
 log = logging.getLogger("tierstore.store")
-_EMPTY = np.empty(0, dtype=np.int64)
-
-
-def _work(store_ref, jobs) -> None:
-    """Background worker of one store: promotions, deferred source unpins, snapshots.
-    Holds the store only while running a job."""
-    while True:
-        job = jobs.get()
-        store = store_ref()
-        if job is None or store is None:
-            return
-        try:
-            store._run_job(job)
-        finally:
-            with store._jobs_cv:
-                store._jobs_open -= 1
-                store._jobs_cv.notify_all()
-            del store
-
-
-class Ticket:
-    """Handle of an asynchronous promotion. ``wait`` re-raises the promotion's error."""
-
-    def __init__(self, requested: int):
-        self.requested = int(requested)
-        self.promoted = 0
-        self._error: BaseException | None = None
-        self._event = threading.Event()
-
-    def _finish(self, promoted: int = 0, error: BaseException | None = None) -> None:
-        self.promoted, self._error = int(promoted), error
-        self._event.set()
-
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once the promotion finished (False on timeout); raises its error."""
-        if not self._event.wait(timeout):
-            return False
-        if self._error is not None:
-            raise self._error
-        return True
 
 
 class ExpertStore:
@@ -158,14 +111,7 @@ class ExpertStore:
         self._prefill: FireResult | None = None
         self._lazy_busy = False
         self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._jobs_cv = threading.Condition()  # not store.lock: waiting never blocks the forward
-        self._jobs_open = 0                    # queued or running jobs
-        # The worker holds only a weak reference, so a store nobody closed can still be
-        # collected (and __del__ closes it).
-        self._worker = threading.Thread(target=_work, args=(weakref.ref(self), self._jobs),
-                                        name="tierstore-store", daemon=True)
-        self._worker.start()
+        self._worker = Worker(self, "tierstore-store")  # promotions, unpins, snapshots
         if warm_start is not None:
             self.preheat(warm_start)
 
@@ -381,9 +327,7 @@ class ExpertStore:
             self._closed = True
             while self._active:
                 self._idle.wait()
-        self._jobs.put(None)
-        if threading.current_thread() is not self._worker:
-            self._worker.join()
+        self._worker.stop()
         if self._owns_engine:
             self.engine.close()
 
@@ -407,32 +351,7 @@ class ExpertStore:
     # -- internals --------------------------------------------------------------------------------
     def _dense(self, keys) -> np.ndarray:
         """Unique dense ids of (layer, expert) pairs, first-seen order; validated by the pack."""
-        if isinstance(keys, dict):
-            parts = [np.stack(np.broadcast_arrays(int(l), np.asarray(
-                v.cpu() if isinstance(v, torch.Tensor) else v).reshape(-1)), axis=1)
-                for l, v in keys.items()]
-            arr = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
-        elif isinstance(keys, torch.Tensor):
-            arr = keys.detach().cpu().numpy()
-        else:
-            arr = np.asarray(keys if isinstance(keys, (list, tuple, np.ndarray)) else list(keys))
-        if arr.size == 0:
-            return _EMPTY
-        arr = arr.reshape(-1, 2) if arr.ndim == 1 and arr.size == 2 else arr
-        if _unique_dense_keys is not None:  # one native pass: check, dense ids, dedupe
-            dense = _unique_dense_keys(arr, self._L, self._E, self._layer_written)
-            if dense is not None:
-                return dense
-        # Not an int64 [N, 2] array, or a bad key: the pack's checks raise the error.
-        dense = self.pack.check_keys(arr)
-        if len(dense) <= 1:
-            return dense
-        order = np.argsort(dense, kind="stable")
-        ranked = dense[order]
-        first = np.empty(len(dense), dtype=bool)
-        first[0] = True
-        np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
-        return dense[np.sort(order[first])]  # unique, in first-seen order
+        return dense_keys(keys, self.pack, self._L, self._E, self._layer_written)
 
     def _resolve_stream(self, stream):
         return self._stream if stream is None else stream
@@ -491,13 +410,10 @@ class ExpertStore:
         self._submit_job(("sources", batch))
 
     def _submit_job(self, job) -> None:
-        with self._jobs_cv:
-            self._jobs_open += 1
-        self._jobs.put(job)
+        self._worker.submit(job)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until the background worker has nothing queued or running (lazy
         promotions, promote() tickets, snapshots); False on timeout. The runner calls
         this at a step boundary when it needs a settled pool (tests, snapshots)."""
-        with self._jobs_cv:
-            return self._jobs_cv.wait_for(lambda: self._jobs_open == 0, timeout)
+        return self._worker.wait_idle(timeout)
