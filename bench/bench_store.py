@@ -12,7 +12,7 @@ What one decode step of DeepSeek-V4-Flash costs the store on the CPU
 - ``fire``: bookkeeping of a fire whose 258 routed keys are all resident, and a
   fire of 64 new keys whose rows are arena hits (tiny rows, so it is overhead);
 - ``fold=numpy``: the same store with the native fold switched off (the numpy fold
-  that ``record``/``step`` used before csrc/src/fold.cpp), as the "before" in the same run;
+  that ``record``/``step`` used before csrc/store/src/fold.cpp), as the "before" in the same run;
 - floors measured in the same run: 43 bare ``list.append`` calls and one
   ``np.bincount`` of a step's keys (the least any Python/numpy fold costs); the two
   policies' ``on_access`` for one step's unique keys (what ``step`` must spend in

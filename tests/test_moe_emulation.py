@@ -1,4 +1,4 @@
-"""The CUDA decode kernels, run unchanged on CPU threads (csrc/tests/moe_cpu_emulation.cpp),
+"""The CUDA decode kernels, run unchanged on CPU threads (csrc/kernels/tests/moe_cpu_emulation.cpp),
 against the fp64 torch reference: catches indexing, staging and barrier mistakes on a
 machine with no GPU. Arithmetic differs from the GPU only in exp (exact here) and in
 bf16 rounding being done by the shim."""
@@ -25,7 +25,8 @@ def emulator(tmp_path_factory):
         pytest.skip("no C++ compiler")
     exe = tmp_path_factory.mktemp("emu") / "moe_cpu_emulation"
     cmd = [cxx, "-std=c++20", "-O2", "-pthread", "-Wno-unknown-pragmas",
-           f"-I{ROOT / 'csrc/include'}", str(ROOT / "csrc/tests/moe_cpu_emulation.cpp"), "-o", str(exe)]
+           f"-I{ROOT / 'csrc/kernels/include'}",
+           str(ROOT / "csrc/kernels/tests/moe_cpu_emulation.cpp"), "-o", str(exe)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         pytest.fail(f"emulator build failed:\n{res.stderr[-3000:]}")

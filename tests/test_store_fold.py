@@ -1,4 +1,4 @@
-"""The native routing fold (csrc/src/fold.cpp) against the numpy fold it replaces:
+"""The native routing fold (csrc/store/src/fold.cpp) against the numpy fold it replaces:
 same keys, counts, hit split, seen marks and dropped ids, for any mix of records."""
 from __future__ import annotations
 

@@ -8,9 +8,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include "tierstore/engine.hpp"
-#include "tierstore/error.hpp"
-#include "tierstore/host_buffer.hpp"
+#include "tierstore/io/engine.hpp"
+#include "tierstore/io/error.hpp"
+#include "tierstore/io/host_buffer.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;

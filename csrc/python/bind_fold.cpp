@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "tierstore/fold.hpp"
+#include "tierstore/store/fold.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "tierstore/moe.hpp"
+#include "tierstore/kernels/moe.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;

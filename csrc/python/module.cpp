@@ -2,7 +2,7 @@
 // file; this file only assembles them.
 #include <nanobind/nanobind.h>
 
-#include "tierstore/runtime.hpp"
+#include "tierstore/io/runtime.hpp"
 
 namespace nb = nanobind;
 

@@ -1,6 +1,6 @@
 """CUDA decode path of ``tierstore.moe.fused_moe`` (T <= 16): argument checks that need
 no host sync, scratch allocation on torch's current stream, and the launch of
-``tierstore._C.moe_decode`` (csrc/src/moe_decode.cu). Capturable in a CUDA graph."""
+``tierstore._C.moe_decode`` (csrc/kernels/src/moe_decode.cu). Capturable in a CUDA graph."""
 from __future__ import annotations
 
 import torch

@@ -2,7 +2,7 @@
 
 ``record(layer, topk_ids)`` runs on the forward thread for every MoE layer, so it
 does the least it can: CPU ids are counted at once into the native fold
-(``tierstore._C.RoutingFold``, csrc/src/fold.cpp: one pass over the caller's
+(``tierstore._C.RoutingFold``, csrc/store/src/fold.cpp: one pass over the caller's
 buffer, no copy kept, so the caller may reuse it; the GIL serialises it with
 ``take``, so no lock); a CUDA tensor is added into a device counter with one
 ``scatter_add_`` on the caller's stream (no host sync; capturable in a CUDA graph:

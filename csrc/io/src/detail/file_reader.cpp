@@ -1,4 +1,4 @@
-#include "tierstore/detail/file_reader.hpp"
+#include "tierstore/io/detail/file_reader.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,8 +9,8 @@
 #include <chrono>
 #include <thread>
 
-#include "tierstore/error.hpp"
-#include "tierstore/host_buffer.hpp"
+#include "tierstore/io/error.hpp"
+#include "tierstore/io/host_buffer.hpp"
 
 namespace tierstore::detail {
 

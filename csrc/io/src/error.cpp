@@ -1,4 +1,4 @@
-#include "tierstore/error.hpp"
+#include "tierstore/io/error.hpp"
 
 #include <cstdio>
 #include <cstring>

@@ -1,4 +1,4 @@
-// Runs the MoE decode kernels of csrc/src/moe_decode.cu on the CPU, unchanged, to check
+// Runs the MoE decode kernels of csrc/kernels/src/moe_decode.cu on the CPU, unchanged, to check
 // their indexing and synchronisation on a machine with no GPU. Each CUDA thread of a
 // block is a fiber (ucontext) on one OS thread, switched only at barriers (cheap, and
 // deterministic); __syncthreads is a barrier over the block's fibers, a warp shuffle is

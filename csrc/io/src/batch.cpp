@@ -4,9 +4,9 @@
 #include <cerrno>
 #include <chrono>
 
-#include "tierstore/detail/batch_row.hpp"
-#include "tierstore/detail/cuda_copy.hpp"
-#include "tierstore/engine.hpp"
+#include "tierstore/io/detail/batch_row.hpp"
+#include "tierstore/io/detail/cuda_copy.hpp"
+#include "tierstore/io/engine.hpp"
 
 namespace tierstore {
 

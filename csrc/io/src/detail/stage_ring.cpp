@@ -1,6 +1,6 @@
-#include "tierstore/detail/stage_ring.hpp"
+#include "tierstore/io/detail/stage_ring.hpp"
 
-#include "tierstore/detail/cuda_copy.hpp"
+#include "tierstore/io/detail/cuda_copy.hpp"
 
 namespace tierstore::detail {
 

@@ -26,7 +26,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "tierstore/moe.hpp"
+#include "tierstore/kernels/moe.hpp"
 
 namespace tierstore {
 namespace {

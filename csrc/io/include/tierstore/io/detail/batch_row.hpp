@@ -3,7 +3,7 @@
 #include <atomic>
 #include <cstdint>
 
-#include "tierstore/engine.hpp"
+#include "tierstore/io/engine.hpp"
 
 namespace tierstore {
 

@@ -1,4 +1,4 @@
-#include "tierstore/runtime.hpp"
+#include "tierstore/io/runtime.hpp"
 
 #if TIERSTORE_WITH_CUDA
 #include <cuda_runtime_api.h>

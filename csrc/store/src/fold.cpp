@@ -1,5 +1,5 @@
 // Routing fold (fold.hpp): counts per dense key, taken with the hit split once per step.
-#include "tierstore/fold.hpp"
+#include "tierstore/store/fold.hpp"
 
 #include <stdexcept>
 

@@ -1,4 +1,4 @@
-#include "tierstore/engine.hpp"
+#include "tierstore/io/engine.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -7,11 +7,11 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "tierstore/detail/batch_row.hpp"
-#include "tierstore/detail/cuda_copy.hpp"
-#include "tierstore/detail/stage_ring.hpp"
-#include "tierstore/detail/task_queue.hpp"
-#include "tierstore/error.hpp"
+#include "tierstore/io/detail/batch_row.hpp"
+#include "tierstore/io/detail/cuda_copy.hpp"
+#include "tierstore/io/detail/stage_ring.hpp"
+#include "tierstore/io/detail/task_queue.hpp"
+#include "tierstore/io/error.hpp"
 
 namespace tierstore {
 

@@ -1,9 +1,9 @@
-#include "tierstore/detail/cuda_copy.hpp"
+#include "tierstore/io/detail/cuda_copy.hpp"
 
 #include <cerrno>
 #include <stdexcept>
 
-#include "tierstore/error.hpp"
+#include "tierstore/io/error.hpp"
 
 #if TIERSTORE_WITH_CUDA
 #include <cuda_runtime_api.h>

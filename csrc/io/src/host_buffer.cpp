@@ -1,13 +1,13 @@
-#include "tierstore/host_buffer.hpp"
+#include "tierstore/io/host_buffer.hpp"
 
 #include <sys/mman.h>
 
 #include <new>
 #include <utility>
 
-#include "tierstore/detail/cuda_copy.hpp"
-#include "tierstore/error.hpp"
-#include "tierstore/runtime.hpp"
+#include "tierstore/io/detail/cuda_copy.hpp"
+#include "tierstore/io/error.hpp"
+#include "tierstore/io/runtime.hpp"
 
 namespace tierstore {
 

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "tierstore/detail/file_reader.hpp"
+#include "tierstore/io/detail/file_reader.hpp"
 
 namespace tierstore {
 

@@ -10,7 +10,7 @@
 #include <mutex>
 #include <vector>
 
-#include "tierstore/host_buffer.hpp"
+#include "tierstore/io/host_buffer.hpp"
 
 namespace tierstore::detail {
 
