@@ -1,7 +1,7 @@
 """The uncertainty gate: decide from a decode step's logits whether it *fires*.
 
 A fire promotes the step's routed experts to the FP4 pool and re-runs the step
-(vLLM-Moet semantics, ../shared/COMPAT.md "The gate and a fire"):
+(vLLM-Moet semantics, its moe_w2_gate.py; docs/INTERNALS.md "gate"):
 
 * signal ``"top1"``: the top-1 softmax probability of each row; the step fires
   when the minimum over rows is ``<= tau`` (default 0.60);

@@ -1,6 +1,6 @@
 """Routing traces: the capture format, a validating lazy reader, and a recorder.
 
-Format (shared with ../shared/traces/): a ``.npy`` of int32 rows
+Format (vLLM-Moet's capture format): a ``.npy`` of int32 rows
 ``[tick, layer, expert]`` sorted by tick (then layer, then router rank), one tick
 = one forward step (one token of a prefill-like pass, or one decode step of a
 batch). ``layer`` is the model's own index (gaps allowed); an optional
