@@ -1,7 +1,7 @@
-"""Runtime settings: every ``TIERSTORE_*`` knob in one place.
+"""Runtime settings: every ``TIERSTORE_*`` knob in one place, and THE env-var parser.
 
-Each knob has a default, is read once from its environment variable (lazily, on
-first use), and can be changed at run time::
+Each knob has a default, is read from its environment variable (the whole
+``TIERSTORE_*`` family at once, on first use), and can be changed at run time::
 
     from tierstore import settings
     settings.get("threads")                 # 8, or $TIERSTORE_THREADS
@@ -14,141 +14,319 @@ a setting only fills in what the caller left out. The list of knobs is
 ``settings.KNOBS``; docs/SETTINGS.md documents each one (a test checks the two
 agree). Thread safety: get/set are atomic per knob; ``override`` is meant for
 tests and changes the value for every thread while it is active.
+
+The parser is one table-driven engine for every environment family
+(``TIERSTORE_*`` here, ``VLLM_MOE_W2_*`` in the vLLM-Moet adapter): an
+:class:`EnvSpec` is a prefix plus :class:`Var` rows (variable, key, converter,
+default, doc); ``spec.parse(environ)`` converts every variable that is set,
+collects ALL bad values into one :class:`ConfigError` (``NAME=value: reason``
+each, so a user fixes them in one go) and warns once per unknown name with the
+family's prefix (a typo must not pass silently, but must not stop a server
+either). Converters take a string (or an already typed value, for ``set``) and
+raise ``ValueError(reason)``; ``boolean``, ``integer``, ``number``,
+``fraction``, ``choice``, ``gib_or_auto`` and ``optional_path`` cover the common
+kinds.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import shlex
 import threading
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from tierstore.errors import ConfigError
 
+Converter = Callable[[Any], Any]
 
-def _parse_bool(text: str) -> bool:
-    low = text.strip().lower()
+#: Policy names a TIERSTORE_*_POLICY may take. settings sits below tierstore.policies
+#: (which reads settings), so the names are listed here; a test keeps them equal to
+#: policies.available().
+POLICY_NAMES = ("lru", "heat", "hybrid")
+AUTO = "auto"
+
+
+# -- converters: value -> typed value, raise ValueError(reason) ----------------------
+def boolean(value: Any) -> bool:
+    """1/true/yes/on -> True, 0/false/no/off/"" -> False."""
+    if isinstance(value, bool):
+        return value
+    low = str(value).strip().lower()
     if low in ("1", "true", "yes", "on"):
         return True
     if low in ("0", "false", "no", "off", ""):
         return False
-    raise ValueError(f"expected 0/1/true/false, found {text!r}")
+    raise ValueError("expected 0/1/true/false")
 
 
-def _parse_direct(text: str) -> str:
-    low = text.strip().lower()
-    if low not in ("auto", "on", "off"):
-        raise ValueError(f"expected auto, on or off, found {text!r}")
-    return low
+def _bound_text(lo, hi, lo_open: bool) -> str:
+    parts = []
+    if lo is not None:
+        parts.append(f"{'>' if lo_open else '>='} {lo:g}")
+    if hi is not None:
+        parts.append(f"<= {hi:g}")
+    return " and ".join(parts)
 
 
-def _non_negative(kind: Callable[[str], Any]) -> Callable[[Any], Any]:
-    def parse(text):
-        value = kind(text)
-        if value < 0:
-            raise ValueError(f"expected a value >= 0, found {text!r}")
-        return value
+def integer(lo: int | None = None, hi: int | None = None) -> Converter:
+    """A base-10 integer in [lo, hi] (either bound may be None)."""
+    def parse(value: Any) -> int:
+        v = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            v = value
+        elif isinstance(value, float) and value.is_integer():
+            v = int(value)
+        elif isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                v = int(value.strip(), 10)
+        if v is None or (lo is not None and v < lo) or (hi is not None and v > hi):
+            bound = _bound_text(lo, hi, False)
+            raise ValueError(f"expected an integer{' ' + bound if bound else ''}")
+        return v
     return parse
 
 
-def _positive_int(text) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"expected an integer >= 1, found {text!r}")
-    return value
+def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> Converter:
+    """A finite float in [lo, hi] ((lo, hi] with ``lo_open``)."""
+    def parse(value: Any) -> float:
+        try:
+            v = None if isinstance(value, bool) else float(str(value).strip())
+        except ValueError:
+            v = None
+        if (v is None or not math.isfinite(v) or (lo is not None and (v < lo or (lo_open and v == lo)))
+                or (hi is not None and v > hi)):
+            bound = _bound_text(lo, hi, lo_open)
+            raise ValueError(f"expected a number{' ' + bound if bound else ''}")
+        return v
+    return parse
 
 
-def _fraction(text) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"expected a fraction in [0, 1], found {text!r}")
-    return value
+def fraction(value: Any) -> float:
+    """A float in [0, 1]."""
+    try:
+        return number(0.0, 1.0)(value)
+    except ValueError:
+        raise ValueError("expected a fraction in [0, 1]") from None
 
 
+def choice(*names: str, what: str = "value", aliases: Mapping[str, str] | None = None) -> Converter:
+    """One of ``names`` (case-insensitive); ``aliases`` map other spellings onto them."""
+    aliases = dict(aliases or {})
+
+    def parse(value: Any) -> str:
+        low = str(value).strip().lower()
+        low = aliases.get(low, low)
+        if low not in names:
+            raise ValueError(f"unknown {what} {str(value)!r}; expected one of {', '.join(names)}")
+        return low
+    return parse
+
+
+def gib_or_auto(value: Any) -> float | None:
+    """``auto`` -> None, else GiB >= 0."""
+    if value is None or str(value).strip().lower() == AUTO:
+        return None
+    try:
+        return number(0.0)(value)
+    except ValueError:
+        raise ValueError("expected GiB >= 0 or auto") from None
+
+
+def optional_path(value: Any) -> str | None:
+    """A path; empty means unset."""
+    text = os.fspath(value) if value is not None else ""
+    return str(text) or None
+
+
+# -- the table and its parser ---------------------------------------------------------
 @dataclass(frozen=True)
-class Knob:
-    name: str                       # settings.get(name)
+class Var:
+    """One environment variable: its full name, the key it fills, converter, default, doc.
+
+    ``show`` turns a value back into the string that parses to it (round trips)."""
+    env: str
+    key: str
+    parse: Converter
     default: Any
-    parse: Callable[[Any], Any]     # str (from the environment) or value -> typed value
     doc: str
+    show: Callable[[Any], str] = str
 
     @property
-    def env(self) -> str:
-        return "TIERSTORE_" + self.name.upper()
+    def name(self) -> str:      # settings.get(name) for TIERSTORE_* knobs
+        return self.key
 
 
-KNOBS: dict[str, Knob] = {k.name: k for k in (
-    Knob("threads", 8, _positive_int, "reader threads of the store's I/O engine"),
-    Knob("direct", "auto", _parse_direct,
-         "O_DIRECT for pack reads: auto (probe, fall back to buffered), on (require), off"),
-    Knob("lazy_per_step", 8, _non_negative(int),
-         "most lazy (background) promotions that one step() queues"),
-    Knob("half_life_steps", 256.0, _non_negative(float),
-         "heat half-life in decode steps (0: the policy's own default)"),
-    Knob("half_life_s", 0.0, _non_negative(float),
-         "heat half-life in wall-clock seconds; > 0 replaces half_life_steps"),
-    Knob("reserve_gb", 3.0, _non_negative(float),
-         "GiB left free when a pool or arena is sized \"auto\""),
-    Knob("max_gb", 0.0, _non_negative(float), "cap on an \"auto\" pool in GiB (0: no cap)"),
-    Knob("max_promote", 64, _non_negative(int), "default cap on new promotions per fire"),
-    Knob("pool_policy", "heat", str, "replacement policy of the VRAM pool"),
-    Knob("arena_policy", "lru", str, "replacement policy of the pinned RAM arena"),
-    Knob("scan_keep", 0.5, _fraction,
-         "share of each tier's capacity (its hottest residents) a prefill (scan) batch may not evict"),
-    Knob("fire_rounds", 3, _positive_int,
-         "rounds a fire retries keys another thread was loading before giving up"),
-    Knob("latency_window", 4096, _positive_int,
-         "fire latencies kept for the p50/p99 in stats()"),
-    Knob("snapshot_every_s", 10.0, _non_negative(float),
-         "seconds between poolmon snapshots when a snapshot path is set (0: off)"),
-)}
+def _quote(raw: Any) -> str:
+    return shlex.quote(str(raw))
+
+
+class EnvSpec:
+    """A family of environment variables sharing a prefix, parsed in one pass."""
+
+    def __init__(self, prefix: str, variables: Iterable[Var], family: str | None = None):
+        self.prefix = prefix
+        self.vars: dict[str, Var] = {}
+        for var in variables:
+            if not var.env.startswith(prefix) or var.env in self.vars:
+                raise ValueError(f"{var.env}: not under {prefix} or listed twice")
+            self.vars[var.env] = var
+        self.family = family or f"{prefix}*"
+        self._warned: dict[str, None] = {}  # module-level set() shadows the builtin
+        self._lock = threading.Lock()
+
+    def by_key(self, key: str) -> Var | None:
+        for var in self.vars.values():
+            if var.key == key:
+                return var
+        return None
+
+    def unknown(self, environ: Mapping[str, str]) -> list[str]:
+        """Names with this prefix that no Var lists, sorted."""
+        return sorted(k for k in environ if k.startswith(self.prefix) and k not in self.vars)
+
+    def warn_unknown(self, environ: Mapping[str, str], stacklevel: int = 2) -> list[str]:
+        """One RuntimeWarning per unknown name per process; returns the newly warned names."""
+        with self._lock:
+            new = [k for k in self.unknown(environ) if k not in self._warned]
+            self._warned.update(dict.fromkeys(new))
+        if new:
+            known = ", ".join(self.vars)
+            warnings.warn(f"ignoring unknown {self.family} variable(s): {', '.join(new)} "
+                          f"(known: {known})", RuntimeWarning, stacklevel=stacklevel + 1)
+        return new
+
+    def convert(self, var: Var, raw: Any, origin: str | None = None) -> Any:
+        """One value through its converter; ConfigError ``origin: reason`` on failure."""
+        try:
+            return var.parse(raw)
+        except (TypeError, ValueError) as exc:
+            where = origin or f"{var.env}={_quote(raw)}"
+            raise ConfigError(f"{where}: {exc}") from None
+
+    def parse(self, environ: Mapping[str, str] | None = None, *, defaults: bool = True,
+              warn: bool = True) -> dict[str, Any]:
+        """{key: value} for every variable (set ones converted; with ``defaults`` the
+        others at their default). All bad values -> ONE ConfigError whose
+        ``problems`` lists each ``NAME=value: reason``; unknown names warn once."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for env, var in self.vars.items():
+            raw = environ.get(env)
+            if raw is None:
+                if defaults:
+                    values[var.key] = var.default
+                continue
+            try:
+                values[var.key] = var.parse(raw)
+            except (TypeError, ValueError) as exc:
+                problems.append(f"{env}={_quote(raw)}: {exc}")
+        if problems:
+            head = "" if len(problems) == 1 else f"{len(problems)} bad {self.family} variables: "
+            err = ConfigError(head + "; ".join(problems))
+            err.problems = problems
+            raise err
+        if warn:
+            self.warn_unknown(environ, stacklevel=3)
+        return values
+
+    def describe(self) -> list[tuple[str, str, Any, str]]:
+        """(key, variable, default, doc) per row, for docs and --help."""
+        return [(v.key, v.env, v.default, v.doc) for v in self.vars.values()]
+
+
+# -- the TIERSTORE_* family -----------------------------------------------------------
+def _knob(name: str, default: Any, parse: Converter, doc: str) -> Var:
+    return Var("TIERSTORE_" + name.upper(), name, parse, default, doc)
+
+
+Knob = Var  # the old name of a row; kept for callers of settings.KNOBS
+_non_negative_int = integer(0)
+_non_negative = number(0.0)
+
+SPEC = EnvSpec("TIERSTORE_", (
+    _knob("threads", 8, integer(1, 1024), "reader threads of the store's I/O engine"),
+    _knob("direct", "auto", choice("auto", "on", "off", what="O_DIRECT mode"),
+          "O_DIRECT for pack reads: auto (probe, fall back to buffered), on (require), off"),
+    _knob("lazy_per_step", 8, _non_negative_int,
+          "most lazy (background) promotions that one step() queues"),
+    _knob("half_life_steps", 256.0, _non_negative,
+          "heat half-life in decode steps (0: the policy's own default)"),
+    _knob("half_life_s", 0.0, _non_negative,
+          "heat half-life in wall-clock seconds; > 0 replaces half_life_steps"),
+    _knob("reserve_gb", 3.0, _non_negative, "GiB left free when a pool or arena is sized \"auto\""),
+    _knob("max_gb", 0.0, _non_negative, "cap on an \"auto\" pool in GiB (0: no cap)"),
+    _knob("max_promote", 64, _non_negative_int, "default cap on new promotions per fire"),
+    _knob("pool_policy", "heat", choice(*POLICY_NAMES, what="policy"),
+          "replacement policy of the VRAM pool"),
+    _knob("arena_policy", "lru", choice(*POLICY_NAMES, what="policy"),
+          "replacement policy of the pinned RAM arena"),
+    _knob("scan_keep", 0.5, fraction,
+          "share of each tier's capacity (its hottest residents) a prefill (scan) batch may not evict"),
+    _knob("fire_rounds", 3, integer(1),
+          "rounds a fire retries keys another thread was loading before giving up"),
+    _knob("latency_window", 4096, integer(1), "fire latencies kept for the p50/p99 in stats()"),
+    _knob("snapshot_every_s", 10.0, _non_negative,
+          "seconds between poolmon snapshots when a snapshot path is set (0: off)"),
+), family="TIERSTORE_*")
+
+KNOBS: dict[str, Var] = {v.key: v for v in SPEC.vars.values()}
 
 _lock = threading.Lock()
-_values: dict[str, Any] = {}
+_values: dict[str, Any] = {}    # set() values win over the environment
+_env: dict[str, Any] | None = None  # the parsed environment, None until first use
 
 
-def _check_name(name: str) -> Knob:
+def _check_name(name: str) -> Var:
     knob = KNOBS.get(name)
     if knob is None:
         raise ConfigError(f"unknown setting {name!r}; known: {', '.join(sorted(KNOBS))}")
     return knob
 
 
-def _parse(knob: Knob, raw: Any, origin: str) -> Any:
-    try:
-        return knob.parse(raw)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{origin}: {exc}") from None
+def check_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Parse every TIERSTORE_* variable now: {name: value}, one ConfigError for all bad
+    ones, one warning per unknown name. The CLI calls it at start-up."""
+    return SPEC.parse(environ)
+
+
+def _environment() -> dict[str, Any]:
+    global _env
+    if _env is None:
+        _env = SPEC.parse(os.environ)
+    return _env
 
 
 def get(name: str) -> Any:
     """Current value of a knob: set() > $TIERSTORE_<NAME> > default."""
-    knob = _check_name(name)
+    _check_name(name)
     with _lock:
         if name in _values:
             return _values[name]
-        raw = os.environ.get(knob.env)
-        value = knob.default if raw is None else _parse(knob, raw, f"${knob.env}")
-        _values[name] = value
-        return value
+        return _environment()[name]
 
 
 def set(name: str, value: Any) -> None:  # noqa: A001 - mirrors get()
     """Change a knob for the whole process (validated like the environment)."""
     knob = _check_name(name)
-    typed = _parse(knob, value, f"setting {name}")
+    typed = SPEC.convert(knob, value, f"setting {name}={_quote(value)}")
     with _lock:
         _values[name] = typed
 
 
 def reset(name: str | None = None) -> None:
-    """Forget set() values (one knob or all) so the environment is read again."""
+    """Forget set() values (one knob or all) and re-read the environment on next use."""
+    global _env
     with _lock:
         if name is None:
             _values.clear()
         else:
             _check_name(name)
             _values.pop(name, None)
+        _env = None
 
 
 @contextlib.contextmanager
@@ -156,16 +334,21 @@ def override(**values: Any) -> Iterator[None]:
     """Temporarily set knobs; the previous values come back on exit, even on error."""
     for name in values:
         _check_name(name)
-    saved = {name: get(name) for name in values}
+    with _lock:
+        had = {name: _values[name] for name in values if name in _values}
     try:
         for name, value in values.items():
             set(name, value)
         yield
     finally:
         with _lock:
-            _values.update(saved)
+            for name in values:
+                if name in had:
+                    _values[name] = had[name]
+                else:
+                    _values.pop(name, None)
 
 
 def describe() -> list[tuple[str, str, Any, str]]:
     """(name, environment variable, default, doc) for every knob, for docs and --help."""
-    return [(k.name, k.env, k.default, k.doc) for k in KNOBS.values()]
+    return SPEC.describe()
