@@ -1,46 +1,30 @@
-"""tierstore as a drop-in tier store for vLLM-Moet (the fork), replayed without vLLM.
+"""tierstore as vLLM-Moet's FP4 tier, replayed without vLLM (the engine's exact calls).
 
     python examples/vllm_moet_dropin.py [--device cpu|cuda] [--steps 8] [--graph]
 
 Integration 1 of 2 (the other: examples/vllm_quant_method.py, stock vLLM).
 
-What the fork does, and what to change
---------------------------------------
-vLLM-Moet configures its FP4 "recovery" pool with VLLM_MOE_W2_* variables and
-calls a tier object from its fused-MoE glue and its model runner. tierstore reads
-the same variables (``config_from_env``; every documented one, bad values in one
-error) and exposes the same surface, so the fork's tier is replaced by::
+In a real deployment nothing is patched: ``pip install tierstore`` next to
+vLLM-Moet and set ``VLLM_MOE_W2_TIERSTORE=1``. tierstore's ``vllm.general_plugins``
+entry point then installs ``tierstore.adapters.vllm_moet.get_tier`` (and
+``shutdown`` / ``check_pool_floor``) into vLLM-Moet's ``moe_w2_delta`` module in
+every worker, before the model is built, and every caller gets tierstore's tier:
 
-    from tierstore.adapters.vllm_moet import MoetTier
-    tier = MoetTier.from_env(device="cuda", rank=tp_rank, world=tp_size)
-    # after the KV cache is allocated, before CUDA-graph capture:
-    tier.finalize_auto()                             # VLLM_MOE_W2_DELTA_GB=auto
-    tier.check_pool_floor(top_k, n_spec, max_num_seqs)   # after sizing (FORCE_POOL honoured)
-    tier.preload_pool()                              # pool-heat warm start (POOL_HEAT=1)
+    tier = moe_w2_delta.get_tier(n_experts=E, dev=dev, w13_bytes=..., w2_bytes=...)
+    tier.add_layer_host_planes(layer_key, w13_gpu, w2_gpu)    # first boot writes the pack
+    moe_w2_delta.check_pool_floor(top_k, n_spec, max_num_seqs) # V1 runner, end of load
+    moe_w2_delta.mark_seen(tier.seen[layer_key], topk_ids.view(-1).long())  # in graph
+    tier.finalize_auto()                                      # worker, after the KV cache
+    per step: tier.wait_manager_idle(); forward; on a gate fire up to GATE_FP_MAX rounds of
+              force_promote_step(max_promote=budget) + replay; tier.step_end()
+    moe_w2_delta.shutdown()
 
-    # fused-MoE glue, per MoE layer (inside the captured graph for decode):
-    tier.mark_seen(layer, topk_ids)                  # device ops only
-    out = tier.moe_w2_forward(x, topk_weights, topk_ids, layer)
-    # prefill, eager, before the layer's forward:
-    tier.ensure_resident(layer, topk_ids)
-
-    # model runner, per decode step:
-    tier.wait_manager_idle(timeout); tier.step_begin()
-    logits = run_graph()
-    if gate.should_fire(logits):                     # tierstore.gate.UncertaintyGate
-        tier.force_promote(); logits = run_graph()   # up to 3 rounds
-    tier.step_end()
-
-The fork's store backends call ``tier.backend().rows_for(pairs, scan=False)`` to
-read rows with tierstore's threaded pread / O_DIRECT engine. The pack directory
-(VLLM_MOE_W2_STORE_DIR) holds an ``fp4`` pack (pool rows) and a ``base`` pack
-(the 2-bit rows every expert falls back to). Policy names map freq->heat,
-need->hybrid, lru->lru (tierstore/adapters/moet_config.py).
-
-This script builds such a directory from a small generated model, sets the
-environment the way a deployment would, and replays the runner's call sequence
-(``tierstore.adapters.moet_runner.EngineReplay``); ``--graph`` (CUDA) captures the
-decode forward in a CUDA graph once and replays it across promotions.
+This script writes random FP4 planes for a few layers, sets the VLLM_MOE_W2_*
+environment a deployment would, and drives ``tierstore.adapters.vllm_moet`` with
+``tierstore.testing.moet_engine.MoetEngine`` (the glue / gate / runner / worker
+calls, in order), checking after every step that each mapped pool slot holds
+exactly its row of the pack on disk. A second boot finds the pack and skips the
+layers. ``--graph`` (CUDA) captures the forward with capture_error_mode="global".
 """
 from __future__ import annotations
 
@@ -50,65 +34,47 @@ import tempfile
 
 import torch
 
-from tierstore.testing.moet_runner import EngineReplay, TinyDecoder
-from tierstore.adapters.vllm_moet import MoetTier
-from tierstore.compute.gate import UncertaintyGate
-from tierstore.testing.model import make_moe_model, write_model_packs
+P = "VLLM_MOE_W2_"
 
 
-def main(argv=None) -> int:
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--experts", type=int, default=16)
-    ap.add_argument("--top-k", type=int, default=2)
-    ap.add_argument("--graph", action="store_true", help="capture the decode step (CUDA)")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)          # tiny tensors: intra-op threads only add overhead
+    ap.add_argument("--graph", action="store_true")
+    args = ap.parse_args()
+    from tierstore.adapters import vllm_moet as moe_w2_delta
+    from tierstore.format.pack import Pack
+    from tierstore.testing.moet_engine import MoetEngine
 
-    with tempfile.TemporaryDirectory() as store_dir:
-        model = make_moe_model(args.layers, args.experts, H=128, I=128, seed=0)
-        write_model_packs(model, store_dir)
-        slot_bytes = model.fp4_bytes
-        # the deployment's environment (a real one sets these in the service unit)
-        env = dict(os.environ)
-        env.update({
-            "VLLM_MOE_W2_STORE_DIR": store_dir,
-            "VLLM_MOE_W2_DELTA_GB": "auto",
-            "VLLM_MOE_W2_DELTA_RESERVE_GB": "0",
-            "VLLM_MOE_W2_DELTA_MAX_GB": repr(24 * slot_bytes / 2**30),   # a 24-slot pool
-            "VLLM_MOE_W2_DELTA_POLICY": "freq",
-            "VLLM_MOE_W2_GATE_MAX_PROMOTE": "16",
-            "VLLM_MOE_W2_BASE_RAM_GB": "0.01",
-            "VLLM_MOE_W2_POOL_HEAT_EVERY_S": "3600",
-        })
-        tier = MoetTier.from_env(env, device=args.device)
-        with tier:
-            tier.check_pool_floor(top_k=args.top_k)          # deferred: the pool is "auto"
-            n = tier.finalize_auto(free_bytes=2**40)         # as if after the KV cache
-            print(f"pool: {n} slots of {slot_bytes} bytes (auto, capped by DELTA_MAX_GB); "
-                  f"preloaded {tier.preload_pool()} from pool heat")
-            gate = UncertaintyGate("top1", tau=0.60)
-            replay = EngineReplay(tier, TinyDecoder(model, args.top_k, device=args.device),
-                                  gate, max_rounds=3, graph=args.graph)
-            replay.prefill(model.tokens(32, seed=1).to(args.device))
-            for step in range(args.steps):
-                replay.decode(model.tokens(2, seed=100 + step).to(args.device))
-                h = replay.history[-1]
-                conf = " -> ".join(f"{c:.3f}" for c in h.confidence)
-                print(f"step {step}: {'FIRE' if h.fired else 'ok  '} rounds={h.rounds} "
-                      f"promoted={h.promoted} min top-1 {conf}")
-            g, s = gate.stats(), tier.store.stats()
-            print(f"gate: {g.steps} steps, fire rate {g.fire_rate:.2f}, "
-                  f"{g.rounds_per_fire:.2f} rounds and {g.promoted_per_fire:.1f} promoted per fire")
-            print(f"store: pool hit rate {s.pool.hit_rate:.2f}, fire p50 {s.fire_p50_ms:.2f} ms, "
-                  f"{s.lazy_queued} lazy promotions queued")
-            rows = tier.backend().rows_for([(0, 0), (1, 3)], scan=True)
-            print(f"backend rows_for: {len(rows)} rows of {rows[0].nbytes} bytes")
-        print("pool heat written:", sorted(f for f in os.listdir(store_dir) if f.startswith("pool-heat")))
-    return 0
+    w13, w2 = 8192, 4096
+    g = torch.Generator().manual_seed(0)
+    planes = {k: (torch.randint(0, 256, (args.experts, w13), dtype=torch.uint8, generator=g),
+                  torch.randint(0, 256, (args.experts, w2), dtype=torch.uint8, generator=g))
+              for k in range(args.layers)}
+    store_dir = tempfile.mkdtemp(prefix="tierstore-moet-")
+    slots = max(int(args.layers * 2 * 2 * 1.7) + 2, 8)
+    os.environ.update({P + "STORE_DIR": store_dir, P + "CKPT_ID": "example-ckpt",
+                       P + "NUM_LAYERS": str(args.layers - 1), P + "GATE": "1",
+                       P + "DELTA_GB": repr(slots * (w13 + w2) / 2**30)})
+    for boot in (1, 2):
+        moe_w2_delta.reset_env()
+        eng = MoetEngine(moe_w2_delta, planes, n_experts=args.experts, dev=args.device,
+                         top_k=2, tokens=2, graphs=args.graph).boot()
+        tier = moe_w2_delta._TIER
+        pack = Pack.open(tier._store.path)
+        print(f"boot {boot}: pack {os.path.basename(pack.path)} holds {int(pack.written.sum())}/"
+              f"{args.layers} layers; pool {tier.n_slots} slots x {tier.slot_bytes} bytes")
+        for i in range(args.steps):
+            rec = eng.step(fire=True)
+            mapped = eng.check(lambda li, ei: torch.from_numpy(pack.read_row(li, ei).copy()))
+            print(f"step {i}: promoted {rec['promoted']} in {rec['rounds']} replays, "
+                  f"{mapped} experts mapped, pool == pack")
+        eng.shutdown()
+    print("shutdown: moe_w2_delta._TIER is", moe_w2_delta._TIER)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

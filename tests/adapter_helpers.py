@@ -14,7 +14,7 @@ import tempfile
 import pytest
 import torch
 
-from tierstore.adapters.moet_config import config_from_env
+from tierstore.adapters.moet_config import from_env
 
 L, E, H, I = 3, 8, 64, 64
 P = "VLLM_MOE_W2_"
@@ -38,17 +38,17 @@ def slot_bytes() -> int:
 
 def env_for(store_dir: str, slots: int | None = 16, **extra) -> dict:
     """Environment of a tier on ``store_dir``: a pool of exactly ``slots`` slots
-    (None: auto), a tiny arena, pool heat off unless asked."""
-    env = {P + "STORE_DIR": store_dir, P + "BASE_RAM_GB": repr(64 * 8192 / 2**30),
-           P + "POOL_HEAT": "0", P + "STORE_THREADS": "2"}
+    (None: auto), a tiny arena, the gate armed."""
+    env = {P + "STORE_DIR": store_dir, P + "TIERSTORE_RAM_GB": repr(64 * 8192 / 2**30),
+           P + "STORE_THREADS": "2", P + "GATE": "1"}
     env[P + "DELTA_GB"] = "auto" if slots is None else repr(slots * slot_bytes() / 2**30)
     env.update({P + k: str(v) for k, v in extra.items()})
     return env
 
 
 def make_tier(store_dir: str, slots: int | None = 16, device="cpu", **extra):
-    from tierstore.adapters.vllm_moet import MoetTier
-    return MoetTier(config_from_env(env_for(store_dir, slots, **extra)), device=device)
+    from tierstore.adapters.moet_native import MoetTier
+    return MoetTier(from_env(env_for(store_dir, slots, **extra)), device=device)
 
 
 @pytest.fixture

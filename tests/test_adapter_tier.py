@@ -158,7 +158,7 @@ def test_ensure_resident_promotes_the_prefill_layer(tier):
 
 
 def test_ensure_resident_is_refused_during_graph_capture(tier, monkeypatch):
-    monkeypatch.setattr("tierstore.adapters.vllm_moet._capturing", lambda: True)
+    monkeypatch.setattr("tierstore.adapters.moet_native._capturing", lambda: True)
     with pytest.raises(ConfigError, match="during CUDA-graph capture"):
         tier.ensure_resident(0, torch.tensor([[1]]))
 
@@ -187,16 +187,17 @@ def test_moe_w2_forward_reads_fp4_for_promoted_experts(tier):
 
 # -- warm start and lifecycle ----------------------------------------------------------
 def test_preload_pool_reads_the_pool_heat_file_and_snapshots_it(store_dir, tmp_path):
-    heat = {"POOL_HEAT": 1, "POOL_HEAT_DIR": str(tmp_path), "POOL_HEAT_EVERY_S": 3600}
-    with make_tier(store_dir, **heat) as first:
+    d = model_and_dir(seed=3)[1]                 # own directory: the heat file lands there
+    heat = {"TIERSTORE_POOL_HEAT": 1}            # POOL_HEAT* are vLLM-Moet's base tier's
+    with make_tier(d, **heat) as first:
         assert first.preload_pool() == 0                      # no file yet: cold
         first.mark_seen(1, torch.tensor([[0, 1, 2, 3]]))
         first.force_promote()
         first.step_end()
-    files = os.listdir(tmp_path)
+    files = [f for f in os.listdir(d) if f.startswith("pool-heat")]
     assert files == ["pool-heat.fp4.rank0of1.json"]           # written on shutdown
-    with make_tier(store_dir, POOL_HEAT_FILL=0.25, **heat) as second:
-        assert second.preload_pool() == 4                     # 0.25 of 16 slots
+    with make_tier(d, **heat) as second:
+        assert second.preload_pool() == 4                     # the 4 hot experts (<= 0.9 of 16)
         assert sorted(second.slot_table[1].ge(0).nonzero().flatten().tolist()) == [0, 1, 2, 3]
 
 
@@ -215,7 +216,7 @@ def test_tier_preheat_fills_the_arena_from_the_packs_heat_file():
     with make_tier(d) as first:
         first.backend().rows_for([(0, 1), (2, 5), (1, 7)])
         save_arena_heat(first.store, arena_heat_path(first.pack_path))
-    with make_tier(d) as warm:                   # TIER_PREHEAT defaults to 1
+    with make_tier(d) as warm:                   # an arena preheats from the heat file
         assert sorted(map(tuple, warm.store.resident_keys("arena").tolist())) == [(0, 1), (1, 7), (2, 5)]
-    with make_tier(d, TIER_PREHEAT=0) as cold:
+    with make_tier(d, TIERSTORE_RAM_GB=0) as cold:   # no arena, nothing to preheat
         assert len(cold.store.resident_keys("arena")) == 0

@@ -1,192 +1,223 @@
-"""VLLM_MOE_W2_* environment variables -> one validated ``MoetConfig``.
+"""VLLM_MOE_W2_* environment variables -> one validated ``MoetEnv``, with vLLM-Moet's meanings.
 
-vLLM-Moet configures its tier store through environment variables
-(../shared/COMPAT.md, "Environment variables a drop-in must honour"). A drop-in
-reads them ONCE, here; everything below takes explicit arguments. Every bad
-value is reported in one ConfigError that quotes each variable and value, so a
-user fixes them all in one go. Unknown ``VLLM_MOE_W2_*`` names (typos) give one
-warning, not an error: the fork has debug knobs of its own we need not know.
+The meanings are vLLM-Moet's own (its ``moe_w2_delta``, ``moe_w2_gate`` and
+``moe_w2_store`` read them; docs/VLLM_MOET.md lists each one): a drop-in keeps
+them exactly, and a setting tierstore adds gets its own ``VLLM_MOE_W2_TIERSTORE*``
+name. The ones most often got wrong:
 
-Policy names of the fork map onto tierstore policies:
+* ``DELTA_GB`` unset = ``"2.0"`` GiB; ``auto`` / ``-1`` / ``-1.0`` = auto (sized
+  after the KV cache, no 8-slot minimum); any other value <= 0 = no FP4 tier at all.
+* ``GATE`` unset = off; only ``"1"`` arms it (every switch here is on only for ``"1"``).
+* ``GATE_MAX_PROMOTE`` = 64, <= 0 = unlimited: a per-STEP budget shared by up to
+  ``GATE_FP_MAX`` (3, clamped >= 1) promote -> replay rounds.
+* ``BASE_RAM_GB``, ``TIER_DIRECT`` (default ``"0"``), ``TIER_SCAN``, ``TIER_PREHEAT``
+  and ``POOL_HEAT*`` belong to vLLM-Moet's base-cache tier; the FP4 tier ignores them.
 
-=========  ==========  ======================================================
-env value  tierstore   why
-=========  ==========  ======================================================
-``freq``   ``heat``    decayed frequency, the fork's default ranking
-``need``   ``hybrid``  heat + an admission filter (one-hit experts do not
-                       displace hot ones): the fork's "promote what is needed"
-``lru``    ``lru``     recency only
-=========  ==========  ======================================================
-
-The fork decays heat by DELTA_DECAY every DELTA_DECAY_S seconds; tierstore's
-heat policy takes a half-life, ``half_life_s = DECAY_S * ln 0.5 / ln DECAY``
-(0.5 every 5 s -> 5 s).
+Everything is read once per ``from_env`` call (vLLM-Moet reads most at import);
+a malformed value of any variable is reported in ONE ConfigError naming every
+bad variable and value: the table below runs through ``tierstore.settings``' one
+env-var parser (``EnvSpec``).
 """
 from __future__ import annotations
 
 import math
 import os
-import warnings
 from typing import Callable, Mapping
 
 import msgspec
 
-from tierstore.errors import ConfigError
+from tierstore import settings
 
 PREFIX = "VLLM_MOE_W2_"
-POLICY_MAP = {"freq": "heat", "need": "hybrid", "lru": "lru"}
-AUTO = "auto"
+GIB = 1 << 30
+AUTO_VALUES = ("auto", "-1", "-1.0")
+ZERO_MODES = ("auto", "sign", "alt")
+QUANTIZER_ABI = "tsym4-e8m0-fragmajor-a32-v2"   # vLLM-Moet's MOE_W2_QUANTIZER_ABI
+DEFAULT_CUTOFF = 43                              # DS4-Flash main-stack MoE layers
 
 
-class MoetConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Settings of a vLLM-Moet tier. GiB values are float GiB, None = "auto"."""
-    store_dir: str | None = None          # STORE_DIR: pack directory
-    delta_gb: float | None = None         # DELTA_GB: FP4 pool GiB, None = auto
-    delta_reserve_gb: float = 3.0         # DELTA_RESERVE_GB: kept free when auto
-    delta_max_gb: float = 0.0             # DELTA_MAX_GB: cap of auto, 0 = none
-    delta_promote: int = 8                # DELTA_PROMOTE: lazy promotions per pass
-    delta_policy: str = "freq"            # DELTA_POLICY: freq | need | lru
-    delta_decay: float = 0.5              # DELTA_DECAY: heat factor per DECAY_S
-    delta_decay_s: float = 5.0            # DELTA_DECAY_S
-    gate: bool = True                     # GATE: fire on uncertain decode steps
-    gate_max_promote: int = 64            # GATE_MAX_PROMOTE: cap per fire
-    force_pool: bool = False              # FORCE_POOL: accept a pool under the fire floor
-    base_ram_gb: float | None = None      # BASE_RAM_GB: arena GiB, None = 25% of the pack
-    tier_direct: str = "auto"             # TIER_DIRECT: O_DIRECT misses: on | off | auto
-    tier_preheat: bool = True             # TIER_PREHEAT: arena warm start from .heat.json
-    tier_scan: bool = True                # TIER_SCAN: scan resistance during prefill
-    store_threads: int = 8                # STORE_THREADS: reader threads
-    pool_heat: bool = True                # POOL_HEAT: pool warm start + snapshots
-    pool_heat_dir: str | None = None      # POOL_HEAT_DIR: None = STORE_DIR
-    pool_heat_every_s: float = 10.0       # POOL_HEAT_EVERY_S: snapshot period
-    pool_heat_fill: float = 0.9           # POOL_HEAT_FILL: preload at most this pool share
-
-    @property
-    def tierstore_policy(self) -> str:
-        return POLICY_MAP[self.delta_policy]
+class MoetEnv(msgspec.Struct, frozen=True, kw_only=True):
+    """The VLLM_MOE_W2_* values the FP4 tier, the gate and the store act on."""
+    delta: bool = True               # DELTA == "1"
+    delta_gb_raw: str = "2.0"        # DELTA_GB as given (stripped, lowercased)
+    delta_gb: float = 2.0            # its float value (0.0 in auto mode)
+    delta_auto: bool = False         # DELTA_GB in auto / -1 / -1.0
+    delta_gb_explicit: bool = False  # DELTA_GB was set at all (matters over the base cache)
+    reserve_gb: float = 3.0          # DELTA_RESERVE_GB: left free by an auto pool
+    max_gb: float = 0.0              # DELTA_MAX_GB: cap of an auto pool, 0 = none
+    policy: str = "freq"             # DELTA_POLICY: need | freq | lru (other = lru-like)
+    policy_explicit: bool = False
+    promote_per_pass: int = 8        # DELTA_PROMOTE: manager promotions per pass
+    tick_s: float = 0.005            # DELTA_TICK_MS / 1e3: min gap between manager passes
+    decay: float = 0.5               # DELTA_DECAY, applied every DECAY_S seconds
+    decay_s: float = 5.0             # DELTA_DECAY_S (min 0.1)
+    rank: str = "step_w"             # DELTA_RANK
+    promo_hyst: float = 0.0          # PROMO_HYST: >1 = displacement bar into a full pool
+    split: bool = False              # DELTA_SPLIT
+    count_seen: bool = False         # DELTA_TRACE > 0 or DELTA_CAPTURE set: seen is int32
+    base_cache_gb: float = 0.0       # BASE_CACHE_GB: > 0 = vLLM-Moet's base tier exists
+    force_pool: bool = False         # FORCE_POOL as parsed (the module rereads it at the check)
+    fire_timing: bool = False        # GATE_FIRE_TIMING
+    gate: bool = False               # GATE == "1"
+    gate_max_promote: int = 64       # GATE_MAX_PROMOTE (<= 0 = unlimited)
+    gate_fp_max: int = 3             # GATE_FP_MAX, clamped >= 1
+    gate_reforward: bool = True      # GATE_REFORWARD
+    gate_capture: bool = False       # GATE_CAPTURE: count need, promote nothing
+    store_dir: str = ""              # STORE_DIR (stripped); "" = host store, no pack
+    store_threads: int = 8           # STORE_THREADS: reader threads
+    ckpt_id: str = ""                # CKPT_ID: pack identity
+    zero_mode: str = "auto"          # ZERO_MODE: auto | sign | alt
+    num_layers: int | None = None    # NUM_LAYERS: main-stack cutoff (slot-table rows = +1)
+    prefill_t: int = 96              # PREFILL_T: largest decode-sized batch
+    exl3_base: bool = False          # EXL3_BASE
+    # tierstore's own, named VLLM_MOE_W2_TIERSTORE*
+    tierstore: bool = False          # TIERSTORE == "1": the plugin installs our tier
+    ts_ram_gb: float = 0.0           # TIERSTORE_RAM_GB: pinned arena over the FP4 pack
+    ts_direct: str = "off"           # TIERSTORE_DIRECT: O_DIRECT misses: on | off | auto
+    ts_checksums: bool = False       # TIERSTORE_VERIFY: check row checksums on read
+    ts_pool_heat: bool = False       # TIERSTORE_POOL_HEAT: native tier's pool warm start
 
     @property
     def half_life_s(self) -> float:
-        return self.delta_decay_s * math.log(0.5) / math.log(self.delta_decay)
+        """DECAY every DECAY_S seconds as a half-life (0.5 every 5 s -> 5 s)."""
+        if not 0.0 < self.decay < 1.0:
+            return 0.0
+        return self.decay_s * math.log(0.5) / math.log(self.decay)
 
     @property
-    def heat_dir(self) -> str | None:
-        return self.pool_heat_dir or self.store_dir
+    def enabled(self) -> bool:
+        """vLLM-Moet's ``enabled()``: is there an FP4 tier at all."""
+        if not self.delta:
+            return False
+        if self.base_cache_gb > 0:
+            return self.delta_gb_explicit and self.delta_gb > 0
+        return self.delta_gb > 0 or self.delta_auto
 
-    def as_env(self) -> dict[str, str]:
-        """The environment that parses back to this config (round trip)."""
-        env = {}
-        for field, (var, _parse, show) in _FIELDS.items():
-            value = getattr(self, field)
-            if value is not None or show is _show_gib:
-                env[var] = show(value)
-        return env
+    @property
+    def step_budget(self) -> int | None:
+        """The gate's per-step promotion budget; None = unlimited."""
+        return self.gate_max_promote if self.gate_max_promote > 0 else None
+
+    @property
+    def layer_rows(self) -> int:
+        """Slot-table rows when get_tier is given no n_layers: cutoff + 1 (MTP drafter)."""
+        return (DEFAULT_CUTOFF if self.num_layers is None else self.num_layers) + 1
+
+    def tier_policy(self) -> str:
+        """The FP4 tier's policy: ``need`` by default over the base cache or an EXL3 base."""
+        if (self.base_cache_gb > 0 or self.exl3_base) and not self.policy_explicit:
+            return "need"
+        return self.policy
+
+    def initial_slots(self, slot_bytes: int) -> int:
+        """n_slots at construction: 0 while auto is pending, else max(GiB // slot, 8)."""
+        if self.delta_auto:
+            return 0
+        return max(int(self.delta_gb * GIB) // int(slot_bytes), 8)
 
 
-# -- parsers: str -> value, raise ValueError(reason) ---------------------------
-def _bool(s: str) -> bool:
-    v = s.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("expected 0 or 1")
+# -- the table (tierstore.settings' one env-var parser) --------------------------------------
+def _switch(value) -> bool:
+    return str(value) == "1"   # vLLM-Moet compares with "1" exactly; anything else is off
 
 
-def _number(lo: float, hi: float = math.inf, *, lo_open=False, integer=False) -> Callable:
-    def parse(s: str):
+def _float(value) -> float:
+    return settings.number()(value)
+
+
+def _int(value) -> int:
+    return settings.integer()(value)
+
+
+def _at_least(parse: Callable, lo):
+    return lambda value: max(parse(value), lo)
+
+
+def _gb(value) -> str:
+    """DELTA_GB: auto spellings, or a float (kept as the stripped, lowercased text)."""
+    text = str(value).strip().lower()
+    if text not in AUTO_VALUES:
         try:
-            v = int(s, 10) if integer else float(s)
+            float(text)
         except ValueError:
-            raise ValueError("expected an integer" if integer else "expected a number") from None
-        if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
-            bound = f"{'>' if lo_open else '>='} {lo:g}" + (f" and <= {hi:g}" if hi != math.inf else "")
-            raise ValueError(f"expected a value {bound}")
-        return v
-    return parse
+            raise ValueError("expected a number of GiB, auto or -1") from None
+    return text
 
 
-def _gib_or_auto(s: str) -> float | None:
-    if s.strip().lower() == AUTO:
-        return None
-    return _number(0.0)(s)
+def _count(value) -> int:
+    return _int(value)
 
 
-def _choice(*names: str) -> Callable:
-    def parse(s: str) -> str:
-        v = s.strip().lower()
-        if v not in names:
-            raise ValueError(f"expected one of {' | '.join(names)}")
-        return v
-    return parse
+def _v(suffix: str, key: str, parse: Callable, default, doc: str) -> settings.Var:
+    return settings.Var(PREFIX + suffix, key, parse, default, doc)
 
 
-def _direct(s: str) -> str:
-    v = s.strip().lower()
-    aliases = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
-    v = aliases.get(v, v)
-    if v not in ("on", "off", "auto"):
-        raise ValueError("expected 0, 1 or auto")
-    return v
+SPEC = settings.EnvSpec(PREFIX, (
+    _v("DELTA", "delta", _switch, True, "FP4 tier on unless not '1'"),
+    _v("DELTA_GB", "delta_gb_raw", _gb, "2.0", "FP4 pool GiB; auto/-1 = after the KV cache; <= 0 = no tier"),
+    _v("DELTA_RESERVE_GB", "reserve_gb", _float, 3.0, "GiB an auto pool leaves free"),
+    _v("DELTA_MAX_GB", "max_gb", _float, 0.0, "cap of an auto pool, 0 = none"),
+    _v("DELTA_POLICY", "policy", str, "freq", "need (no lazy promotion) | freq | lru"),
+    _v("DELTA_PROMOTE", "promote_per_pass", _int, 8, "manager promotions per pass"),
+    _v("DELTA_TICK_MS", "tick_ms", _float, 5.0, "minimum gap between manager passes"),
+    _v("DELTA_DECAY", "decay", _float, 0.5, "freq/need factor per DECAY_S"),
+    _v("DELTA_DECAY_S", "decay_s", _at_least(_float, 0.1), 5.0, "decay period (min 0.1 s)"),
+    _v("DELTA_RANK", "rank", str, "step_w", "force_promote ranking: step_w = seen_w first"),
+    _v("PROMO_HYST", "promo_hyst", _float, 0.0, "> 1: displacement bar into a full pool"),
+    _v("DELTA_SPLIT", "split", _switch, False, "quintal slots"),
+    _v("DELTA_TRACE", "trace", _count, 0, "> 0 also makes seen int32 counts"),
+    _v("DELTA_CAPTURE", "capture", str, "", "non-empty also makes seen int32 counts"),
+    _v("BASE_CACHE_GB", "base_cache_gb", _float, 0.0, "> 0: vLLM-Moet's base-cache tier"),
+    _v("FORCE_POOL", "force_pool", _switch, False, "serve under the fire floor (a warning)"),
+    _v("GATE_FIRE_TIMING", "fire_timing", _switch, False, "fill LAST_FORCE_TIMING"),
+    _v("GATE", "gate", _switch, False, "only '1' arms the gate"),
+    _v("GATE_MAX_PROMOTE", "gate_max_promote", _int, 64, "per-step budget, <= 0 = unlimited"),
+    _v("GATE_FP_MAX", "gate_fp_max", _at_least(_int, 1), 3, "promote -> replay rounds (>= 1)"),
+    _v("GATE_REFORWARD", "gate_reforward", _switch, True, "replay after a promotion"),
+    _v("GATE_CAPTURE", "gate_capture", _switch, False, "count need, promote nothing"),
+    _v("STORE_DIR", "store_dir", lambda v: str(v).strip(), "", "pack directory; empty = host rows"),
+    _v("STORE_THREADS", "store_threads", _at_least(_int, 1), 8, "reader threads"),
+    _v("CKPT_ID", "ckpt_id", lambda v: str(v).strip(), "", "pack identity: checkpoint id"),
+    _v("ZERO_MODE", "zero_mode", settings.choice(*ZERO_MODES, what="zero mode"), "auto",
+       "pack identity: auto | sign | alt"),
+    _v("NUM_LAYERS", "num_layers", settings.integer(0), None, "main-stack MoE layers (rows = +1)"),
+    _v("PREFILL_T", "prefill_t", _int, 96, "largest decode-sized batch"),
+    _v("EXL3_BASE", "exl3_base", _switch, False, "EXL3 base (FP4 policy defaults to need)"),
+    _v("TIERSTORE", "tierstore", _switch, False, "the plugin installs tierstore's FP4 tier"),
+    _v("TIERSTORE_RAM_GB", "ts_ram_gb", settings.number(0.0), 0.0,
+       "tierstore: pinned RAM arena over the FP4 pack (GiB)"),
+    _v("TIERSTORE_DIRECT", "ts_direct",
+       settings.choice("on", "off", "auto", what="direct mode", aliases={"1": "on", "0": "off"}),
+       "off", "tierstore: O_DIRECT misses"),
+    _v("TIERSTORE_VERIFY", "ts_checksums", _switch, False, "tierstore: check row checksums"),
+    _v("TIERSTORE_POOL_HEAT", "ts_pool_heat", _switch, False,
+       "tierstore's native tier: pool warm start + snapshots in STORE_DIR"),
+), family="VLLM_MOE_W2_*")
+VARIABLES = tuple(SPEC.vars)
+BASE_ONLY = tuple(PREFIX + s for s in (
+    "BASE_RAM_GB", "TIER_DIRECT", "TIER_SCAN", "TIER_PREHEAT", "POOL_HEAT", "POOL_HEAT_DIR",
+    "POOL_HEAT_EVERY_S", "POOL_HEAT_FILL", "MISS_TOL", "FP_MAX", "REPLAY_MODE", "KPI_EVERY"))
 
 
-def _path(s: str) -> str | None:
-    return s or None
+def from_env(environ: Mapping[str, str] | None = None) -> MoetEnv:
+    """Parse every VLLM_MOE_W2_* variable the FP4 tier uses; unset ones take
+    vLLM-Moet's defaults. One ConfigError lists every ``NAME=value: reason``. Other
+    VLLM_MOE_W2_* names are vLLM-Moet's own (dozens): no unknown-name warning."""
+    env = os.environ if environ is None else environ
+    v = SPEC.parse(env, warn=False)
+    gb = v.pop("delta_gb_raw")
+    auto = gb in AUTO_VALUES
+    trace, capture, tick_ms = v.pop("trace"), v.pop("capture"), v.pop("tick_ms")
+    return MoetEnv(**v, delta_gb_raw=gb, delta_auto=auto, delta_gb=0.0 if auto else float(gb),
+                   delta_gb_explicit=PREFIX + "DELTA_GB" in env,
+                   policy_explicit=PREFIX + "DELTA_POLICY" in env,
+                   count_seen=trace > 0 or bool(capture), tick_s=tick_ms / 1e3)
 
 
-def _show_float(v: float) -> str:
-    return repr(float(v))
+config_from_env = from_env   # the earlier name, kept for callers
 
 
-def _show_gib(v: float | None) -> str:
-    return AUTO if v is None else repr(float(v))
-
-
-_FIELDS: dict[str, tuple[str, Callable, Callable]] = {
-    # field: (variable, parser, value -> env string)
-    "store_dir": (PREFIX + "STORE_DIR", _path, str),
-    "delta_gb": (PREFIX + "DELTA_GB", _gib_or_auto, _show_gib),
-    "delta_reserve_gb": (PREFIX + "DELTA_RESERVE_GB", _number(0.0), _show_float),
-    "delta_max_gb": (PREFIX + "DELTA_MAX_GB", _number(0.0), _show_float),
-    "delta_promote": (PREFIX + "DELTA_PROMOTE", _number(0, integer=True), str),
-    "delta_policy": (PREFIX + "DELTA_POLICY", _choice(*POLICY_MAP), str),
-    "delta_decay": (PREFIX + "DELTA_DECAY", _number(0.0, 1.0, lo_open=True), _show_float),
-    "delta_decay_s": (PREFIX + "DELTA_DECAY_S", _number(0.0, lo_open=True), _show_float),
-    "gate": (PREFIX + "GATE", _bool, lambda v: str(int(v))),
-    "gate_max_promote": (PREFIX + "GATE_MAX_PROMOTE", _number(1, integer=True), str),
-    "force_pool": (PREFIX + "FORCE_POOL", _bool, lambda v: str(int(v))),
-    "base_ram_gb": (PREFIX + "BASE_RAM_GB", _gib_or_auto, _show_gib),
-    "tier_direct": (PREFIX + "TIER_DIRECT", _direct, str),
-    "tier_preheat": (PREFIX + "TIER_PREHEAT", _bool, lambda v: str(int(v))),
-    "tier_scan": (PREFIX + "TIER_SCAN", _bool, lambda v: str(int(v))),
-    "store_threads": (PREFIX + "STORE_THREADS", _number(1, 1024, integer=True), str),
-    "pool_heat": (PREFIX + "POOL_HEAT", _bool, lambda v: str(int(v))),
-    "pool_heat_dir": (PREFIX + "POOL_HEAT_DIR", _path, str),
-    "pool_heat_every_s": (PREFIX + "POOL_HEAT_EVERY_S", _number(0.0, lo_open=True), _show_float),
-    "pool_heat_fill": (PREFIX + "POOL_HEAT_FILL", _number(0.0, 1.0), _show_float),
-}
-VARIABLES = tuple(var for var, _p, _s in _FIELDS.values())
-
-
-def config_from_env(environ: Mapping[str, str] | None = None) -> MoetConfig:
-    """Read every VLLM_MOE_W2_* variable once; unset ones take their defaults.
-
-    Raises ConfigError listing every malformed variable as ``NAME='value' (reason)``.
-    """
-    environ = os.environ if environ is None else environ
-    values, bad = {}, []
-    for field, (var, parse, _show) in _FIELDS.items():
-        raw = environ.get(var)
-        if raw is None:
-            continue
-        try:
-            values[field] = parse(raw)
-        except ValueError as exc:
-            bad.append(f"{var}={raw!r} ({exc})")
-    if bad:
-        raise ConfigError(f"bad vLLM-Moet setting{'s' if len(bad) > 1 else ''}: " + "; ".join(bad))
-    unknown = sorted(k for k in environ if k.startswith(PREFIX) and k not in VARIABLES)
-    if unknown:
-        warnings.warn(f"ignoring unknown vLLM-Moet variable(s): {', '.join(unknown)}",
-                      RuntimeWarning, stacklevel=2)
-    return MoetConfig(**values)
+def force_pool(environ: Mapping[str, str] | None = None) -> bool:
+    """FORCE_POOL is read when the floor is checked, not at import (vLLM-Moet's rule)."""
+    env = os.environ if environ is None else environ
+    return env.get(PREFIX + "FORCE_POOL", "0") == "1"

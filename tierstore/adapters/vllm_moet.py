@@ -1,301 +1,261 @@
-"""Drop-in tier for vLLM-Moet: the surface its fused-MoE layer and model runner call.
+"""vLLM-Moet's ``moe_w2_delta`` module surface, served by tierstore, and the zero-patch plugin.
 
-The engine's call sequence (../shared/COMPAT.md, "Where the engine calls in")::
+What vLLM-Moet's glue, gate, runners and worker call on the module (docs/VLLM_MOET.md):
 
-    tier = MoetTier.from_env(device="cuda")     # VLLM_MOE_W2_* read once
-    ...allocate the KV cache...
-    tier.finalize_auto()                        # size an "auto" pool from free VRAM
-    tier.check_pool_floor(top_k, n_spec, max_num_seqs)   # after sizing
-    tier.preload_pool()                         # pool-heat warm start, before capture
-    ...capture CUDA graphs (the pool and slot table never move)...
-    per step:
-        tier.wait_manager_idle(timeout); tier.step_begin()
-        forward: each MoE layer calls tier.mark_seen(l, ids) (in-graph) and
-                 tier.moe_w2_forward(x, w, ids, l); prefill layers first call
-                 tier.ensure_resident(l, ids) (eager)
-        if gate fires: tier.force_promote(); replay (up to 3 rounds)
-        tier.step_end()
-    tier.shutdown()
+* ``_TIER``: the FP4 tier (a :class:`TierstoreDeltaTier`) or None = no FP4 tier;
+* ``get_tier(n_layers=None, n_experts=256, dev=None, w13_bytes=None, w2_bytes=None)``:
+  the first call creates the tier and starts its manager, later calls return it and
+  ignore their arguments; None when ``enabled()`` is false;
+* ``enabled()``, ``mark_seen(seen_row, ids)`` (in-graph), ``check_pool_floor(top_k,
+  n_spec, max_num_seqs)`` (ValueError below the fire floor; deferred to
+  ``finalize_auto`` while an auto pool is unsized), ``shutdown()``;
+* the gate's side: ``step_promote_budget()``, ``fire_fp_max()``,
+  ``force_promote_step(layers=None, max_promote="default")``.
 
-``layer_key`` may be an int (slot-table row) or a module name with
-``.layers.<n>.`` in it. The ``seen`` tensor may have extra rows (an MTP drafter
-layer the pack does not hold): those are marked but never promoted.
+``register()`` is the ``vllm.general_plugins`` entry point (pyproject): with
+``VLLM_MOE_W2_TIERSTORE=1`` it installs ``get_tier``, ``shutdown`` and
+``check_pool_floor`` into vLLM-Moet's ``moe_w2_delta`` module, so every caller
+(they all go through the module's attributes) gets tierstore's FP4 tier; without
+the variable it does nothing. vLLM-Moet's base-cache tier (``_BASE_TIER``,
+VLLM_MOE_W2_BASE_CACHE_GB > 0) stays vLLM-Moet's.
 """
 from __future__ import annotations
 
-import os
+import logging
 import warnings
 
-import numpy as np
 import torch
 
+from tierstore.adapters.moet_config import MoetEnv, force_pool, from_env
+from tierstore.adapters.moet_tier import SLOT_BYTES, W13_BYTES, W2_BYTES, TierstoreDeltaTier
+from tierstore.adapters.moet_tier import mark_seen_row as mark_seen
 from tierstore.errors import CapacityError, ConfigError
-from tierstore.adapters.moet_config import POLICY_MAP, VARIABLES, MoetConfig, config_from_env
-from tierstore.adapters.moet_backend import TierstoreBackend
 
-GIB = 1 << 30
-GATE_FP_MAX = 3
+log = logging.getLogger("tierstore.adapters.moet")
 
-__all__ = ["MoetConfig", "MoetTier", "TierstoreBackend", "config_from_env", "POLICY_MAP",
-           "VARIABLES", "layer_index"]
+MOET_MODULE = "vllm.model_executor.layers.quantization.utils.moe_w2_delta"
+_TIER: TierstoreDeltaTier | None = None
+_BASE_TIER = None            # vLLM-Moet's own; never created here
+_ENV: MoetEnv | None = None  # read once, at the first call that needs it (vLLM-Moet: at import)
+_TARGET = None               # vLLM-Moet's moe_w2_delta once register() installed us
+_ORIGINAL: dict = {}
 
-
-def layer_index(layer_key) -> int:
-    if isinstance(layer_key, (int, np.integer)):
-        return int(layer_key)
-    from tierstore.adapters.vllm import layer_index_from_name
-    return layer_index_from_name(str(layer_key))
+__all__ = ["TierstoreDeltaTier", "get_tier", "enabled", "mark_seen", "check_pool_floor",
+           "shutdown", "step_promote_budget", "fire_fp_max", "force_promote_step", "register",
+           "reset_env", "W13_BYTES", "W2_BYTES", "SLOT_BYTES", "MoetTier"]
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+def env() -> MoetEnv:
+    global _ENV
+    if _ENV is None:
+        _ENV = from_env()
+    return _ENV
 
 
-class MoetTier:
-    """One rank's FP4 recovery tier: pack + ExpertStore + 2-bit base + ``seen`` marks.
+def reset_env(environ=None) -> None:
+    """Re-read the environment (tests; vLLM-Moet reads it once per process)."""
+    global _ENV
+    _ENV = None if environ is None else from_env(environ)
 
-    Thread safety: the engine's model-runner thread calls everything; the store's
-    own manager and snapshot threads synchronise with it inside the store.
-    """
 
-    def __init__(self, config: MoetConfig, *, device="cuda", tag: str = "fp4",
-                 base_tag: str | None = "base", rank: int = 0, world: int = 1,
-                 pp: tuple[int, int] | None = None, extra_seen_rows: int = 0,
-                 **store_options):
-        from tierstore.compute.moe import BaseWeights
-        from tierstore.format.pack import Pack
-        if not config.store_dir:
-            raise ConfigError("VLLM_MOE_W2_STORE_DIR is not set: the tier needs the pack directory")
-        self.config, self.device = config, torch.device(device)
-        self.rank, self.world, self.pp, self.tag = rank, world, pp, tag
-        self.pack = Pack.open(config.store_dir, tag=tag, rank=rank, world=world, pp=pp)
-        self.pack_path = self.pack.path
-        self.n_layers, self.n_experts = self.pack.n_layers, self.pack.n_experts
-        self.hidden_size = self.intermediate_size = None
-        self.base = None
-        if base_tag is not None:
-            base_pack = Pack.open(config.store_dir, tag=base_tag, rank=rank, world=world, pp=pp)
-            self.base = BaseWeights.from_pack(base_pack, device=self.device)
-            self.hidden_size, self.intermediate_size = self.base.H, self.base.I
-            base_pack.close()
-        # seen: uint8 0/1 per (layer, expert), fixed address (graphs capture it). One
-        # spare column takes the marks of invalid ids (-1 padding) so mark_seen needs
-        # no masking: 4 device ops per layer.
-        self._seen_buf = torch.zeros(self.n_layers + int(extra_seen_rows), self.n_experts + 1,
-                                     dtype=torch.uint8, device=self.device)
-        self.seen = self._seen_buf[:, : self.n_experts]
-        self._store_options = dict(store_options)
-        self.store = None
-        self._pending_floor: tuple[int, int, int] | None = None
-        self._fire_pins: list = []
-        self._snapshot = None
-        self._closed = False
-        if config.delta_gb is not None:
-            from tierstore.store.sizing import slots_for_gib
-            self._build_store(slots_for_gib(config.delta_gb, self.pack.slot_bytes))
+def _base_tier():
+    return _TARGET._BASE_TIER if _TARGET is not None else _BASE_TIER
 
-    @classmethod
-    def from_env(cls, environ=None, **kwargs) -> "MoetTier":
-        return cls(config_from_env(environ), **kwargs)
 
-    # -- the store --------------------------------------------------------------
-    def _build_store(self, n_slots: int) -> None:
-        from tierstore.store.expert_store import ExpertStore
-        cfg = self.config
-        if cfg.base_ram_gb is None:
-            ram_gb = "auto"
+def _publish(tier) -> None:
+    global _TIER
+    _TIER = tier
+    if _TARGET is not None:
+        _TARGET._TIER = tier     # vLLM-Moet's callers read moe_w2_delta._TIER directly
+
+
+def enabled() -> bool:
+    """Is there an FP4 tier: DELTA == "1" and DELTA_GB > 0 or auto (over the base cache:
+    DELTA_GB set explicitly and > 0)."""
+    return env().enabled
+
+
+def _default_rows() -> int:
+    e = env()
+    if e.num_layers is not None:
+        return e.layer_rows
+    try:   # vLLM-Moet's rule: the model's main-stack layer count, + 1 row for the MTP drafter
+        from vllm.config import get_current_vllm_config
+        hf = get_current_vllm_config().model_config.hf_config
+        return int(hf.get_text_config().num_hidden_layers) + 1
+    except Exception:  # noqa: BLE001 - no vLLM config: DS4-Flash's 43 + 1
+        return e.layer_rows
+
+
+def get_tier(n_layers=None, n_experts=256, dev=None, w13_bytes=None, w2_bytes=None):
+    """The FP4 tier singleton (first call wins, manager started), or None when off."""
+    if not enabled():
+        return None
+    if _TIER is None:
+        e = env()
+        base = e.base_cache_gb > 0
+        if base:
+            warnings.warn("VLLM_MOE_W2_BASE_CACHE_GB > 0: the base-cache tier stays vLLM-Moet's; "
+                          "tierstore serves the FP4 tier only", RuntimeWarning, stacklevel=2)
+        if dev is None:
+            dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        tag = ("fp4q" if e.split else "fp4") if base else "delta"
+        tier = TierstoreDeltaTier(
+            _default_rows() if n_layers is None else int(n_layers), int(n_experts), dev,
+            w13_bytes=W13_BYTES if w13_bytes is None else int(w13_bytes),
+            w2_bytes=W2_BYTES if w2_bytes is None else int(w2_bytes),
+            policy=e.tier_policy(), tag=tag, host_pinned=not base, env=e)
+        btier = _base_tier()
+        if base and e.split and btier is not None:
+            btier._coupled_fp4 = tier   # base evictions spare FP4-mapped experts
+        tier.start()
+        _publish(tier)
+    return _TIER
+
+
+def _floor_check(tier, top_k: int, n_spec: int, max_num_seqs: int) -> None:
+    e = env()
+    growth = 1.0 + 0.35 * max(e.gate_fp_max - 1, 0)
+    floor = int(len(tier._store) * top_k * (1 + n_spec) * min(max(max_num_seqs, 1), 4) * growth)
+    if tier.n_slots >= floor:
+        return
+    tier._sub_floor = True
+    msg = (f"moet tier [{tier._tag}]: pool of {tier.n_slots} slots is below the fire floor of "
+           f"{floor} ({len(tier._store)} MoE layers x top-{top_k} x (1+{n_spec} spec) x "
+           f"{max_num_seqs} seqs x {growth:.2f}) = {floor * tier.slot_bytes / 2**30:.1f} GiB")
+    if not force_pool():
+        raise CapacityError(msg + "; raise VLLM_MOE_W2_DELTA_GB, disable the gate or set "
+                                  "VLLM_MOE_W2_FORCE_POOL=1")
+    log.warning("%s; serving on because VLLM_MOE_W2_FORCE_POOL=1", msg)
+
+
+def check_pool_floor(top_k: int, n_spec: int, max_num_seqs: int) -> None:
+    """Boot guard (end of load_model): ValueError (CapacityError) when the gate is armed
+    and the FP4 pool is below the fire floor, unless VLLM_MOE_W2_FORCE_POOL=1; also
+    for a gate without an FP4 tier and for PREFILL_T < max_num_seqs * (1 + n_spec).
+    An auto pool is not sized yet: its floor is checked by finalize_auto."""
+    e, tier = env(), _TIER
+    if _TARGET is not None and "check_pool_floor" in _ORIGINAL and _base_tier() is not None:
+        saved, _TARGET._TIER = _TARGET._TIER, None   # vLLM-Moet checks its own base tier
+        try:
+            _ORIGINAL["check_pool_floor"](top_k, n_spec, max_num_seqs)
+        except ValueError as exc:
+            if "no FP4 delta tier" not in str(exc):
+                raise
+        finally:
+            _TARGET._TIER = saved
+    if tier is not None and e.gate and len(tier._store) > 0:
+        if tier._auto_pending:
+            tier._deferred_floor = lambda: _floor_check(tier, top_k, n_spec, max_num_seqs)
         else:
-            ram_gb = cfg.base_ram_gb
-        options = {"threads": cfg.store_threads, "direct": cfg.tier_direct,
-                   "half_life_s": cfg.half_life_s, "lazy_per_step": cfg.delta_promote,
-                   # TIER_SCAN: a prefill keeps the hottest half of the pool (COMPAT.md)
-                   "scan_keep": 0.5 if cfg.tier_scan else 0.0}
-        options.update(self._store_options)
-        self.store = ExpertStore(self.pack, vram_slots=int(n_slots), ram_gb=ram_gb,
-                                 policy=cfg.tierstore_policy, device=str(self.device),
-                                 max_promote=cfg.gate_max_promote, **options)
-        if cfg.tier_preheat:
-            from tierstore.warm import arena_heat_path
-            heat = arena_heat_path(self.pack.path)
-            if os.path.exists(heat):
-                from tierstore.warm import preheat
-                preheat(self.store, heat, pool_fill=0.0)
-        if self._pending_floor is not None:
-            self.check_pool_floor(*self._pending_floor)
+            _floor_check(tier, top_k, n_spec, max_num_seqs)
+    if e.gate and tier is None:
+        raise ConfigError("VLLM_MOE_W2_GATE=1 but there is no FP4 tier (VLLM_MOE_W2_DELTA_GB "
+                          "<= 0 or DELTA != 1): the gate cannot recover precision")
+    if e.prefill_t < max(max_num_seqs, 1) * (1 + n_spec):
+        raise ConfigError(f"VLLM_MOE_W2_PREFILL_T={e.prefill_t} is below the largest decode step "
+                          f"(max_num_seqs x (1 + n_spec) = {max(max_num_seqs, 1) * (1 + n_spec)})")
 
-    def _need_store(self, what: str):
-        if self._closed:
-            from tierstore.errors import ClosedError
-            raise ClosedError(f"MoetTier.{what} after shutdown()")
-        if self.store is None:
-            raise ConfigError(f"MoetTier.{what}: VLLM_MOE_W2_DELTA_GB=auto and the pool is not "
-                              "sized yet; call finalize_auto() after the KV cache is allocated")
-        return self.store
 
-    @property
-    def slot_table(self) -> torch.Tensor:
-        return self._need_store("slot_table").slot_table
+def shutdown() -> None:
+    """Close vLLM-Moet's base tier (if any), then the FP4 tier; a global is cleared only
+    when its close succeeded; any failure raises RuntimeError."""
+    errors = []
+    if _TARGET is not None and "shutdown_base" in _ORIGINAL:
+        try:
+            _ORIGINAL["shutdown_base"]()
+        except Exception as exc:  # noqa: BLE001 - collected, raised below
+            errors.append(exc)
+    tier = _TIER
+    if tier is not None:
+        try:
+            tier.close()
+            _publish(None)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    if errors:
+        raise RuntimeError("moe_w2 residency shutdown failed: " + "; ".join(map(str, errors)))
 
-    @property
-    def pool(self) -> torch.Tensor:
-        return self._need_store("pool").pool
 
-    @property
-    def n_slots(self) -> int | None:
-        return None if self.store is None else int(self.store.n_slots)
+# -- the gate's side (moe_w2_gate) --------------------------------------------------------
+def step_promote_budget() -> int | None:
+    """GATE_MAX_PROMOTE as a per-step budget; None = unlimited (<= 0)."""
+    return env().step_budget
 
-    def finalize_auto(self, free_bytes: int | None = None) -> int:
-        """Size an "auto" pool: free device memory (after the KV cache) minus
-        DELTA_RESERVE_GB, capped by DELTA_MAX_GB; then run a deferred floor check.
-        A no-op for a pool already sized. Returns the slot count."""
-        if self.store is None:
-            from tierstore.store.sizing import resolve_pool_slots
-            cfg = self.config
-            n = resolve_pool_slots(slot_bytes=self.pack.slot_bytes,
-                                   n_keys=self.n_layers * self.n_experts, device=self.device,
-                                   vram_gb="auto", reserve_gb=cfg.delta_reserve_gb,
-                                   max_gb=cfg.delta_max_gb, available=free_bytes)
-            self._build_store(n)
-        return self.n_slots
 
-    def check_pool_floor(self, top_k: int, n_spec: int = 0, max_num_seqs: int = 1) -> int:
-        """Refuse a pool under the fire floor (warn with VLLM_MOE_W2_FORCE_POOL=1).
+def fire_fp_max() -> int:
+    return env().gate_fp_max
 
-        Before an "auto" pool is sized the check is remembered and run by
-        finalize_auto (the reference checked too early and refused to start).
-        Returns the floor in slots.
-        """
-        from tierstore.store.sizing import fire_floor
-        floor = fire_floor(self.n_layers, top_k, n_spec, max_num_seqs, GATE_FP_MAX)
-        if self.store is None:
-            self._pending_floor = (top_k, n_spec, max_num_seqs)
-            return floor
-        self._pending_floor = None
-        n = self.n_slots
-        if n < floor:
-            sb = self.pack.slot_bytes
-            msg = (f"{self.pack_path}: pool of {n} slots ({n * sb / GIB:.2f} GiB) is under the fire "
-                   f"floor of {floor} slots ({floor * sb / GIB:.2f} GiB) for {self.n_layers} layers, "
-                   f"top_k={top_k}, n_spec={n_spec}, max_num_seqs={max_num_seqs}")
-            if not self.config.force_pool:
-                raise CapacityError(msg + "; raise VLLM_MOE_W2_DELTA_GB or set VLLM_MOE_W2_FORCE_POOL=1")
-            warnings.warn(msg + "; continuing because VLLM_MOE_W2_FORCE_POOL=1", RuntimeWarning,
-                          stacklevel=2)
-        return floor
 
-    def preload_pool(self) -> int:
-        """Pool-heat warm start (VLLM_MOE_W2_POOL_HEAT=1): preload up to POOL_HEAT_FILL
-        of the pool from the heat file, then start its periodic snapshot. Call
-        before CUDA-graph capture. Returns the pool rows loaded."""
-        store = self._need_store("preload_pool")
-        cfg = self.config
-        if not cfg.pool_heat or not cfg.heat_dir:
-            return 0
-        from tierstore.warm import PeriodicSnapshot, pool_heat_name, preheat
-        path = os.path.join(cfg.heat_dir, pool_heat_name(self.tag, self.rank, self.world, self.pp))
-        loaded = 0
-        if os.path.exists(path):
-            loaded = preheat(store, path, pool_fill=cfg.pool_heat_fill).pool_rows
-        if self._snapshot is None:
-            self._snapshot = PeriodicSnapshot(store, path, every_s=cfg.pool_heat_every_s,
-                                              fmt="pool-heat").start()
-        return int(loaded)
+def force_promote_step(layers=None, max_promote="default") -> int:
+    """One promote round of a fire: 0 without a tier; GATE_CAPTURE counts need only;
+    an explicit cap <= 0 promotes nothing; else ``tier.force_promote`` (pin=True)."""
+    tier = _TIER
+    if tier is None:
+        return 0
+    if env().gate_capture:
+        tier.mark_need_only(layers=layers)
+        return 0
+    cap = step_promote_budget() if max_promote == "default" else max_promote
+    if cap is not None and cap <= 0:
+        return 0
+    return tier.force_promote(layers=layers, max_promote=cap)
 
-    # -- in-graph --------------------------------------------------------------
-    def mark_seen(self, layer_key, topk_ids: torch.Tensor) -> None:
-        """Mark this layer's routed experts in ``seen``: pure device ops, no host sync,
-        fixed shapes, so it is captured into CUDA graphs. Ids < 0 (skipped) are ignored."""
-        E = self.n_experts
-        # any id < 0 -> -1 -> E, any id >= E -> E: the spare column
-        column = topk_ids.reshape(-1).to(torch.long).clamp(-1, E).remainder_(E + 1)
-        self._seen_buf[layer_index(layer_key)].index_fill_(0, column, 1)
 
-    def moe_w2_forward(self, x, topk_weights, topk_ids, layer_key) -> torch.Tensor:
-        """Routed-only MoE output [T, H] (FP4 rows from the pool, else the 2-bit base)."""
-        from tierstore.compute.moe import fused_moe
-        if self.base is None:
-            raise ConfigError(f"{self.pack_path}: no base pack was opened (base_tag=None); "
-                              "moe_w2_forward needs the 2-bit base for non-resident experts")
-        return fused_moe(x, topk_weights, topk_ids, layer_index(layer_key),
-                         self._need_store("moe_w2_forward"), self.base)
+# -- the plugin -----------------------------------------------------------------------------
+def register() -> None:
+    """``vllm.general_plugins`` entry point: with VLLM_MOE_W2_TIERSTORE=1 install the
+    tierstore FP4 tier into vLLM-Moet's moe_w2_delta; otherwise do nothing."""
+    global _TARGET
+    if from_env().tierstore is False or _TARGET is not None:
+        return
+    import importlib
+    try:
+        target = importlib.import_module(MOET_MODULE)
+    except ImportError as exc:
+        log.warning("VLLM_MOE_W2_TIERSTORE=1 but vLLM-Moet's moe_w2_delta is not importable "
+                    "(%s): nothing installed", exc)
+        return
+    install(target)
 
-    # -- eager, at step boundaries ---------------------------------------------
-    def seen_pairs(self) -> np.ndarray:
-        """int64 [N, 2] (layer, expert) marked this step in layers the pack holds (one host read)."""
-        marked = self.seen[: self.n_layers].nonzero().cpu().numpy()
-        return marked.astype(np.int64).reshape(-1, 2)
 
-    def ensure_resident(self, layer_key, topk_ids: torch.Tensor):
-        """Prefill: make this layer's routed experts resident before its forward, as a
-        scan (free slots first; with VLLM_MOE_W2_TIER_SCAN=1 the hottest half of the
-        pool is never evicted), pinned until the next layer's call or step_end.
-        Eager only: it reads disk, so it is refused during CUDA-graph capture."""
-        if _capturing():
-            raise ConfigError("MoetTier.ensure_resident during CUDA-graph capture: prefill "
-                              "residency reads disk and must run eagerly")
-        store = self._need_store("ensure_resident")
-        ids = topk_ids.reshape(-1)
-        ids = ids[(ids >= 0) & (ids < self.n_experts)]
-        return store.ensure_resident(layer_index(layer_key), ids)
+def install(target) -> None:
+    """Point ``target`` (a moe_w2_delta module) at tierstore's FP4 tier."""
+    global _TARGET
+    for name in ("get_tier", "shutdown", "check_pool_floor"):
+        _ORIGINAL[name] = getattr(target, name)
+    original_shutdown = target.shutdown
 
-    def force_promote(self, max_promote: int | None = None, pin: bool = True):
-        """A fire: promote the experts marked seen this step (ranked by the store,
-        at most ``max_promote``, default VLLM_MOE_W2_GATE_MAX_PROMOTE), synchronously,
-        pinned until step_end when ``pin``. Returns the store's FireResult."""
-        store = self._need_store("force_promote")
-        cap = self.config.gate_max_promote if max_promote is None else int(max_promote)
-        result = store.fire(self.seen_pairs(), max_promote=cap)
-        if pin:
-            self._fire_pins.append(result)
-        else:
-            store.release(result)
-        return result
+    def shutdown_base():
+        saved, target._TIER = target._TIER, None   # vLLM-Moet closes only its base tier
+        try:
+            original_shutdown()
+        finally:
+            target._TIER = saved
+    _ORIGINAL["shutdown_base"] = shutdown_base
+    _TARGET = target
+    target.get_tier = get_tier
+    target.shutdown = shutdown
+    target.check_pool_floor = check_pool_floor
+    if env().base_cache_gb > 0:
+        log.warning("tierstore: VLLM_MOE_W2_BASE_CACHE_GB > 0: the base-cache tier stays "
+                    "vLLM-Moet's; tierstore serves the FP4 tier only")
+    log.info("tierstore: FP4 tier installed into %s", target.__name__)
 
-    def step_begin(self) -> None:
-        self._need_store("step_begin")
-        self._seen_buf.zero_()
 
-    def step_end(self) -> None:
-        """Record this step's routing (heat), release the step's fire pins, advance
-        the store (folds heat, releases the prefill pin, decays, queues lazy
-        promotions), clear ``seen``. One host read of ``seen``."""
-        store = self._need_store("step_end")
-        pairs = self.seen_pairs()
-        if len(pairs):
-            layers, starts = np.unique(pairs[:, 0], return_index=True)
-            for layer, ids in zip(layers, np.split(pairs[:, 1], starts[1:])):
-                store.record(int(layer), torch.from_numpy(ids))
-        self._seen_buf.zero_()
-        self._release_pins()
-        store.step()
+def uninstall() -> None:
+    """Undo ``install`` (tests)."""
+    global _TARGET
+    if _TARGET is not None:
+        for name in ("get_tier", "shutdown", "check_pool_floor"):
+            setattr(_TARGET, name, _ORIGINAL.pop(name))
+        _ORIGINAL.pop("shutdown_base", None)
+        _TARGET = None
 
-    def _release_pins(self) -> None:
-        store = self.store
-        for result in reversed(self._fire_pins):
-            store.release(result)
-        self._fire_pins.clear()
 
-    def wait_manager_idle(self, timeout: float | None = None) -> bool:
-        """Wait until the store's background promotions are done; False on timeout."""
-        return bool(self._need_store("wait_manager_idle").wait_idle(timeout))
+def __getattr__(name):
+    if name == "MoetTier":   # tierstore's native tier, formerly defined here
+        from tierstore.adapters.moet_native import MoetTier
+        return MoetTier
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    def backend(self) -> TierstoreBackend:
-        return TierstoreBackend(self._need_store("backend"))
-
-    def shutdown(self) -> None:
-        """Release pins, write a last pool-heat snapshot, close the store. Idempotent."""
-        if self._closed:
-            return
-        if self.store is not None:
-            self._release_pins()
-            if self._snapshot is not None:
-                self._snapshot.stop(final=True)
-            self.store.close()
-        self.pack.close()
-        self._closed = True
-
-    def __enter__(self) -> "MoetTier":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()

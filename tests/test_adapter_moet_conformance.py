@@ -1,0 +1,138 @@
+"""Conformance: tierstore's FP4 tier driven exactly as vLLM-Moet's glue, gate, V1/V2 runners
+and worker drive theirs (tierstore.testing.moet_engine), on the CPU pool; pool bytes are
+checked against the pack after every step boundary."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from moet_surface_helpers import E, L, SLOT, env, moet_env, pack_reference, planes
+from tierstore.testing.moet_engine import MoetEngine
+
+
+def _serve(m, runner, steps=8, store=True, **kw):
+    eng = MoetEngine(m, planes(), n_experts=E, dev="cpu", top_k=2, tokens=2, runner=runner,
+                     **kw).boot()
+    ref = pack_reference(m._TIER) if store else None
+    checks = []
+
+    def on_step(phase):
+        checks.append((phase, eng.check(ref)))
+    for i in range(steps):
+        rec = eng.step(fire=True, on_step=on_step)
+        assert rec["out"] == eng.expected_out()
+    return eng, checks
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+@pytest.mark.parametrize("store", [True, False], ids=["pack", "host"])
+def test_boot_serve_shutdown_keeps_pool_bytes_equal_to_the_pack(monkeypatch, tmp_path, runner, store):
+    with moet_env(monkeypatch, env(tmp_path if store else None, slots=14)) as m:
+        eng, checks = _serve(m, runner, store=store)
+        tier = m._TIER
+        assert isinstance(tier.n_slots, int) and tier.n_slots == 14
+        assert sum(r["promoted"] for r in eng.history) > 0
+        assert max(n for _p, n in checks) > 0
+        assert len(tier._store) == L and all(k in tier._store for k in range(L))
+        if store:
+            assert any(f.endswith(".pack") for f in os.listdir(tmp_path))
+    assert m._TIER is None
+
+
+def test_second_boot_finds_the_pack_and_skips_the_layers(monkeypatch, tmp_path):
+    with moet_env(monkeypatch, env(tmp_path)) as m:
+        MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
+        path = m._TIER._store.path
+        first = open(path, "rb").read()
+    mtime = os.stat(path).st_mtime_ns
+    with moet_env(monkeypatch, env(tmp_path)) as m:
+        tier = m.get_tier(n_experts=E, dev=torch.device("cpu"), w13_bytes=8192, w2_bytes=4096)
+        assert len(tier._store) == L and 0 in tier._store      # before any add_layer
+        other = planes(seed=9)                                   # different bytes: skipped
+        for k, (a, b) in other.items():
+            tier.add_layer_host_planes(k, a, b)
+        eng = MoetEngine(m, planes(), n_experts=E, dev="cpu")
+        eng.tier = tier
+        for _ in range(3):
+            eng.step()
+            eng.check(pack_reference(tier))
+    assert os.stat(path).st_mtime_ns == mtime and open(path, "rb").read() == first
+
+
+def test_an_interrupted_first_boot_resumes(monkeypatch, tmp_path):
+    p = planes()
+    with moet_env(monkeypatch, env(tmp_path)) as m:
+        tier = m.get_tier(n_experts=E, dev=torch.device("cpu"), w13_bytes=8192, w2_bytes=4096)
+        tier.add_layer_host_planes(0, *p[0])                   # then the process "dies"
+        tier._store._close_writer()
+    with moet_env(monkeypatch, env(tmp_path)) as m:
+        eng = MoetEngine(m, p, n_experts=E, dev="cpu").boot()
+        assert len(m._TIER._store) == L
+        eng.step()
+        eng.check(pack_reference(m._TIER))
+
+
+def test_auto_pool_is_sized_after_the_kv_cache(monkeypatch, tmp_path):
+    e = env(tmp_path, slots=None, DELTA_RESERVE_GB=0, DELTA_MAX_GB=repr(20 * SLOT / 2**30))
+    with moet_env(monkeypatch, e) as m:
+        tier = m.get_tier(n_experts=E, dev=torch.device("cpu"), w13_bytes=8192, w2_bytes=4096)
+        assert tier.n_slots == 0 and tier.pool.shape == (0, SLOT)
+        assert tier.slot_table.shape == (L, E) and bool((tier.slot_table == -1).all())
+        eng = MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()   # V1 floor check deferred
+        assert tier.n_slots == 20 and tier.pool.shape == (20, SLOT)
+        for _ in range(4):
+            eng.step()
+            eng.check(pack_reference(tier))
+
+
+def test_auto_pool_without_room_is_an_inert_zero_slot_tier(monkeypatch, tmp_path):
+    with moet_env(monkeypatch, env(tmp_path, slots=None, DELTA_RESERVE_GB=1e9)) as m:
+        eng = MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
+        tier = m._TIER
+        assert tier.n_slots == 0 and len(tier._store) == 0 and tier.pool.shape[0] == 0
+        for _ in range(3):
+            assert eng.step()["promoted"] == 0
+        assert bool((tier.slot_table == -1).all())
+
+
+def test_gate_budget_is_per_step_across_rounds(monkeypatch):
+    with moet_env(monkeypatch, env(slots=48, GATE_MAX_PROMOTE=3, GATE_FP_MAX=3,
+                                   DELTA_POLICY="need")) as m:
+        eng = MoetEngine(m, planes(), n_experts=E, dev="cpu", tokens=4).boot()
+        for _ in range(5):
+            rec = eng.step()
+            assert rec["promoted"] <= 3 and rec["rounds"] <= 1
+            eng.check()
+        assert sum(r["promoted"] for r in eng.history) == 15
+
+
+def test_unlimited_budget_and_fp_max_rounds(monkeypatch):
+    with moet_env(monkeypatch, env(slots=48, GATE_MAX_PROMOTE=0, GATE_FP_MAX=2,
+                                   DELTA_POLICY="need")) as m:
+        eng = MoetEngine(m, planes(), n_experts=E, dev="cpu", tokens=4).boot()
+        rec = eng.step()
+        assert rec["promoted"] == len(np.unique(eng.ids.numpy(), axis=None)) or rec["promoted"] > 3
+        assert rec["rounds"] <= 2
+        eng.check()
+
+
+def test_v1_refuses_a_pool_under_the_fire_floor(monkeypatch):
+    with moet_env(monkeypatch, env(slots=8)) as m:   # floor: 3 layers x 2 x 1.7 = 10
+        with pytest.raises(ValueError, match="fire floor"):
+            MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
+    with moet_env(monkeypatch, env(slots=8, FORCE_POOL=1)) as m:
+        MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
+        assert m._TIER._sub_floor
+    with moet_env(monkeypatch, env(slots=8)) as m:    # the V2 runner never checks
+        MoetEngine(m, planes(), n_experts=E, dev="cpu", runner="v2").boot()
+
+
+def test_deferred_floor_of_an_auto_pool_is_checked_when_sized(monkeypatch, tmp_path):
+    e = env(tmp_path, slots=None, DELTA_RESERVE_GB=0, DELTA_MAX_GB=repr(8 * SLOT / 2**30))
+    with moet_env(monkeypatch, e) as m:
+        with pytest.warns(RuntimeWarning, match="finalize_auto failed: .*fire floor"):
+            MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
+        assert m._TIER.n_slots == 8

@@ -1,0 +1,279 @@
+"""The moe_w2_delta module surface and the tier object, call by call (CPU pool)."""
+from __future__ import annotations
+
+import sys
+import threading
+import types
+
+import pytest
+import torch
+
+from moet_surface_helpers import E, L, SLOT, W13, W2, env, moet_env, planes
+from tierstore.adapters import vllm_moet as vm
+from tierstore.errors import TierIOError
+
+CPU = torch.device("cpu")
+
+
+def _tier(m):
+    return m.get_tier(n_experts=E, dev=CPU, w13_bytes=W13, w2_bytes=W2)
+
+
+def _loaded(m, p=None):
+    tier = _tier(m)
+    for k, (a, b) in (p or planes()).items():
+        tier.add_layer_host_planes(k, a, b)
+    return tier
+
+
+def test_get_tier_first_call_wins_and_starts_the_manager(monkeypatch):
+    with moet_env(monkeypatch, env()) as m:
+        assert m.enabled() and m._TIER is None
+        t = _tier(m)
+        assert m._TIER is t and t._thread is not None and t._thread.name == "moe-w2-delta"
+        assert m.get_tier(n_layers=99, n_experts=8, dev=CPU, w13_bytes=1, w2_bytes=1) is t
+        assert (t.n_layers, t.E, t.w13_bytes, t.w2_bytes, t.slot_bytes) == (L, E, W13, W2, SLOT)
+        assert t.dev == CPU and t._tag == "delta"
+
+
+def test_get_tier_is_none_when_off(monkeypatch):
+    with moet_env(monkeypatch, env(DELTA_GB=0)) as m:
+        assert not m.enabled() and _tier(m) is None and m._TIER is None
+    with moet_env(monkeypatch, env(DELTA="0")) as m:
+        assert _tier(m) is None
+
+
+def test_tensors_exist_from_construction(monkeypatch):
+    with moet_env(monkeypatch, env(slots=None)) as m:
+        t = _tier(m)
+        assert type(t.n_slots) is int and t.n_slots == 0 and not t.n_slots > 0
+        assert t.slot_table.dtype == torch.int32 and t.slot_table.shape == (L, E)
+        assert bool((t.slot_table == -1).all())
+        assert t.pool.dtype == torch.uint8 and tuple(t.pool.shape) == (0, SLOT)
+        assert t.seen.dtype == torch.uint8 and t.seen.shape == (L, E)
+        assert t.seen_w.dtype == torch.float32 and t.mutate_hooks == [] and t.E == E
+        assert len(t._store) == 0 and 0 not in t._store
+
+
+def test_seen_counts_when_tracing(monkeypatch):
+    with moet_env(monkeypatch, env(DELTA_TRACE=1)) as m:
+        t = _tier(m)
+        assert t.seen.dtype == torch.int32
+        m.mark_seen(t.seen[1], torch.tensor([3, 3, 5]))
+        assert t.seen[1, 3] == 2 and t.seen[1, 5] == 1
+
+
+def test_mark_seen_flags(monkeypatch):
+    with moet_env(monkeypatch, env()) as m:
+        t = _tier(m)
+        m.mark_seen(t.seen[2], torch.tensor([1, 1, 7]))
+        assert t.seen[2].nonzero().flatten().tolist() == [1, 7] and t.seen[2, 1] == 1
+
+
+def test_force_promote_maps_pins_and_returns_an_int(monkeypatch):
+    with moet_env(monkeypatch, env(slots=20)) as m:
+        p = planes()
+        t = _loaded(m, p)
+        assert t.force_promote() == 0                        # nothing seen
+        m.mark_seen(t.seen[0], torch.tensor([1, 2, 3]))
+        m.mark_seen(t.seen[2], torch.tensor([4]))
+        n = t.force_promote(layers=[0], max_promote=2, pin=True)
+        assert type(n) is int and n == 2
+        assert int((t.slot_table[0] >= 0).sum()) == 2 and int((t.slot_table[2] >= 0).sum()) == 0
+        assert len(t._step_pins) == 2 and not bool(t.seen.any())   # seen is consumed
+        m.mark_seen(t.seen[0], torch.tensor([1, 2, 3]))
+        assert t.force_promote(max_promote=None) == 1        # None = no cap
+        for e in (1, 2, 3):
+            s = int(t.slot_table[0, e])
+            assert torch.equal(t.pool[s], torch.cat(p[0], 1)[e])
+        t.step_end()
+        assert len(t._step_pins) == 0
+
+
+def test_failed_read_returns_every_slot_and_publishes_nothing(monkeypatch, tmp_path):
+    with moet_env(monkeypatch, env(tmp_path, slots=8, FORCE_POOL=1)) as m:
+        t = _loaded(m)
+        m.mark_seen(t.seen[0], torch.arange(8))
+        assert t.force_promote() == 8
+        t.step_end()
+        t.wait_manager_idle()
+        before = (t.slot_table.clone(), list(t._free), t._mirror.clone(), t.pool.clone())
+        store = t._store.expert_store()
+
+        def broken(*a, **k):
+            raise TierIOError(t._store.path, 4096, 5, what="layer 1 expert 0 read")
+        monkeypatch.setattr(store, "read_rows", broken)
+        m.mark_seen(t.seen[1], torch.arange(8))              # needs all 8 slots (evictions)
+        with pytest.raises(TierIOError, match="layer 1 expert 0"):
+            t.force_promote()
+        assert torch.equal(t.slot_table, before[0]) and t._free == before[1]
+        assert torch.equal(t._mirror, before[2]) and torch.equal(t.pool, before[3])
+        monkeypatch.undo()
+        t.step_end()
+        m.mark_seen(t.seen[1], torch.arange(8))
+        assert t.force_promote() == 8                        # nothing was lost
+
+
+def test_rows_are_host_tensors_the_pool_can_copy_from(monkeypatch, tmp_path):
+    with moet_env(monkeypatch, env(tmp_path)) as m:
+        p = planes()
+        t = _loaded(m, p)
+        rows = t._store.rows_for([(1, 3), (2, 0)])
+        assert all(r.dtype == torch.uint8 and r.shape == (SLOT,) and r.device.type == "cpu"
+                   for r in rows)
+        if torch.cuda.is_available():
+            assert all(r.is_pinned() for r in rows)
+        t.pool[0].copy_(rows[0], non_blocking=True)
+        assert torch.equal(t.pool[0], torch.cat(p[1], 1)[3])
+
+
+def test_wait_manager_idle_raises_on_timeout(monkeypatch):
+    with moet_env(monkeypatch, env()) as m:
+        t = _tier(m)
+        t.wait_manager_idle(timeout=60)
+        t._manager_idle.clear()                              # a pass that never ends
+        with pytest.raises(RuntimeError, match="safe point"):
+            t.wait_manager_idle(timeout=0.05)
+        t._manager_idle.set()
+
+
+def test_notify_capture_makes_no_cuda_call(monkeypatch):
+    with moet_env(monkeypatch, env()) as m:
+        t = _tier(m)
+
+        def boom(*a, **k):
+            raise AssertionError("CUDA call in notify_capture")
+        for name in ("synchronize", "current_stream", "is_current_stream_capturing", "Event"):
+            monkeypatch.setattr(torch.cuda, name, boom)
+        assert t.notify_capture() is None
+
+
+def test_manager_promotes_lazily_and_never_under_need(monkeypatch):
+    with moet_env(monkeypatch, env(slots=20, DELTA_PROMOTE=3)) as m:
+        t = _loaded(m)
+        m.mark_seen(t.seen[1], torch.tensor([0, 1, 2, 3, 4]))
+        t.step_end()
+        t.wait_manager_idle()                                # publishes the staged batch
+        assert int((t.slot_table[1] >= 0).sum()) == 3 and float(t._freq[1, 0]) > 0
+    with moet_env(monkeypatch, env(slots=20, DELTA_POLICY="need")) as m:
+        t = _loaded(m)
+        m.mark_seen(t.seen[1], torch.tensor([0, 1, 2]))
+        t.step_end()
+        t.wait_manager_idle()
+        assert int((t.slot_table >= 0).sum()) == 0 and float(t._freq[1, 0]) > 0
+
+
+def test_ensure_resident_and_mark_need_only(monkeypatch):
+    with moet_env(monkeypatch, env(slots=20)) as m:
+        t = _loaded(m)
+        assert t.ensure_resident(1, torch.tensor([[5, 6], [6, 7]])) == 3
+        assert sorted(t.slot_table[1].ge(0).nonzero().flatten().tolist()) == [5, 6, 7]
+        m.mark_seen(t.seen[0], torch.tensor([2]))
+        assert t.mark_need_only(layers=[0]) == 1 and float(t._need[0, 2]) == 1.0
+
+
+def test_step_begin_stats_precision(monkeypatch):
+    with moet_env(monkeypatch, env(slots=20)) as m:
+        t = _loaded(m)
+        m.mark_seen(t.seen[0], torch.tensor([1]))
+        t.force_promote()
+        t.step_begin()
+        assert len(t._step_pins) == 0
+        assert t.stats()["cached"] == 1 and t.precision_of(0, 1) == "fp4"
+        assert t.precision_of(0, 2) == "base" and t.precision_map()[0][1] == 1
+
+
+def test_shutdown_clears_the_singleton_and_raises_when_the_manager_hangs(monkeypatch):
+    with moet_env(monkeypatch, env()) as m:
+        t = _tier(m)
+        hang = threading.Event()
+        t._stop_manager(5)                                   # replace the thread with a stuck one
+        t._thread = threading.Thread(target=hang.wait, daemon=True)
+        t._thread.start()
+        monkeypatch.setattr(threading.Thread, "join", lambda self, timeout=None: None)
+        with pytest.raises(RuntimeError, match="did not stop"):
+            m.shutdown()
+        assert m._TIER is t                                  # not cleared: close failed
+        monkeypatch.undo()
+        hang.set()
+        t._thread.join()
+        m.shutdown()
+        assert m._TIER is None
+
+
+def test_check_pool_floor_refuses_a_gate_without_a_tier_and_small_prefill_t(monkeypatch):
+    with moet_env(monkeypatch, env(DELTA_GB=0)) as m:
+        with pytest.raises(ValueError, match="no FP4 tier"):
+            m.check_pool_floor(6, 0, 1)
+    with moet_env(monkeypatch, env(PREFILL_T=4, FORCE_POOL=1)) as m:
+        _loaded(m)
+        with pytest.raises(ValueError, match="PREFILL_T=4"):
+            m.check_pool_floor(1, 1, 4)
+
+
+def test_force_promote_step_follows_the_gate(monkeypatch):
+    with moet_env(monkeypatch, env(slots=20)) as m:
+        assert m.force_promote_step() == 0                   # no tier yet
+        t = _loaded(m)
+        m.mark_seen(t.seen[0], torch.tensor([1, 2]))
+        assert m.force_promote_step(max_promote=0) == 0
+        assert m.force_promote_step() == 2
+    with moet_env(monkeypatch, env(slots=20, GATE_CAPTURE=1)) as m:
+        t = _loaded(m)
+        m.mark_seen(t.seen[0], torch.tensor([1, 2]))
+        assert m.force_promote_step() == 0 and float(t._need[0, 1]) == 1.0
+
+
+# -- the plugin ------------------------------------------------------------------------------
+def _fake_moet(monkeypatch):
+    mod = types.ModuleType(vm.MOET_MODULE)
+    mod._TIER, mod._BASE_TIER = None, None
+    mod.calls = []
+    mod.get_tier = lambda *a, **k: mod.calls.append("their get_tier")
+    mod.shutdown = lambda: mod.calls.append(("their shutdown", mod._TIER))
+    mod.check_pool_floor = lambda *a: mod.calls.append("their floor")
+    monkeypatch.setitem(sys.modules, vm.MOET_MODULE, mod)
+    return mod
+
+
+def test_plugin_without_the_variable_does_nothing(monkeypatch):
+    mod = _fake_moet(monkeypatch)
+    monkeypatch.delenv("VLLM_MOE_W2_TIERSTORE", raising=False)
+    vm.register()
+    assert vm._TARGET is None and mod.get_tier is not vm.get_tier
+
+
+def test_plugin_installs_the_tier_into_moe_w2_delta(monkeypatch):
+    mod = _fake_moet(monkeypatch)
+    e = env(TIERSTORE=1)
+    with moet_env(monkeypatch, e):
+        vm.register()
+        try:
+            assert vm._TARGET is mod and mod.get_tier is vm.get_tier
+            t = mod.get_tier(n_experts=E, dev=CPU, w13_bytes=W13, w2_bytes=W2)
+            assert mod._TIER is t and vm._TIER is t          # callers read moe_w2_delta._TIER
+            mod.shutdown()
+            assert mod._TIER is None and ("their shutdown", None) in mod.calls
+        finally:
+            vm.uninstall()
+    assert mod.calls[0] == ("their shutdown", None)          # theirs closes the base tier only
+
+
+def test_plugin_warns_that_the_base_cache_stays_vllm_moets(monkeypatch, caplog):
+    _fake_moet(monkeypatch)
+    with moet_env(monkeypatch, env(TIERSTORE=1, BASE_CACHE_GB=8, DELTA_GB=1)):
+        vm.register()
+        try:
+            assert "base-cache tier stays vLLM-Moet's" in caplog.text
+            with pytest.warns(RuntimeWarning, match="base-cache tier stays"):
+                t = vm.get_tier(n_experts=E, dev=CPU, w13_bytes=W13, w2_bytes=W2)
+            assert t._tag == "fp4" and t._policy == "need"
+        finally:
+            vm.uninstall()
+
+
+def test_entry_point_is_declared():
+    import tomllib
+    with open("pyproject.toml", "rb") as f:
+        eps = tomllib.load(f)["project"]["entry-points"]["vllm.general_plugins"]
+    assert eps["tierstore_moet"] == "tierstore.adapters.vllm_moet:register"
