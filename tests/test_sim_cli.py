@@ -40,11 +40,11 @@ def test_table_output_on_a_trace_file(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--slots", "0"], "--slots: expected positive integers, got '0'"),
+    (["--slots", "0"], "--slots: expected comma-separated integers >= 1, found '0'"),
     (["--policies", "lru,fifo"], "unknown policy 'fifo'"),
 ])
 def test_bad_arguments_are_one_line_errors(capsys, argv, message):
-    assert main(["bench", "hits", *SMALL, *argv]) == 1
+    assert main(["bench", "hits", *SMALL, *argv]) == 2   # refused by the parser
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
 

@@ -82,7 +82,7 @@ def test_inspect_corrupt_file_one_line_exit_1(tmp_path, capsys):
 
 def test_inspect_missing_file_exit_1(tmp_path, capsys):
     rc, _, err = run(capsys, "warm", "inspect", str(tmp_path / "none.json"))
-    assert rc == 1 and "none.json: no such file" in err
+    assert rc == 2 and "none.json: no such warm-start file" in err
 
 
 def test_merge_decays_older_run_by_half_life(tmp_path, pack, capsys):

@@ -62,12 +62,17 @@ def boolean(value: Any) -> bool:
     raise ValueError("expected 0/1/true/false")
 
 
-def _bound_text(lo, hi, lo_open: bool) -> str:
+def _num(v) -> str:
+    return str(v) if isinstance(v, int) else f"{v:g}"
+
+
+def bound_text(lo, hi, lo_open: bool = False) -> str:
+    """">= 1 and <= 9" for the bounds given (either may be None)."""
     parts = []
     if lo is not None:
-        parts.append(f"{'>' if lo_open else '>='} {lo:g}")
+        parts.append(f"{'>' if lo_open else '>='} {_num(lo)}")
     if hi is not None:
-        parts.append(f"<= {hi:g}")
+        parts.append(f"<= {_num(hi)}")
     return " and ".join(parts)
 
 
@@ -83,7 +88,7 @@ def integer(lo: int | None = None, hi: int | None = None) -> Converter:
             with contextlib.suppress(ValueError):
                 v = int(value.strip(), 10)
         if v is None or (lo is not None and v < lo) or (hi is not None and v > hi):
-            bound = _bound_text(lo, hi, False)
+            bound = bound_text(lo, hi, False)
             raise ValueError(f"expected an integer{' ' + bound if bound else ''}")
         return v
     return parse
@@ -98,7 +103,7 @@ def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
             v = None
         if (v is None or not math.isfinite(v) or (lo is not None and (v < lo or (lo_open and v == lo)))
                 or (hi is not None and v > hi)):
-            bound = _bound_text(lo, hi, lo_open)
+            bound = bound_text(lo, hi, lo_open)
             raise ValueError(f"expected a number{' ' + bound if bound else ''}")
         return v
     return parse

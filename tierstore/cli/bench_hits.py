@@ -7,10 +7,13 @@ Belady's MIN and the gap to it are shown whenever ``belady`` is in the list.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
-from tierstore.cli.args import int_list
+from tierstore.cli.args import (existing_file, float_in, int_in, int_list_of, non_negative_int,
+                                output_file, positive_float, positive_int)
+from tierstore.errors import ConfigError
 
 DEFAULT_POLICIES = "lru,heat,hybrid,reference,belady"
 
@@ -19,37 +22,77 @@ def register(sub) -> None:
     p = sub.add_parser("hits", help="Pool hit rate of policies on a routing trace",
                        description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", help="int32 .npy rows [tick, layer, expert]")
+    src.add_argument("--trace", type=trace_file, help="int32 .npy rows [tick, layer, expert]")
     src.add_argument("--synthetic", action="store_true",
                      help="generate the DS4-shaped synthetic trace (see --ticks, --seed ...)")
-    p.add_argument("--slots", default="51,102,205", help="pool sizes, comma-separated")
-    p.add_argument("--policies", default=DEFAULT_POLICIES,
-                   help="comma-separated: lru, heat, hybrid, reference, belady, unbounded, predict, prefetch")
-    p.add_argument("--budget", type=int, default=8, help="predict/prefetch: prefetch rows per tick")
-    p.add_argument("--threshold", type=float, default=0.2,
+    p.add_argument("--slots", default=[51, 102, 205], type=int_list_of(1),
+                   help="pool sizes, comma-separated (default: 51,102,205)")
+    p.add_argument("--policies", default=policy_list(DEFAULT_POLICIES), type=policy_list,
+                   help="comma-separated: lru, heat, hybrid, reference, belady, unbounded, "
+                        f"predict, prefetch (default: {DEFAULT_POLICIES})")
+    p.add_argument("--budget", type=non_negative_int, default=8,
+                   help="predict/prefetch: prefetch rows per tick")
+    p.add_argument("--threshold", type=float_in(0.0, 1.0), default=0.2,
                    help="predict: minimum predicted probability to prefetch")
     p.add_argument("--granularity", choices=["layer", "tick"], default="layer",
-                   help="layer: each layer reads the slot table in turn (default); "
+                   help="layer: each layer reads the slot table in turn; "
                         "tick: the whole step is known and pinned (a fire)")
-    p.add_argument("--ticks-per-second", type=float, default=75.0,
+    p.add_argument("--ticks-per-second", type=positive_float, default=75.0,
                    help="reference: ticks per second for its 5 s half-life")
-    p.add_argument("--half-life", type=float, default=None,
-                   help="heat/hybrid half-life in ticks (default 375)")
-    p.add_argument("--row-bytes", type=int, default=0, help="bytes per row, for bytes_read")
+    p.add_argument("--half-life", type=positive_float, default=None,
+                   help="heat/hybrid half-life in ticks (default: 375)")
+    p.add_argument("--row-bytes", type=non_negative_int, default=0,
+                   help="bytes per row, for bytes_read")
     p.add_argument("--split", choices=["all", "first", "second"], default="all",
                    help="replay only the first or second half of the trace's ticks")
     g = p.add_argument_group("synthetic trace")
-    g.add_argument("--ticks", type=int, default=2048)
-    g.add_argument("--batch", type=int, default=1)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--layers", type=int, default=43)
-    g.add_argument("--experts", type=int, default=256)
-    g.add_argument("--top-k", type=int, default=6)
-    g.add_argument("--prefill-tokens", type=int, default=512)
-    g.add_argument("--prefill-every", type=int, default=1024)
+    g.add_argument("--ticks", type=int_in(1, 1 << 24), default=2048, help="decode ticks")
+    g.add_argument("--batch", type=int_in(1, 4096), default=1, help="sequences per tick")
+    g.add_argument("--seed", type=non_negative_int, default=0, help="router seed")
+    g.add_argument("--layers", type=int_in(1, 4096), default=43, help="MoE layers")
+    g.add_argument("--experts", type=int_in(1, 1 << 16), default=256, help="experts per layer")
+    g.add_argument("--top-k", type=positive_int, default=6, help="experts routed per token")
+    g.add_argument("--prefill-tokens", type=non_negative_int, default=512,
+                   help="tokens of each prefill burst")
+    g.add_argument("--prefill-every", type=positive_int, default=1024,
+                   help="ticks between prefill bursts")
     p.add_argument("--json", action="store_true", help="print a JSON list of results")
-    p.add_argument("--plot", help="write a PNG of hit rate vs pool size per policy")
+    p.add_argument("--plot", type=output_file("PNG file"),
+                   help="write a PNG of hit rate vs pool size per policy (default: none)")
     p.set_defaults(func=main)
+
+
+def policy_list(text: str) -> list[str]:
+    """Comma-separated policy / sim model names: at least one, every one known."""
+    from tierstore import sim
+    names = list(dict.fromkeys(x.strip().lower() for x in str(text).split(",") if x.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected one or more policy names, found {text!r}")
+    problem = sim.check_policy_names(names, raise_=False)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return names
+
+
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def trace_file(text: str) -> str:
+    """A regular, non-empty file that starts like a .npy array."""
+    path = existing_file("trace file")(text)
+    with open(path, "rb") as f:
+        head = f.read(len(NPY_MAGIC))
+    if not head:
+        raise argparse.ArgumentTypeError(f"{path}: empty file, expected a .npy routing trace")
+    if head != NPY_MAGIC:
+        raise argparse.ArgumentTypeError(f"{path}: not a .npy file (no NUMPY header), "
+                                         "expected a routing trace saved with numpy.save")
+    return path
+
+
+def _check_args(args) -> None:
+    if args.synthetic and args.top_k > args.experts:
+        raise ConfigError(f"--top-k {args.top_k}: more than --experts {args.experts}")
 
 
 def load_source(args):
@@ -68,10 +111,11 @@ def load_source(args):
 
 def main(args) -> int:
     from tierstore import sim
-    slots = int_list(args.slots, "slots")
-    names = [x.strip() for x in args.policies.split(",") if x.strip()]
-    sim.check_policy_names(names)  # before a possibly slow trace generation
+    _check_args(args)
+    slots, names = args.slots, args.policies
     trace = load_source(args)
+    if trace.n_rows == 0:
+        raise ConfigError(f"{args.trace or 'synthetic trace'}: no routed rows to replay")
     params = {"predict": {"threshold": args.threshold}}
     if args.half_life is not None:
         for name in ("heat", "hybrid"):

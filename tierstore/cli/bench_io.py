@@ -8,57 +8,132 @@ On ``--device cpu`` the pool is host memory (copies are memcpy) so it runs anywh
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
 
 from tierstore.errors import ConfigError
 from tierstore.cli import bench_io_measure as m
-from tierstore.cli.args import int_list
+from tierstore.cli.args import (check_cuda, float_in, int_in, int_list_of, names_of,
+                                non_negative_float, output_file, positive_float)
 
 ROW_12MIB = 12_582_912
 
 
 def register(sub) -> None:
     p = sub.add_parser("io", help="Promote I/O benchmark: ceilings, baselines, tierstore fires",
-                       description=__doc__.splitlines()[0])
-    p.add_argument("--pack", required=True, help="pack file or any file of rows")
-    p.add_argument("--create-gb", type=float, default=0.0,
+                       description=__doc__.splitlines()[0] + " The page cache is dropped for "
+                       "cold fires with POSIX_FADV_DONTNEED on the file only, unless "
+                       "--drop-caches is given.")
+    p.add_argument("--pack", required=True,
+                   help="pack file, or any file of rows (with --create-gb: created if missing)")
+    p.add_argument("--create-gb", type=non_negative_float, default=0.0,
                    help="create PATH with this many GB of random rows when it does not exist")
-    p.add_argument("--row-bytes", type=int, default=ROW_12MIB, help="row size (raw files)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--fires", default="1,8,64,512", help="fire sizes in rows")
-    p.add_argument("--sources", default="arena,pagecache,cold")
-    p.add_argument("--threads", type=int, default=16)
-    p.add_argument("--chunk-mib", type=float, default=4.0)
-    p.add_argument("--stage-count", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--cold-repeats", type=int, default=3)
-    p.add_argument("--ceiling-gb", type=float, default=2.0, help="bytes read for the read ceilings")
-    p.add_argument("--h2d-gb", type=float, default=2.0, help="size of the H2D ceiling copy")
-    p.add_argument("--kvikio-threads", default="1,8,16,32")
+    p.add_argument("--row-bytes", type=int_in(1, 1 << 30), default=ROW_12MIB,
+                   help="row size (raw files; a pack's own slot size wins)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="pool device; auto = cuda when present")
+    p.add_argument("--fires", type=int_list_of(1, 1 << 20), default=[1, 8, 64, 512],
+                   help="fire sizes in rows (default: 1,8,64,512)")
+    p.add_argument("--sources", type=names_of(SOURCES, "source"), default=list(SOURCES),
+                   help=f"fire sources, comma-separated (default: {','.join(SOURCES)})")
+    p.add_argument("--threads", type=int_in(1, 1024), default=16, help="engine reader threads")
+    p.add_argument("--chunk-mib", type=float_in(0.0, 1024.0, lo_open=True), default=4.0,
+                   help="engine read chunk in MiB")
+    p.add_argument("--stage-count", type=int_in(1, 4096), default=16, help="engine stage buffers")
+    p.add_argument("--repeats", type=int_in(1, 100000), default=10, help="warm fires per size")
+    p.add_argument("--cold-repeats", type=int_in(1, 10000), default=3, help="cold fires per size")
+    p.add_argument("--ceiling-gb", type=positive_float, default=2.0,
+                   help="bytes read for the read ceilings")
+    p.add_argument("--h2d-gb", type=positive_float, default=2.0, help="size of the H2D ceiling copy")
+    p.add_argument("--kvikio-threads", type=int_list_of(1, 1024), default=[1, 8, 16, 32],
+                   help="kvikio thread counts to try (default: 1,8,16,32)")
     p.add_argument("--no-baselines", action="store_true", help="skip Python baseline and kvikio")
-    p.add_argument("--sweep", default="", metavar="THREADS:CHUNK_MIB[:noramp],...",
+    p.add_argument("--drop-caches", action="store_true",
+                   help="also write /proc/sys/vm/drop_caches before cold fires (root only; drops "
+                        "the WHOLE machine's page cache, not just this file's)")
+    p.add_argument("--sweep", type=sweep_spec, default=[], metavar="THREADS:CHUNK_MIB[:noramp],...",
                    help="also time 64-row page-cache and cold fires for these engine settings "
-                        "(':noramp': chunk_ramp=False)")
+                        "(':noramp': chunk_ramp=False; default: none)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.add_argument("--out", help="also write the JSON results to this file (atomically)")
+    p.add_argument("--out", type=output_file("JSON file"),
+                   help="also write the JSON results to this file (atomically; default: none)")
     p.set_defaults(func=main)
 
 
-def _file_rows(path: str, row_bytes: int) -> tuple[np.ndarray, int]:
-    """Row offsets and row size: a pack's written rows, else consecutive 4 KiB-aligned rows."""
+SOURCES = ("arena", "pagecache", "cold")
+
+
+def sweep_spec(text: str) -> list[tuple[str, int, float, bool]]:
+    """``16:4,8:1:noramp`` -> [(item, threads, chunk_mib, ramp), ...]."""
+    out = []
+    for item in (x.strip() for x in str(text).split(",")):
+        if not item:
+            continue
+        parts = item.split(":")
+        try:
+            threads, chunk = int(parts[0], 10), float(parts[1])
+            flags = parts[2:]
+            ok = 1 <= threads <= 1024 and 0 < chunk <= 1024 and set(flags) <= {"noramp"}
+        except (ValueError, IndexError):
+            ok = False
+        if not ok:
+            raise argparse.ArgumentTypeError(
+                f"item {item!r}: expected THREADS:CHUNK_MIB[:noramp] with THREADS in [1, 1024] "
+                "and 0 < CHUNK_MIB <= 1024, e.g. 16:4,8:1:noramp")
+        out.append((item, threads, chunk, "noramp" not in flags))
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected THREADS:CHUNK_MIB[:noramp],..., found {text!r}")
+    return out
+
+
+def _is_pack(path: str) -> bool:
+    from tierstore.format.sidecar import sidecar_path_of
     try:
+        return path.endswith(".pack") or os.path.exists(sidecar_path_of(path))
+    except Exception:  # noqa: BLE001 - a name the pack module cannot map is no pack
+        return False
+
+
+def _file_rows(path: str, row_bytes: int) -> tuple[np.ndarray, int]:
+    """Row offsets and row size: a pack's written rows (a broken pack is an error, never
+    benchmarked as a raw file), else consecutive 4 KiB-aligned rows of a raw file."""
+    if _is_pack(path):
         from tierstore.format.pack import Pack
         with Pack.open(path) as pack:
             ids = [l * pack.n_experts + e for l in pack.layers for e in range(pack.n_experts)]
             return np.asarray(pack.row_offsets(np.asarray(ids)), np.int64), int(pack.slot_bytes)
-    except Exception:
-        stride = (row_bytes + m.PAGE - 1) // m.PAGE * m.PAGE
-        n = os.path.getsize(path) // stride
-        return np.arange(n, dtype=np.int64) * stride, row_bytes
+    stride = (row_bytes + m.PAGE - 1) // m.PAGE * m.PAGE
+    n = os.path.getsize(path) // stride
+    return np.arange(n, dtype=np.int64) * stride, row_bytes
+
+
+def check_args(args) -> None:
+    """Everything checkable before a byte is read or written."""
+    path = args.pack
+    if os.path.exists(path):
+        if not os.path.isfile(path):
+            raise ConfigError(f"--pack {path}: not a regular file")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"--pack {path}: not readable")
+    elif args.create_gb <= 0:
+        raise ConfigError(f"--pack {path}: no such file; give --create-gb N to create one")
+    else:
+        try:
+            output_file("file of rows")(path)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"--pack {exc}") from None
+        need = int(args.create_gb * 1e9)
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+        if need > free:
+            raise ConfigError(f"--create-gb {args.create_gb:g}: {path}'s directory has "
+                              f"{free / 1e9:.2f} GB free")
+    if args.device == "cuda":
+        check_cuda("--device")
 
 
 def _progress(text: str) -> None:
@@ -71,12 +146,15 @@ def run(args, res: dict | None = None) -> dict:
     from tierstore import cuda_available
     from tierstore.io.engine import Engine
     path = args.pack
+    check_args(args)
     if not os.path.exists(path):
-        if args.create_gb <= 0:
-            raise FileNotFoundError(2, "no such file", path)
-        m.create_file(path, int(args.create_gb * 1e9))
+        _progress(f"creating {path}: {args.create_gb:g} GB of random rows")
+        m.create_file(path, int(args.create_gb * 1e9), progress=_progress)
     device = args.device if args.device != "auto" else ("cuda" if cuda_available() else "cpu")
-    fires, sources = int_list(args.fires, "fires"), args.sources.split(",")
+    fires, sources = args.fires, args.sources
+    if args.drop_caches:
+        _progress("--drop-caches: cold fires write /proc/sys/vm/drop_caches (the whole "
+                  "machine's page cache)")
     offsets, row = _file_rows(path, args.row_bytes)
     if len(offsets) < max(fires):
         raise ConfigError(f"{path}: {len(offsets)} rows of {row} B, the largest fire needs "
@@ -99,7 +177,7 @@ def run(args, res: dict | None = None) -> dict:
     top = max(fires)
     pool = torch.empty((top, row), dtype=torch.uint8, device=device)
     engine = Engine(path, threads=args.threads, direct="auto", device=device,
-                    chunk_bytes=int(args.chunk_mib * (1 << 20)) // m.PAGE * m.PAGE,
+                    chunk_bytes=max(m.PAGE, int(args.chunk_mib * (1 << 20)) // m.PAGE * m.PAGE),
                     stage_bytes=(row + m.PAGE - 1) // m.PAGE * m.PAGE,
                     stage_count=args.stage_count)
     res["direct_active"] = engine.direct_active
@@ -132,7 +210,7 @@ def run(args, res: dict | None = None) -> dict:
                 reps = 1 if n * row > 2e9 else args.cold_repeats
                 t = []
                 for _ in range(reps):
-                    res["evict"] = m.evict(path)
+                    res["evict"] = m.evict(path, args.drop_caches)
                     t.append(m.tierstore_fire(torch, engine, device, pick(n), row, pool))
                 ts[f"cold_{n}"] = m.summarize(t, n, row)
                 _progress(f"cold {n} done: {ts[f'cold_{n}']['gbps_p50']:.2f} GB/s")
@@ -151,21 +229,19 @@ def _sweep(args, res, torch, device, path, pool, row, n, pick, file_bytes) -> No
     """Engine settings side by side: all page-cache fires first (one warm-up of the file),
     then the cold ones (each after an eviction)."""
     from tierstore.io.engine import Engine
-    items = args.sweep.split(",")
     engines = {}
     try:
-        for item in items:
-            threads, chunk_mib, *flags = item.split(":")
-            engines[item] = Engine(path, threads=int(threads), direct="auto", device=device,
-                                   chunk_bytes=int(float(chunk_mib) * (1 << 20)) // m.PAGE * m.PAGE,
+        for item, threads, chunk_mib, ramp in args.sweep:
+            engines[item] = Engine(path, threads=threads, direct="auto", device=device,
+                                   chunk_bytes=max(m.PAGE, int(chunk_mib * (1 << 20)) // m.PAGE * m.PAGE),
                                    stage_bytes=(row + m.PAGE - 1) // m.PAGE * m.PAGE,
-                                   stage_count=args.stage_count, chunk_ramp="noramp" not in flags)
+                                   stage_count=args.stage_count, chunk_ramp=ramp)
         m.warm(path, file_bytes)
         for item, eng in engines.items():
             t = [m.tierstore_fire(torch, eng, device, pick(n), row, pool) for _ in range(6)]
             res["sweep"][f"pagecache_{n}_{item}"] = m.summarize(t[1:], n, row)
         for item, eng in engines.items():
-            m.evict(path)
+            m.evict(path, args.drop_caches)
             t = [m.tierstore_fire(torch, eng, device, pick(n), row, pool)]
             res["sweep"][f"cold_{n}_{item}"] = m.summarize(t, n, row)
             _progress(f"sweep {item}: page cache "
@@ -184,7 +260,7 @@ def _baselines(args, res, torch, device, path, pool, row, n, pick, *, cold: bool
     t = []
     for _ in range(reps + (0 if cold else 1)):
         if cold:
-            m.evict(path)
+            m.evict(path, args.drop_caches)
         t.append(m.python_baseline_fire(torch, path, pick(n), row, pool, stage, side))
     res["baselines"][f"python8t_{key}_{n}"] = m.summarize(t if cold else t[1:], n, row)
     if device != "cuda":
@@ -196,7 +272,7 @@ def _baselines(args, res, torch, device, path, pool, row, n, pick, *, cold: bool
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
         res["baselines"]["kvikio"] = f"skipped: import failed ({type(exc).__name__}: {exc})"
         return
-    for threads in int_list(args.kvikio_threads, "kvikio-threads"):
+    for threads in args.kvikio_threads:
         try:
             m.kvikio_set_threads(kvikio, threads)
             f = kvikio.CuFile(path, "r")
@@ -204,7 +280,7 @@ def _baselines(args, res, torch, device, path, pool, row, n, pick, *, cold: bool
                 t = []
                 for _ in range(reps + (0 if cold else 1)):
                     if cold:
-                        m.evict(path)
+                        m.evict(path, args.drop_caches)
                     t.append(m.kvikio_fire(kvikio, f, pick(n), row, pool))
             finally:
                 f.close()

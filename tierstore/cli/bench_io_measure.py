@@ -3,7 +3,7 @@ all on one file in one run so every ratio compares like with like.
 
 Sources of a fire: ``arena`` (rows already in pinned host memory), ``pagecache``
 (the file is in the page cache), ``cold`` (the file was evicted first: fsync +
-POSIX_FADV_DONTNEED on the whole file, plus drop_caches where permitted).
+POSIX_FADV_DONTNEED on the whole file; plus drop_caches only with --drop-caches).
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ PAGE = 4096
 
 
 # -- the file ---------------------------------------------------------------------------------
-def create_file(path: str, nbytes: int, seed: int = 0) -> None:
-    """Write nbytes of non-zero pseudo-random data (temp + fsync + rename)."""
+def create_file(path: str, nbytes: int, seed: int = 0, progress=None) -> None:
+    """Write nbytes of non-zero pseudo-random data (temp + fsync + rename: an interrupt
+    leaves neither the file nor its temp). ``progress(text)`` gets a line every ~10%."""
     block = np.random.default_rng(seed).integers(1, 256, size=64 << 20, dtype=np.uint8)
     from tierstore.files.atomic import atomic_output
     with atomic_output(path) as f:
@@ -28,16 +29,23 @@ def create_file(path: str, nbytes: int, seed: int = 0) -> None:
             block[:8] = np.frombuffer(np.int64(k).tobytes(), np.uint8) | 1  # blocks differ
             f.write(block[:n].tobytes())
             written, k = written + n, k + 1
+            if progress is not None and nbytes >= 10 * block.size and k % max(1, nbytes // block.size // 10) == 0:
+                progress(f"created {written / 1e9:.2f} of {nbytes / 1e9:.2f} GB")
 
 
-def evict(path: str) -> str:
-    """Drop the file from the page cache; returns how ("drop_caches" or "fadvise")."""
+def evict(path: str, drop_caches: bool = False) -> str:
+    """Drop the file from the page cache; returns how ("drop_caches" or "fadvise").
+
+    ``drop_caches`` (the --drop-caches flag) also writes /proc/sys/vm/drop_caches, which
+    empties the whole machine's page cache: never done unless asked."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)  # dirty pages survive a drop
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+    if not drop_caches:
+        return "fadvise"
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")

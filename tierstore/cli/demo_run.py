@@ -39,10 +39,16 @@ class DemoConfig:
     warm_steps: int = 50          # steps compared cold vs warm after the restart
     pool_fraction: float = 0.25   # pool slots as a fraction of all experts
     ram_fraction: float = 0.5     # arena rows as a fraction of all experts
-    seed: int = 0
+    seed: int = 0                 # model, router and the learning run's routing
+    warm_seed: int | None = None  # routing of the cold/warm comparison (None: seed + 1)
     device: str = "auto"
     out: str | None = None
     temperature: float = 8.0      # scales the LM head: sets how often the gate fires
+
+    def large(self) -> None:
+        """Rows of ~200 KiB (H 512, I 256; 13 KiB by default) so a fire moves MBs and
+        promote GB/s means bandwidth; the default on a GPU."""
+        self.n_experts, self.hidden, self.inter = 32, 512, 256
 
 
 @dataclass
@@ -55,6 +61,23 @@ class RunReport:
     stats: object = None
     early_pool_hit_rate: float = 0.0
     seconds: float = 0.0
+    hit_rate_per_step: list = field(default_factory=list)
+    fire_latencies_ms: list = field(default_factory=list)
+
+
+class TimedFires:
+    """The store as the gate sees it, keeping each fire's latency for the picture."""
+
+    def __init__(self, store, latencies: list):
+        self._store, self._lat = store, latencies
+
+    def fire(self, routed, max_promote=None):
+        result = self._store.fire(routed, max_promote=max_promote)
+        self._lat.append(result.latency_s * 1e3)
+        return result
+
+    def release(self, result) -> None:
+        self._store.release(result)
 
 
 # -- ceilings, measured in the same run ------------------------------------------------------
@@ -145,35 +168,48 @@ def _rel(a, b) -> float:
 
 
 def run_decode(cfg: DemoConfig, lm: TinyLM, store, steps: int, progress=None, task=None,
-               early: int = 0) -> RunReport:
+               early: int = 0, stream: int | None = None) -> RunReport:
+    """``steps`` decode steps. ``stream`` None: the router's own routing (seed); else the
+    same router sampled with ``stream`` (routing a snapshot of the first never saw).
+    Lazy promotions are settled at every step boundary (wait_idle) so the run, fire
+    counts included, is the same for the same seed; only timings vary."""
     from tierstore.compute.gate import UncertaintyGate, run_with_gate
     from tierstore.compute.moe import StaticPool
     from tierstore.sim.synth import SyntheticRouter
 
-    router = SyntheticRouter(cfg.n_layers, cfg.n_experts, cfg.top_k, seed=cfg.seed)
+    router = SyntheticRouter(cfg.n_layers, cfg.n_experts, cfg.top_k, seed=cfg.seed,
+                             stream_seed=stream)
+    tag = 0 if stream is None else 1_000_003 * (stream + 1)   # token / weight streams
     gate = UncertaintyGate("top1", 0.60)
     empty = StaticPool(np.zeros((cfg.n_layers, cfg.n_experts, store.slot_bytes), np.uint8),
                        n_slots=1, device=lm.device)      # slot table all -1: base only
-    wgen = torch.Generator().manual_seed(cfg.seed + 5)
+    wgen = torch.Generator().manual_seed(cfg.seed + 5 + tag)
     rep = RunReport()
+    timed = TimedFires(store, rep.fire_latencies_ms)
+    seen = (0, 0)
     t0 = time.perf_counter()
     for step in range(steps):
         ids_np = router.step(1)                                   # [L, 1, k]
         ids = torch.from_numpy(ids_np.astype(np.int64)).to(lm.device)
         w = torch.softmax(torch.randn(cfg.n_layers, 1, cfg.top_k, generator=wgen), -1).to(lm.device)
-        x0 = lm.model.tokens(1, seed=step).to(lm.device)
+        x0 = lm.model.tokens(1, seed=step + tag).to(lm.device)
         for layer in range(cfg.n_layers):                         # heat: once per step,
             store.record(layer, ids[layer])                       # never per re-run
         routed = np.stack([np.repeat(np.arange(cfg.n_layers), cfg.top_k),
                            ids_np[:, 0, :].reshape(-1)], 1)
-        out, rec = run_with_gate(lambda: lm.forward(x0, w, ids, store), gate, store,
+        out, rec = run_with_gate(lambda: lm.forward(x0, w, ids, store), gate, timed,
                                  lambda: routed, max_rounds=3, logits_of=lm.logits)
         ref = lm.forward_reference(x0, w, ids)
         rep.err_pool.append(_rel(out, ref))
         rep.err_base.append(_rel(lm.forward(x0, w, ids, empty), ref))
         store.step()
+        store.wait_idle()
+        pool = store.stats().pool
+        hits, lookups = pool.hits - seen[0], pool.hits + pool.misses - seen[1]
+        rep.hit_rate_per_step.append(hits / lookups if lookups else 0.0)
+        seen = (pool.hits, pool.hits + pool.misses)
         if early and step + 1 == early:
-            rep.early_pool_hit_rate = store.stats().pool.hit_rate
+            rep.early_pool_hit_rate = pool.hit_rate
         if progress is not None:
             progress.advance(task)
     rep.seconds = time.perf_counter() - t0
@@ -186,7 +222,8 @@ def run_decode(cfg: DemoConfig, lm: TinyLM, store, steps: int, progress=None, ta
 
 # -- the whole job ---------------------------------------------------------------------------
 
-def run(cfg: DemoConfig, console=None) -> dict:
+def run(cfg: DemoConfig, out_dir: str, console=None) -> dict:
+    """The whole job in ``out_dir`` (which must exist). Returns the result dict."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -198,47 +235,60 @@ def run(cfg: DemoConfig, console=None) -> dict:
 
     console = console or Console(stderr=True)
     device = ("cuda" if cuda_available() else "cpu") if cfg.device == "auto" else cfg.device
-    out_dir = cfg.out or tempfile.mkdtemp(prefix="tierstore-demo-")
-    os.makedirs(out_dir, exist_ok=True)
+    warm_seed = cfg.seed + 1 if cfg.warm_seed is None else cfg.warm_seed
     n_keys = cfg.n_layers * cfg.n_experts
     result: dict = {"device": device, "out": out_dir, "config": cfg.__dict__.copy()}
+    result["config"]["warm_seed"] = warm_seed
+    torch.manual_seed(cfg.seed)   # nothing below should draw from torch's global stream
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
-        t = progress.add_task("generate + quantise model", total=1)
+                  TimeElapsedColumn(), console=console, transient=False,
+                  disable=not console.is_terminal) as progress:
+        def stage(text: str, total: int):
+            if not console.is_terminal:          # a log or a pipe: plain lines
+                print(f"[demo] {text}", file=sys.stderr, flush=True)
+            return progress.add_task(text, total=total)
+
+        t = stage("generate + quantise model", 1)
         model = make_moe_model(cfg.n_layers, cfg.n_experts, cfg.hidden, cfg.inter, seed=cfg.seed)
         fp4_path, base_path = write_model_packs(model, out_dir)
         progress.advance(t)
 
-        t = progress.add_task("measure ceilings", total=2)
+        t = stage("measure ceilings", 2)
         copy_gbps = measure_copy_ceiling(device)
         progress.advance(t)
         read_gbps = measure_pagecache_ceiling(fp4_path)
         progress.advance(t)
         result["ceilings"] = {"pool_copy_gbps": copy_gbps, "pagecache_read_gbps": read_gbps}
 
-        pack = Pack.open(fp4_path)
-        base = BaseWeights.from_pack(Pack.open(base_path), device=device)
-        lm = TinyLM(model, base, cfg.vocab, cfg.temperature, device, cfg.seed)
-        slots = max(8, int(cfg.pool_fraction * n_keys))
-        ram_gb = cfg.ram_fraction * n_keys * pack.stride / 2**30
-        store_args = dict(vram_slots=slots, ram_gb=ram_gb, policy="heat", device=device,
-                          top_k=None)
-        poolmon = os.path.join(out_dir, "poolmon.json")
+        with Pack.open(fp4_path) as pack, Pack.open(base_path) as base_pack:
+            base = BaseWeights.from_pack(base_pack, device=device)
+            lm = TinyLM(model, base, cfg.vocab, cfg.temperature, device, cfg.seed)
+            slots = max(8, int(cfg.pool_fraction * n_keys))
+            ram_gb = cfg.ram_fraction * n_keys * pack.stride / 2**30
+            store_args = dict(vram_slots=slots, ram_gb=ram_gb, policy="heat", device=device,
+                              top_k=None)
+            poolmon = os.path.join(out_dir, "poolmon.json")
 
-        t = progress.add_task(f"decode, cold start ({device} pool, {slots} slots)", total=cfg.steps)
-        with ExpertStore(pack, **store_args) as store:
-            cold = run_decode(cfg, lm, store, cfg.steps, progress, t, early=cfg.warm_steps)
-            store.save_poolmon(poolmon)
+            t = stage(f"decode, learning run (seed {cfg.seed}, {device} pool, {slots} slots)", cfg.steps)
+            with ExpertStore(pack, **store_args) as store:
+                learn = run_decode(cfg, lm, store, cfg.steps, progress, t, early=cfg.warm_steps)
+                store.save_poolmon(poolmon)
 
-        t = progress.add_task("decode, warm restart from poolmon", total=cfg.warm_steps)
-        with ExpertStore(pack, warm_start=poolmon, **store_args) as store:
-            warm = run_decode(cfg, lm, store, cfg.warm_steps, progress, t, early=cfg.warm_steps)
-        pack.close()
+            t = stage(f"decode, cold start on unseen routing (stream {warm_seed})", cfg.warm_steps)
+            with ExpertStore(pack, **store_args) as store:
+                cold = run_decode(cfg, lm, store, cfg.warm_steps, progress, t,
+                                  early=cfg.warm_steps, stream=warm_seed)
 
-    result["cold"], result["warm"] = _summarise(cold), _summarise(warm)
+            t = stage(f"decode, warm restart from poolmon on the same routing", cfg.warm_steps)
+            with ExpertStore(pack, warm_start=poolmon, **store_args) as store:
+                warm = run_decode(cfg, lm, store, cfg.warm_steps, progress, t,
+                                  early=cfg.warm_steps, stream=warm_seed)
+            result["row_bytes"] = int(pack.slot_bytes)
+
+    result["learn"], result["cold"], result["warm"] = (_summarise(learn), _summarise(cold),
+                                                       _summarise(warm))
     result["poolmon"] = poolmon
-    result["row_bytes"] = int(pack.slot_bytes)
     return result
 
 
@@ -253,6 +303,8 @@ def _summarise(rep: RunReport) -> dict:
         "evictions": s.pool.evictions, "bytes_read": s.bytes_read,
         "err_base": float(np.mean(rep.err_base)), "err_pool": float(np.mean(rep.err_pool)),
         "seconds": rep.seconds,
+        "hit_rate_per_step": [round(v, 6) for v in rep.hit_rate_per_step],
+        "fire_latencies_ms": [round(v, 4) for v in rep.fire_latencies_ms],
     }
 
 
@@ -261,50 +313,43 @@ def print_summary(result: dict, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    c, w, ceil = result["cold"], result["warm"], result["ceilings"]
+    runs = (result["learn"], result["cold"], result["warm"])
+    ceil = result["ceilings"]
     copy_ceiling = ceil["pool_copy_gbps"]
-    tab = Table(title=f"tierstore demo — {result['device']} pool", show_lines=False)
+    cfg = result["config"]
+    tab = Table(title=f"tierstore demo: {result['device']} pool, seed {cfg['seed']}")
     tab.add_column("metric")
-    tab.add_column("cold start", justify="right")
-    tab.add_column("warm restart", justify="right")
+    tab.add_column(f"learning run\n(routing {cfg['seed']})", justify="right")
+    tab.add_column(f"cold start\n(unseen routing {cfg['warm_seed']})", justify="right")
+    tab.add_column(f"warm restart\n(same unseen routing)", justify="right")
     pct = lambda v: f"{100 * v:.1f}%"   # noqa: E731
+    row_kib = result["row_bytes"] / 1024
+    bandwidth = result["row_bytes"] >= 128 << 10
+
+    def gbps(r):
+        if not bandwidth:
+            return "latency-bound"
+        return f"{r['promote_gbps']:.2f} ({r['promote_gbps'] / copy_ceiling:.2f}x)"
     rows = [
-        ("decode steps", str(c["steps"]), str(w["steps"])),
-        ("gate fires (re-run rounds)", f"{c['fires']} ({c['fire_rounds']})", f"{w['fires']} ({w['fire_rounds']})"),
-        (f"pool hit rate, first {w['steps']} steps", pct(c["early_pool_hit_rate"]), pct(w["early_pool_hit_rate"])),
-        ("pool hit rate, whole run (token / distinct)",
-         f"{pct(c['pool_hit_rate'])} / {pct(c['pool_distinct_hit_rate'])}",
-         f"{pct(w['pool_hit_rate'])} / {pct(w['pool_distinct_hit_rate'])}"),
-        ("arena hit rate (pool misses)", pct(c["arena_hit_rate"]), pct(w["arena_hit_rate"])),
-        ("fire latency p50 / p99 (ms)", f"{c['fire_p50_ms']:.2f} / {c['fire_p99_ms']:.2f}",
-         f"{w['fire_p50_ms']:.2f} / {w['fire_p99_ms']:.2f}"),
-        ("promote GB/s (x pool-copy ceiling)",
-         f"{c['promote_gbps']:.2f} ({c['promote_gbps'] / copy_ceiling:.2f}x)",
-         f"{w['promote_gbps']:.2f} ({w['promote_gbps'] / copy_ceiling:.2f}x)"),
-        ("output rel. error, 2-bit base only", f"{c['err_base']:.4f}", f"{w['err_base']:.4f}"),
-        ("output rel. error, with the FP4 pool", f"{c['err_pool']:.4f}", f"{w['err_pool']:.4f}"),
+        ("decode steps", *(str(r["steps"]) for r in runs)),
+        ("gate fires (re-run rounds)", *(f"{r['fires']} ({r['fire_rounds']})" for r in runs)),
+        ("pool hit rate (token / distinct)",
+         *(f"{pct(r['pool_hit_rate'])} / {pct(r['pool_distinct_hit_rate'])}" for r in runs)),
+        ("arena hit rate (pool misses)", *(pct(r["arena_hit_rate"]) for r in runs)),
+        ("fire latency p50 / p99 (ms)", *(f"{r['fire_p50_ms']:.2f} / {r['fire_p99_ms']:.2f}" for r in runs)),
+        ("promote GB/s (x pool-copy ceiling)", *(gbps(r) for r in runs)),
+        ("output rel. error, 2-bit base only", *(f"{r['err_base']:.4f}" for r in runs)),
+        ("output rel. error, with the FP4 pool", *(f"{r['err_pool']:.4f}" for r in runs)),
     ]
     for r in rows:
         tab.add_row(*r)
     console.print(tab)
+    gain = result["warm"]["pool_hit_rate"] - result["cold"]["pool_hit_rate"]
+    console.print(f"warm start on routing it never saw: pool hit rate {gain * 100:+.1f} points "
+                  f"over a cold start ({result['cold']['fires']} -> {result['warm']['fires']} fires)")
     console.print(f"ceilings measured in this run: pool copy {copy_ceiling:.1f} GB/s, "
                   f"page-cache read {ceil['pagecache_read_gbps']:.1f} GB/s (8 threads)")
-    console.print(f"rows here are {result['row_bytes'] / 1024:.0f} KiB, so promote GB/s measures per-fire "
-                  f"latency, not bandwidth; `tierstore bench io` measures 12 MiB rows")
-    console.print(f"packs and poolmon snapshot in {result['out']}")
-
-
-def main(args) -> int:
-    import json
-    cfg = DemoConfig(seed=args.seed, device=args.device, out=args.out)
-    if args.quick:
-        cfg.steps, cfg.warm_steps = 80, 30
-    if args.steps:
-        cfg.steps = args.steps
-    result = run(cfg)
-    if args.json:
-        json.dump(result, sys.stdout, indent=2, default=str)
-        print()
-    else:
-        print_summary(result)
-    return 0
+    if not bandwidth:
+        console.print(f"rows here are {row_kib:.0f} KiB: a fire moves too little for GB/s to mean "
+                      "bandwidth (--rows large, the GPU default, uses ~200 KiB rows; "
+                      "`tierstore bench io` measures 12 MiB rows)")

@@ -6,10 +6,17 @@ Errors are tierstore exceptions; cli.py prints them as one line and exits 1.
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
+import re
+import shutil
 import sys
+import time
 
+from tierstore.cli.args import (existing_dir, existing_path, non_negative_int, output_dir,
+                                output_file, say)
 from tierstore.errors import ConfigError
 
 _FORMAT_OF_TAG = {"fp4": "mxfp4", "delta": "mxfp4", "base": "base2"}
@@ -17,48 +24,89 @@ _FORMAT_OF_TAG = {"fp4": "mxfp4", "delta": "mxfp4", "base": "base2"}
 
 def register(sub) -> None:
     b = sub.add_parser("build", help="write a pack (synthetic or from safetensors)",
-                       description="Write a pack into OUT (a directory, or a .pack path).")
-    b.add_argument("out", metavar="OUT")
+                       description="Write a pack into OUT (a directory, or a .pack path). "
+                                   "An interrupted or failed fresh build removes what it "
+                                   "wrote; a build that resumes an existing pack keeps it.")
+    b.add_argument("out", metavar="OUT", type=pack_out,
+                   help="output directory (created if missing) or a .pack file path")
     src = b.add_mutually_exclusive_group(required=True)
-    src.add_argument("--synthetic", metavar="L,E,SLOT",
+    src.add_argument("--synthetic", metavar="L,E,SLOT", type=synthetic_geometry,
                      help="L layers x E experts of SLOT bytes of quantised Student-t weights")
     src.add_argument("--from-safetensors", metavar="DIR", dest="from_safetensors",
+                     type=existing_dir("directory of .safetensors files"),
                      help="directory of .safetensors expert weights")
     b.add_argument("--format", choices=["mxfp4", "nvfp4"], default=None,
                    help="source number format (default: mxfp4 for synthetic, detected for "
                         "safetensors); packs always store MXFP4")
-    b.add_argument("--tag", default="fp4", help="row tag: fp4 (default), delta, base")
+    b.add_argument("--tag", default="fp4", type=tag_name, help="row tag: fp4, delta, base or "
+                   "any [A-Za-z0-9_-]+ name")
     b.add_argument("--order", choices=["linear", "fragmajor"], default="linear",
-                   help="nibble order of the e2m1 planes (default linear)")
-    b.add_argument("--seed", type=int, default=0, help="synthetic weights seed")
+                   help="nibble order of the e2m1 planes")
+    b.add_argument("--seed", type=non_negative_int, default=0, help="synthetic weights seed")
     b.add_argument("--ckpt-id", dest="ckpt_id", default=None,
                    help="checkpoint id for the identity (default: hash of the safetensors files)")
     b.set_defaults(func=cmd_build)
 
     i = sub.add_parser("inspect", help="geometry, layers, layout, identity of a pack")
-    i.add_argument("path", metavar="PATH", help="a .pack/.json file or a directory")
-    i.add_argument("--tag", default=None, help="with a directory: which tag")
+    i.add_argument("path", metavar="PATH", type=existing_path("pack file or directory"),
+                   help="a .pack/.json file or a directory")
+    i.add_argument("--tag", default=None, type=tag_name,
+                   help="with a directory: which tag (default: the only one)")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.set_defaults(func=cmd_inspect)
 
     v = sub.add_parser("verify", help="check every written row against its checksum")
-    v.add_argument("path", metavar="PATH", help="a .pack/.json file or a directory")
-    v.add_argument("--tag", default=None, help="with a directory: which tag")
+    v.add_argument("path", metavar="PATH", type=existing_path("pack file or directory"),
+                   help="a .pack/.json file or a directory")
+    v.add_argument("--tag", default=None, type=tag_name,
+                   help="with a directory: which tag (default: the only one)")
     v.set_defaults(func=cmd_verify)
 
 
-def _parse_synthetic(text: str) -> tuple[int, int, int]:
+MAX_SLOT_BYTES = 1 << 30
+
+
+def synthetic_geometry(text: str) -> tuple[int, int, int]:
+    """``L,E,SLOT``: three positive integers (SLOT at most 1 GiB)."""
+    parts = str(text).split(",")
     try:
-        L, E, slot = (int(x) for x in text.split(","))
+        L, E, slot = (int(x, 10) for x in parts)
     except ValueError:
-        raise ConfigError(f"--synthetic {text!r}: expected three integers L,E,SLOT") from None
+        raise argparse.ArgumentTypeError(
+            f"expected three integers L,E,SLOT (layers, experts, slot bytes), found {text!r}") from None
+    if min(L, E, slot) < 1 or slot > MAX_SLOT_BYTES or L * E > 1 << 24:
+        raise argparse.ArgumentTypeError(
+            f"expected L,E,SLOT >= 1 with SLOT <= {MAX_SLOT_BYTES} and L*E <= {1 << 24}, found {text!r}")
     return L, E, slot
 
 
+def tag_name(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", str(text)):
+        raise argparse.ArgumentTypeError(f"expected a tag of [A-Za-z0-9_-]+, found {text!r}")
+    return str(text)
+
+
+def pack_out(text: str) -> str:
+    """OUT of pack build: a .pack file path or a directory (either may not exist yet;
+    the nearest existing ancestor must be a writable directory)."""
+    if str(text).endswith(".pack"):
+        return output_file("pack file")(text) if os.path.isdir(os.path.dirname(
+            os.path.abspath(text))) else output_dir("pack file's directory")(text)
+    return output_dir("pack directory")(text)
+
+
 def _layer_progress(label: str):
-    """A rich bar on a terminal; nothing otherwise. Returns (callback, stop)."""
+    """A rich bar on a terminal; plain lines (at most one every 5 s, and the last) in a
+    log or pipe. Returns (callback, stop)."""
     if not sys.stderr.isatty():
-        return None, lambda: None
+        last = [0.0]
+
+        def line(done, total):
+            now = time.monotonic()
+            if done == total or now - last[0] >= 5.0:
+                last[0] = now
+                say(f"{label}: layer {done}/{total}")
+        return line, lambda: None
     from rich.progress import Progress
     p = Progress(transient=True)
     task = p.add_task(label, total=None)
@@ -66,13 +114,54 @@ def _layer_progress(label: str):
     return (lambda done, total: p.update(task, completed=done, total=total)), p.stop
 
 
+def _new_entries(out: str):
+    """What a fresh build may create: (target dir, entries there now, dirs to create)."""
+    target = os.path.dirname(os.path.abspath(out)) if out.endswith(".pack") else os.path.abspath(out)
+    missing, probe = [], target
+    while not os.path.exists(probe):
+        missing.append(probe)
+        probe = os.path.dirname(probe)
+    before = set(os.listdir(target)) if os.path.isdir(target) else set()
+    return target, before, missing
+
+
+def _remove_new(target: str, before: set, missing: list, tag: str) -> list[str]:
+    """Remove the files this build created (its pack, sidecar, lock, temps) and the
+    directories it made; returns what was removed."""
+    gone = []
+    if os.path.isdir(target):
+        for name in sorted(set(os.listdir(target)) - before):
+            if name.startswith((f"{tag}.", f".{tag}.")):
+                path = os.path.join(target, name)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                    gone.append(path)
+    for d in missing:                     # deepest first
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+    return gone
+
+
+def _check_space(out: str, nbytes: int) -> None:
+    probe = os.path.abspath(out)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    free = shutil.disk_usage(probe).free
+    if nbytes > free:
+        raise ConfigError(f"{out}: the pack needs {nbytes / 1e9:.2f} GB, {probe} has "
+                          f"{free / 1e9:.2f} GB free; choose another place or a smaller pack")
+
+
 def cmd_build(args) -> int:
     from tierstore.format.pack import Pack
+    if args.synthetic:
+        L, E, slot = args.synthetic
+        _check_space(args.out, L * E * ((slot + 4095) // 4096 * 4096))
+    target, before, missing = _new_entries(args.out)
     on_layer, stop = _layer_progress(f"build {args.out}")
     try:
         if args.synthetic:
             from tierstore.format.build import build_synthetic
-            L, E, slot = _parse_synthetic(args.synthetic)
             path, layout = build_synthetic(args.out, L, E, slot, tag=args.tag,
                                            fmt=args.format or "mxfp4", order=args.order,
                                            seed=args.seed, on_layer=on_layer)
@@ -81,8 +170,13 @@ def cmd_build(args) -> int:
             path, layout = build_from_safetensors(args.out, args.from_safetensors, tag=args.tag,
                                                   fmt=args.format, order=args.order,
                                                   ckpt_id=args.ckpt_id, on_layer=on_layer)
-    finally:
+    except BaseException:
         stop()
+        # Never leave a half-built pack behind: only what this run created goes (a pack
+        # that existed before, being resumed, stays as it was plus the layers written).
+        _remove_new(target, before, missing, args.tag)
+        raise
+    stop()
     with Pack.open(path) as p:
         print(f"{p.tag}: {p.n_layers} layers x {p.n_experts} experts x {p.slot_bytes} B, "
               f"layout {_layout_summary(p.layout)}", file=sys.stderr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 
+from tierstore.cli.args import existing_file, existing_path, int_in, output_file, positive_float
 from tierstore.errors import ConfigError
 
 
@@ -98,8 +99,6 @@ def _merge(args) -> int:
     from tierstore.warm.formats import read_warm_file
     from tierstore.warm import write_warm_file
     from tierstore.warm.tools import merge
-    if args.half_life_s is not None and args.half_life_s <= 0:
-        raise ConfigError(f"--half-life-s {args.half_life_s}: expected a positive number of seconds")
     ident = _identity_from_pack(args.pack)
     merged = merge([read_warm_file(p) for p in args.files], args.half_life_s, ident)
     write_warm_file(merged, args.output, args.to, ident)
@@ -112,6 +111,7 @@ def _convert(args) -> int:
     from tierstore.warm.formats import read_warm_file
     from tierstore.warm.validate import check_identity
     from tierstore.warm import write_warm_file
+    from tierstore.warm.tools import check_range
     wf = read_warm_file(args.file)
     ident = _identity_from_pack(args.pack)
     if ident is not None:
@@ -120,41 +120,54 @@ def _convert(args) -> int:
             ident = type(ident)(**{f: getattr(wf.identity, f) if getattr(wf.identity, f)
                                    is not None else getattr(ident, f)
                                    for f in ident.__struct_fields__})
+    if ident is None:
+        ident = wf.identity
+    if ident is not None:
+        check_range(wf, ident)      # refuse what merge refuses: never copy an unusable entry
     write_warm_file(wf, args.output, args.to, ident)
     print(f"{args.output}: {args.to} from {wf.kind} {args.file}")
     return 0
 
 
 def register(sub) -> None:
+    warm_file = existing_file("warm-start file")
+    pack_path = existing_path("pack file or directory")
+    kinds = ("poolmon", "pool-heat", "arena-heat")
     p = sub.add_parser("inspect", help="Summarise a poolmon, pool-heat-v1 or arena heat file",
                        description="Summarise a warm-start file: pack identity, entries per "
                                    "layer, heat concentration, entries a pack would drop.")
-    p.add_argument("file")
+    p.add_argument("file", type=warm_file, help="the warm-start file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--top", type=int, default=64, help="N for the top-N heat share (64)")
-    p.add_argument("--pack", default=None,
-                   help="also check the file against this pack (identity, written layers)")
+    p.add_argument("--top", type=int_in(1, 1 << 24), default=64,
+                   help="N for the top-N heat share")
+    p.add_argument("--pack", default=None, type=pack_path,
+                   help="also check the file against this pack (identity, written layers; "
+                        "default: none)")
     p.set_defaults(func=_inspect)
 
     m = sub.add_parser("merge", help="Merge heat from several runs, decayed by age",
                        description="Merge warm files of one pack into a poolmon. Heat is "
                                    "turned into shares per file, weighted by 0.5**(age / "
                                    "half-life) and summed; pool-heat files count by rank.")
-    m.add_argument("files", nargs="+", metavar="FILE")
-    m.add_argument("-o", "--output", required=True)
-    m.add_argument("--half-life-s", type=float, default=None,
+    m.add_argument("files", nargs="+", metavar="FILE", type=warm_file, help="warm-start files")
+    m.add_argument("-o", "--output", required=True, type=output_file("warm-start file"),
+                   help="file to write (atomically)")
+    m.add_argument("--half-life-s", type=positive_float, default=None,
                    help="age half-life in seconds (default: no decay)")
-    m.add_argument("--to", choices=("poolmon", "pool-heat", "arena-heat"), default="poolmon")
-    m.add_argument("--pack", default=None, help="pack whose identity the inputs must match")
+    m.add_argument("--to", choices=kinds, default="poolmon", help="output format")
+    m.add_argument("--pack", default=None, type=pack_path,
+                   help="pack whose identity the inputs must match (default: none)")
     m.set_defaults(func=_merge)
 
     c = sub.add_parser("convert", help="Convert between poolmon, pool-heat-v1 and arena heat",
                        description="Convert a warm file. pool-heat and arena heat carry no "
                                    "scores (rank heat is used); arena heat carries no identity "
-                                   "(give --pack).")
-    c.add_argument("file")
-    c.add_argument("-o", "--output", required=True)
-    c.add_argument("--to", choices=("poolmon", "pool-heat", "arena-heat"), required=True)
-    c.add_argument("--pack", default=None,
-                   help="pack to take (and check) identity from")
+                                   "(give --pack). Entries outside the pack's geometry are "
+                                   "refused, as merge refuses them.")
+    c.add_argument("file", type=warm_file, help="the warm-start file")
+    c.add_argument("-o", "--output", required=True, type=output_file("warm-start file"),
+                   help="file to write (atomically)")
+    c.add_argument("--to", choices=kinds, required=True, help="output format")
+    c.add_argument("--pack", default=None, type=pack_path,
+                   help="pack to take (and check) identity from (default: the file's own)")
     c.set_defaults(func=_convert)

@@ -50,7 +50,7 @@ class SyntheticRouter:
     call sequence. Not thread-safe."""
 
     def __init__(self, n_layers: int = 43, n_experts: int = 256, top_k: int = 6,
-                 seed: int = 0, **params):
+                 seed: int = 0, stream_seed: int | None = None, **params):
         unknown = set(params) - set(DEFAULTS)
         if unknown:
             raise ConfigError(f"SyntheticRouter: unknown parameter(s) {', '.join(sorted(unknown))}; "
@@ -73,6 +73,10 @@ class SyntheticRouter:
         topic_w = 1.0 / np.arange(1, n_topics + 1)
         self._topic_p = topic_w / topic_w.sum()
         self._topics = np.empty(0, dtype=np.int64)  # one per decode stream
+        if stream_seed is not None:
+            # The same router (popularity, drift start, topics: all from ``seed``) sampled
+            # with other randomness: routing a warm start has never seen.
+            self._rng = np.random.default_rng((seed, stream_seed))
 
     def _draw_topics(self, n: int) -> np.ndarray:
         return self._rng.choice(self._topic_p.size, size=n, p=self._topic_p)

@@ -67,7 +67,7 @@ def resolve_pool_slots(*, slot_bytes: int, n_keys: int, device, vram_slots=None,
 
     ``vram_slots`` wins over ``vram_gb``; neither (or ``vram_gb="auto"``) sizes the
     pool from free device memory minus ``reserve_gb``, capped by ``max_gb`` (0: no
-    cap) and by ``n_keys`` (more slots than experts would never be used).
+    cap). Every size is capped by ``n_keys`` (more slots than experts would never be used).
     Raises CapacityError, before anything is allocated, when the pool would not fit.
     """
     avail = device_available_bytes(device) if available is None else int(available)
@@ -83,8 +83,8 @@ def resolve_pool_slots(*, slot_bytes: int, n_keys: int, device, vram_slots=None,
             gib = float(vram_gb)
         except (TypeError, ValueError):
             raise ConfigError(f"vram_gb must be a number of GiB or 'auto', found {vram_gb!r}") from None
-        if gib <= 0:
-            raise ConfigError(f"vram_gb must be > 0, found {vram_gb}")
+        if not gib > 0 or gib == float("inf"):
+            raise ConfigError(f"vram_gb must be a finite number > 0, found {vram_gb}")
         n = slots_for_gib(gib, slot_bytes)
         how = f"vram_gb={gib:g}"
     else:
@@ -97,6 +97,9 @@ def resolve_pool_slots(*, slot_bytes: int, n_keys: int, device, vram_slots=None,
                 f"auto pool on {device}: {avail / GIB:.2f} GiB free minus a {reserve_gb:g} GiB "
                 f"reserve leaves no room for one {slot_bytes}-byte slot")
         return int(n)
+    # An explicit size is capped by the pack's rows too: more slots than experts would
+    # never be used, only allocated (vram_gb=6 on a small pack meant 493,447 slots).
+    n = min(n, int(n_keys))
     need = n * int(slot_bytes)
     if need > avail:
         raise CapacityError(

@@ -41,7 +41,8 @@ def _merged_identity(files: Sequence[WarmFile], given: Optional[PackIdentity]) -
     return ref
 
 
-def _check_range(wf: WarmFile, ident: PackIdentity) -> None:
+def check_range(wf: WarmFile, ident: PackIdentity) -> None:
+    """FormatError naming the first entry of ``wf`` outside ``ident``'s geometry."""
     for label, tier in (("pool", wf.pool), ("arena", wf.arena)):
         if not len(tier):
             continue
@@ -84,7 +85,7 @@ def merge(files: Sequence[WarmFile], half_life_s: Optional[float] = None,
         raise FormatError(f"{files[0].path}: no input carries a pack identity "
                           f"(all arena heat files); give --pack")
     for wf in files:
-        _check_range(wf, ident)
+        check_range(wf, ident)
     newest = max(wf.wall_time for wf in files)
     weights = [1.0 if not half_life_s else 0.5 ** (max(newest - wf.wall_time, 0.0) / half_life_s)
                for wf in files]
