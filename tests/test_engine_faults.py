@@ -76,6 +76,25 @@ def test_every_syscall_failing_fails_every_row_with_the_injected_errno(data_file
         assert c.failed_rows.tolist() == [0, 1, 2, 3]
 
 
+def test_a_repeating_eintr_surfaces_as_that_errno_instead_of_spinning(data_file):
+    # The old fault hook retried EINTR forever: this wait never returned.
+    path, data = data_file
+    with Engine(path, threads=2, direct="off") as eng:
+        eng._inject_faults(fail_offset=2 * ROW + 7, errno=errno.EINTR)
+        c = eng.submit(np.arange(4) * ROW, ROW)
+        t0 = time.perf_counter()
+        with pytest.raises(TierIOError) as info:
+            c.wait(timeout=10)
+        assert time.perf_counter() - t0 < 5
+        assert info.value.errno == errno.EINTR and c.failed_rows.tolist() == [2]
+        assert "EINTR" in str(info.value) and info.value.offset == 2 * ROW
+        # An EINTR now and then is retried: every other attempt interrupted still reads.
+        eng._inject_faults(every_nth=2, errno=errno.EINTR, short_reads=True)
+        buf = eng.alloc_host(ROW)
+        assert eng.submit([3 * ROW], ROW, None, buf.data_ptr()).wait(timeout=10)
+        assert np.array_equal(buf.numpy(), data[3 * ROW:4 * ROW])
+
+
 def test_short_reads_are_resumed_byte_exact(data_file, direct):
     path, data = data_file
     with Engine(path, threads=3, direct=direct, chunk_bytes=128 << 10) as eng:

@@ -137,7 +137,7 @@ void bind_engine(nb::module_& m) {
       .def("set_faults",
            [](Engine& e, int64_t every_nth, int err, int64_t fail_offset, bool short_reads,
               int64_t delay_us) {
-             detail::FaultPlan plan;
+             FaultPlan plan;
              plan.every_nth = every_nth;
              plan.err = err;
              plan.fail_offset = fail_offset;

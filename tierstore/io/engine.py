@@ -255,12 +255,18 @@ class Engine:
     def _inject_faults(self, *, every_nth: int = 0, errno: int = _errno.EIO,
                        fail_offset: int = -1, short_reads: bool = False,
                        delay_us: int = 0) -> None:
-        """Test-only: faults applied to each read syscall (all defaults: none).
+        """Test-only: read through a fault-injecting reader (all defaults: none).
 
-        every_nth: the nth, 2nth, ... syscall fails with ``errno``; fail_offset:
-        a syscall covering this file offset fails; short_reads: syscalls return
-        half of what was asked (the read loop must still be byte-exact);
-        delay_us: sleep before each syscall (keeps reads in flight).
+        The native engine then wraps its reader in a FaultyReader
+        (csrc/io/include/tierstore/io/faulty_reader.hpp) whose faults act on each
+        read attempt (one syscall) of the real reader; the production reader has
+        no fault hooks. every_nth: the nth, 2nth, ... attempt fails with
+        ``errno``; fail_offset: an attempt covering this file offset fails;
+        short_reads: attempts return at most half of what was asked (the read
+        loop must still be byte-exact); delay_us: sleep before each attempt
+        (keeps reads in flight). An EINTR is retried a bounded number of times
+        in a row (16), then the row fails with EINTR. Calling it with no
+        arguments switches back to the plain reader.
         """
         self._native.set_faults(every_nth, errno, fail_offset, short_reads, delay_us)
 

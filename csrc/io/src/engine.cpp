@@ -72,7 +72,13 @@ void Engine::chunk_row(Batch* batch, uint32_t k, std::vector<Task>& out) {
 }
 
 Engine::Engine(const std::string& path, const EngineOptions& options)
-    : options_(options), reader_(path, options.direct, options.probe_cache) {
+    : Engine(std::make_unique<detail::FileReader>(path, options.direct, options.probe_cache),
+             options) {}
+
+Engine::Engine(std::unique_ptr<Reader> reader, const EngineOptions& options)
+    : options_(options), reader_(std::move(reader)) {
+  TS_EXPECT(reader_ != nullptr, "Engine: reader is null");
+  active_.store(reader_.get());
   TS_EXPECT(options.threads >= 1 && options.threads <= 512, "Engine: threads must be in 1..512");
   TS_EXPECT(options.chunk_bytes >= kDirectAlign && options.chunk_bytes % kDirectAlign == 0,
             "Engine: chunk_bytes must be a positive multiple of 4096");
@@ -95,7 +101,7 @@ uintptr_t Engine::copy_stream_handle() const noexcept { return stream_ ? stream_
 std::shared_ptr<Batch> Engine::submit(const int64_t* file_offsets, const uint64_t* lengths,
                                       const uint64_t* src, const uint64_t* dst, size_t n,
                                       bool dst_device) {
-  if (closing_.load()) throw std::runtime_error(reader_.path() + ": engine is closed");
+  if (closing_.load()) throw std::runtime_error(reader_->path() + ": engine is closed");
   TS_EXPECT(!dst_device || stream_, "submit: dst_device=True on an engine without a CUDA device");
   // 1. Validate every row and count internal rows (staged rows split by stage size).
   const uint64_t stage = options_.stage_bytes;
@@ -114,7 +120,7 @@ std::shared_ptr<Batch> Engine::submit(const int64_t* file_offsets, const uint64_
     n_rows += staged ? (lengths[i] + stage - 1) / stage : 1;
   }
   auto batch = std::make_shared<Batch>();
-  batch->path_ = reader_.path();
+  batch->path_ = reader_->path();
   batch->t_submit_ns_ = now_ns();
   batch->rows_.reset(new Batch::Row[n_rows]);
   batch->n_rows_ = n_rows;
@@ -180,7 +186,7 @@ std::shared_ptr<Batch> Engine::submit(const int64_t* file_offsets, const uint64_
     for (const Task& t : staged) {
       Batch::Row& row = batch->rows_[t.row];
       batch->fail_row(row, ECANCELED, row.file_offset,
-                      describe(reader_.path(), row, "cancelled", row.file_offset, ECANCELED));
+                      describe(reader_->path(), row, "cancelled", row.file_offset, ECANCELED));
       finish_row(batch.get(), t.row);
     }
   }
@@ -211,7 +217,7 @@ void Engine::dispatcher_loop() {
     if (!stage) {
       const int err = why == "cancelled" ? ECANCELED : ENOMEM;
       task.batch->fail_row(row, err, row.file_offset,
-                           describe(reader_.path(), row, why.c_str(), row.file_offset, err));
+                           describe(reader_->path(), row, why.c_str(), row.file_offset, err));
       finish_row(task.batch, task.row);
       continue;
     }
@@ -229,15 +235,16 @@ void Engine::run_task(const Task& task) {
   Batch::Row& row = batch->rows_[task.row];
   if (closing_.load(std::memory_order_relaxed) || batch->cancelled_.load(std::memory_order_relaxed)) {
     const int64_t at = row.file_offset >= 0 ? row.file_offset + int64_t(task.begin) : -1;
-    batch->fail_row(row, ECANCELED, at, describe(reader_.path(), row, "cancelled", at, ECANCELED));
+    batch->fail_row(row, ECANCELED, at, describe(reader_->path(), row, "cancelled", at, ECANCELED));
   } else if (row.err.load(std::memory_order_relaxed) == 0) {  // a failed row reads no further
     if (row.file_offset >= 0) {
       int64_t at = -1;
       bool cached = true;
       const int64_t offset = row.file_offset + int64_t(task.begin);
-      int rc = reader_.read_exact(row.read_buf + task.begin, task.length, offset, &at, &cached);
+      Reader* reader = active_.load(std::memory_order_acquire);
+      int rc = reader->read_exact(row.read_buf + task.begin, task.length, offset, &at, &cached);
       if (rc != 0) {
-        batch->fail_row(row, rc, at, describe(reader_.path(), row,
+        batch->fail_row(row, rc, at, describe(reader_->path(), row,
                         rc == ENODATA ? "unexpected end of file" : "read", at, rc));
       } else {
         if (!cached) row.all_cached.store(false, std::memory_order_relaxed);
@@ -265,7 +272,7 @@ void Engine::copy_chunk_h2d(Batch* batch, Batch::Row& row, uint64_t begin, uint6
   const int code = stream_->memcpy_h2d(row.dst + begin, row.read_buf + begin, length);
   if (code != 0) {
     const int64_t at = row.file_offset + int64_t(begin);
-    batch->fail_row(row, EIO, at, describe(reader_.path(), row,
+    batch->fail_row(row, EIO, at, describe(reader_->path(), row,
                     ("H2D copy: " + CopyStream::error_string(code)).c_str(), at, EIO));
     return;
   }
@@ -282,7 +289,7 @@ void Engine::finish_row(Batch* batch, uint32_t k) {
     const int code = stream_->memcpy_h2d(row.dst, row.read_buf, row.length);
     if (code != 0) {
       batch->fail_row(row, EIO, row.file_offset,
-                      describe(reader_.path(), row, ("H2D copy: " + CopyStream::error_string(code)).c_str(),
+                      describe(reader_->path(), row, ("H2D copy: " + CopyStream::error_string(code)).c_str(),
                                row.file_offset, EIO));
     } else {
       copy_issued = true;
@@ -323,6 +330,14 @@ EngineStats Engine::stats() const {
   out.h2d_bytes = h2d_bytes_.load();
   out.host_copy_bytes = host_copy_bytes_.load();
   return out;
+}
+
+void Engine::set_faults(const FaultPlan& plan) {
+  std::lock_guard<std::mutex> lock(faults_mutex_);
+  if (!faulty_) faulty_ = std::make_unique<FaultyReader>(*reader_);
+  faulty_->set_plan(plan);
+  active_.store(plan.any() ? static_cast<Reader*>(faulty_.get()) : reader_.get(),
+                std::memory_order_release);
 }
 
 void Engine::close() {

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "tierstore/io/detail/file_reader.hpp"
+#include "tierstore/io/faulty_reader.hpp"
+#include "tierstore/io/reader.hpp"
 
 namespace tierstore {
 
@@ -119,7 +121,11 @@ class Batch {
 // Thread safe: submit() may be called from many threads at once.
 class Engine {
  public:
+  // Opens `path` with the production reader (detail::FileReader).
   Engine(const std::string& path, const EngineOptions& options);
+  // Reads through `reader` (C++ tests: a FaultyReader around a FileReader);
+  // options.direct and options.probe_cache are the reader's business then.
+  Engine(std::unique_ptr<Reader> reader, const EngineOptions& options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -138,13 +144,16 @@ class Engine {
   void close();
   bool closed() const noexcept { return closing_.load(); }
 
-  bool direct_active() const noexcept { return reader_.direct_active(); }
-  const std::string& fallback_reason() const noexcept { return reader_.fallback_reason(); }
-  const std::string& path() const noexcept { return reader_.path(); }
+  bool direct_active() const noexcept { return reader_->direct_active(); }
+  const std::string& fallback_reason() const noexcept { return reader_->fallback_reason(); }
+  const std::string& path() const noexcept { return reader_->path(); }
   int device() const noexcept { return options_.device; }
   uintptr_t copy_stream_handle() const noexcept;
   EngineStats stats() const;
-  void set_faults(const detail::FaultPlan& plan) { reader_.set_faults(plan); }
+  // Test seam: from now on read through a FaultyReader wrapping the engine's
+  // reader with `plan` (an empty plan switches back to the plain reader).
+  // Reads in flight finish with the reader they started on.
+  void set_faults(const FaultPlan& plan);
 
  private:
   void worker_loop();
@@ -157,7 +166,10 @@ class Engine {
   void record_row(Batch* batch, const Batch::Row& row, Source source);
 
   EngineOptions options_;
-  detail::FileReader reader_;
+  std::unique_ptr<Reader> reader_;
+  std::unique_ptr<FaultyReader> faulty_;  // made on the first set_faults, kept until ~Engine
+  std::atomic<Reader*> active_{nullptr};  // reader_ or faulty_
+  std::mutex faults_mutex_;
   std::unique_ptr<detail::CopyStream> stream_;
   std::unique_ptr<detail::StageRing> stages_;
   std::unique_ptr<detail::TaskQueue> tasks_;
