@@ -136,3 +136,29 @@ def test_deferred_floor_of_an_auto_pool_is_checked_when_sized(monkeypatch, tmp_p
         with pytest.warns(RuntimeWarning, match="finalize_auto failed: .*fire floor"):
             MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
         assert m._TIER.n_slots == 8
+
+
+def test_the_pack_is_what_vllm_moets_pack_store_accepts(monkeypatch, tmp_path):
+    """vLLM-Moet's rules, restated: name <tag>.v2.<key20>.rank<r>of<w>.pack with key20 =
+    sha256 of the sorted, compact JSON identity; sidecar identity fields equal; layers
+    unique and in range; file exactly n_layers * E * stride bytes; rows at (l*E+e)*stride."""
+    import hashlib
+    import json
+    with moet_env(monkeypatch, env(tmp_path)) as m:
+        MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
+    ident = {"ckpt_id": "tierstore-test-ckpt", "zero_mode": "auto",
+             "quantizer_abi": "tsym4-e8m0-fragmajor-a32-v2", "tag": "delta", "n_layers": L,
+             "E": E, "slot_bytes": SLOT, "stride": SLOT}
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()
+                         ).hexdigest()[:20]
+    base = f"{tmp_path}/delta.v2.{key}.rank0of1"
+    meta = json.loads(open(base + ".json").read())
+    assert all(meta[k] == v for k, v in ident.items()) and meta["version"] == 2
+    assert sorted(set(meta["layers"])) == meta["layers"] == list(range(L))
+    raw = open(base + ".pack", "rb").read()
+    assert len(raw) == L * E * SLOT
+    p = planes()
+    for layer in range(L):
+        for e in (0, E - 1):
+            off = (layer * E + e) * SLOT
+            assert raw[off: off + SLOT] == torch.cat(p[layer], 1)[e].numpy().tobytes()

@@ -259,14 +259,15 @@ def test_plugin_installs_the_tier_into_moe_w2_delta(monkeypatch):
     assert mod.calls[0] == ("their shutdown", None)          # theirs closes the base tier only
 
 
-def test_plugin_warns_that_the_base_cache_stays_vllm_moets(monkeypatch, caplog):
+def test_plugin_warns_once_that_the_base_cache_stays_vllm_moets(monkeypatch):
     _fake_moet(monkeypatch)
     with moet_env(monkeypatch, env(TIERSTORE=1, BASE_CACHE_GB=8, DELTA_GB=1)):
         vm.register()
         try:
-            assert "base-cache tier stays vLLM-Moet's" in caplog.text
-            with pytest.warns(RuntimeWarning, match="base-cache tier stays"):
+            with pytest.warns(RuntimeWarning, match="base-cache tier stays") as caught:
                 t = vm.get_tier(n_experts=E, dev=CPU, w13_bytes=W13, w2_bytes=W2)
+                assert vm.get_tier(n_experts=E, dev=CPU) is t
+            assert len([w for w in caught if "base-cache" in str(w.message)]) == 1
             assert t._tag == "fp4" and t._policy == "need"
         finally:
             vm.uninstall()

@@ -123,9 +123,13 @@ class ManagerMixin:
             self._snapshot_event.record(self._stream)
         self._snapshot_pending = True
 
-    def _settle(self) -> None:
-        """Before a synchronous load: no pass running, nothing staged."""
-        self.wait_manager_idle()
+    def _settle(self, timeout: float = 60.0) -> None:
+        """Before a synchronous load: no pass running, nothing staged (no new pass is
+        started: the runner thread's own load must not race one)."""
+        if not self._manager_idle.wait(timeout=timeout):
+            raise RuntimeError(f"moet tier [{self._tag}] manager did not reach a safe point "
+                               f"within {timeout:.0f} s")
+        self._commit_staged()
 
     def _handoff(self) -> None:
         if (self._thread is None or not self._snapshot_pending or self._staged is not None
@@ -137,6 +141,9 @@ class ManagerMixin:
             if not self._mgr_stage_event.query():
                 return
             self._mgr_stage_event = None
+        # Host memory the pass will use is allocated (pinned) here, on the runner thread:
+        # the manager thread itself must make no CUDA call (graph capture, "global" mode).
+        self._manager_stage(self.env.promote_per_pass)
         self._job = self._seen_host.reshape(-1).numpy().copy()
         self._snapshot_pending, self._snapshot_event = False, None
         self._accum_reset = True
@@ -243,9 +250,13 @@ class ManagerMixin:
         return float(o.freq[o.owner[ok]].min()) * self.env.promo_hyst + 4.0
 
     def _manager_stage(self, n: int):
+        """The manager's host stage (and the store's reader), made on the runner thread
+        by ``_handoff``; the pass only ever gets the existing one."""
         alloc = getattr(self._store, "alloc_stage", None)
-        if alloc is None:
+        if alloc is None or n <= 0 or len(self._store) == 0:
             return None     # host rows are stable views
         if self._mgr_stage is None or self._mgr_stage.shape[0] < n:
-            self._mgr_stage = alloc(max(n, self.env.promote_per_pass))
+            if threading.current_thread() is self._thread:
+                raise RuntimeError("moet tier: manager stage must be allocated by the runner")
+            self._mgr_stage = alloc(n)
         return self._mgr_stage

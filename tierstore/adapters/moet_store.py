@@ -50,6 +50,18 @@ def _joined(parts, E: int, slot_bytes: int, what: str) -> torch.Tensor:
     return host
 
 
+def checkpoint_id(env: MoetEnv) -> str | None:
+    """VLLM_MOE_W2_CKPT_ID, else (under vLLM-Moet) the id its planes cache derives from
+    the checkpoint, so both engines name the same pack; None when neither is known."""
+    if env.ckpt_id:
+        return env.ckpt_id
+    try:
+        from vllm.model_executor.layers.quantization.utils import moe_w2_planes_cache
+        return str(getattr(moe_w2_planes_cache, "_ckpt_id")()) or None
+    except Exception:  # noqa: BLE001 - no vLLM-Moet or no current config: unverified
+        return None
+
+
 def rank_info() -> tuple[int, int, tuple[int, int] | None]:
     """(tp rank, tp world, pp) as vLLM-Moet names its packs; (0, 1, None) without vLLM."""
     try:
@@ -100,7 +112,7 @@ class PackRowStore:
         self.stride = round_up(self.slot_bytes)
         # vLLM-Moet never trusts a pack across boots without a checkpoint id: such a pack
         # gets a process-local name, exactly as there.
-        self.ckpt_id = env.ckpt_id or f"unverified-process-{os.getpid()}"
+        self.ckpt_id = checkpoint_id(env) or f"unverified-process-{os.getpid()}"
         self.identity = {"ckpt_id": self.ckpt_id, "zero_mode": env.zero_mode,
                          "quantizer_abi": QUANTIZER_ABI, "tag": tag, "n_layers": self.n_layers,
                          "E": self.E, "slot_bytes": self.slot_bytes, "stride": self.stride}

@@ -237,9 +237,6 @@ def install(target) -> None:
     target.get_tier = get_tier
     target.shutdown = shutdown
     target.check_pool_floor = check_pool_floor
-    if env().base_cache_gb > 0:
-        log.warning("tierstore: VLLM_MOE_W2_BASE_CACHE_GB > 0: the base-cache tier stays "
-                    "vLLM-Moet's; tierstore serves the FP4 tier only")
     log.info("tierstore: FP4 tier installed into %s", target.__name__)
 
 
