@@ -4,10 +4,12 @@
 // maps onto tierstore.errors.TierIOError. No logic lives here.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "tierstore/io/checksum.hpp"
 #include "tierstore/io/engine.hpp"
 #include "tierstore/io/error.hpp"
 #include "tierstore/io/host_buffer.hpp"
@@ -45,6 +47,9 @@ nb::dict stats_dict(const EngineStats& s) {
   out["failed_rows"] = s.failed_rows;
   out["h2d_bytes"] = s.h2d_bytes;
   out["host_copy_bytes"] = s.host_copy_bytes;
+  out["verified_rows"] = s.verified_rows;
+  out["verified_bytes"] = s.verified_bytes;
+  out["checksum_failures"] = s.checksum_failures;
   return out;
 }
 
@@ -69,6 +74,12 @@ void bind_engine(nb::module_& m) {
           Py_DECREF(exc);
         }
       });
+
+  m.def("xxh3_64",
+        [](nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> data) {
+          return xxh3_64(data.data(), data.shape(0));
+        },
+        "data"_a, "XXH3-64 (seed 0) of a contiguous uint8 array: the hash the engine verifies.");
 
   m.def("alloc_host",
         [](size_t nbytes, bool pin) {
@@ -117,15 +128,19 @@ void bind_engine(nb::module_& m) {
            "stage_count"_a, "probe_cache"_a = true, "chunk_ramp"_a = true)
       .def("submit",
            [](Engine& e, Column<int64_t> offsets, Column<uint64_t> lengths, Column<uint64_t> src,
-              Column<uint64_t> dst, bool dst_device) {
+              Column<uint64_t> dst, bool dst_device, std::optional<Column<uint64_t>> checksums) {
              const size_t n = offsets.shape(0);
-             if (lengths.shape(0) != n || src.shape(0) != n || dst.shape(0) != n)
-               throw std::invalid_argument("submit: file_offsets, lengths, src_ptrs and dst_ptrs "
-                                           "must have the same length");
+             if (lengths.shape(0) != n || src.shape(0) != n || dst.shape(0) != n ||
+                 (checksums && checksums->shape(0) != n))
+               throw std::invalid_argument("submit: file_offsets, lengths, src_ptrs, dst_ptrs "
+                                           "(and checksums) must have the same length");
+             const uint64_t* sums = checksums ? checksums->data() : nullptr;
              nb::gil_scoped_release release;
-             return e.submit(offsets.data(), lengths.data(), src.data(), dst.data(), n, dst_device);
+             return e.submit(offsets.data(), lengths.data(), src.data(), dst.data(), n, dst_device,
+                             sums);
            },
-           "file_offsets"_a, "lengths"_a, "src_ptrs"_a, "dst_ptrs"_a, "dst_device"_a)
+           "file_offsets"_a, "lengths"_a, "src_ptrs"_a, "dst_ptrs"_a, "dst_device"_a,
+           "checksums"_a = nb::none())
       .def("close", &Engine::close, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("closed", &Engine::closed)
       .def_prop_ro("direct_active", &Engine::direct_active)

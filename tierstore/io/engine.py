@@ -61,7 +61,18 @@ def _column(values, n: int, dtype, name: str) -> np.ndarray:
         arr = np.broadcast_to(arr, (n,))
     if arr.shape != (n,):
         raise ConfigError(f"submit: {name} has shape {arr.shape}, expected ({n},)")
+    if arr.dtype.kind not in "iu":
+        raise ConfigError(f"submit: {name} must be integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "i" and dtype == np.uint64 and n and int(arr.min()) < 0:
+        first = int(np.argmax(arr < 0))
+        raise ConfigError(f"submit: row {first}: {name} {int(arr[first])} is negative")
     return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def xxh3_64(data) -> int:
+    """XXH3-64 (seed 0) of a buffer, computed by the engine's own (native) hash."""
+    arr = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    return int(_C.xxh3_64(arr))
 
 
 class Completion:
@@ -214,8 +225,30 @@ class Engine:
 
     # -- I/O -----------------------------------------------------------------
     def submit(self, file_offsets, lengths, src_ptrs=None, dst_ptrs=None, *,
-               dst_device: bool = False, sources: Sequence[str] | None = None) -> Completion:
-        """Submit one batch of rows (equal-length integer columns; see the module doc)."""
+               dst_device: bool = False, sources: Sequence[str] | None = None,
+               checksums=None, checksum: str = "xxh3_64") -> Completion:
+        """Submit one batch of rows (equal-length integer columns; see the module doc).
+
+        Every row is checked before anything is read (offset >= -1, 0 < length
+        <= 2**36, no offset/pointer + length overflow, a source for offset -1):
+        a ConfigError naming the row, and nothing is submitted.
+
+        ``checksums``: optional ``np.uint64[N]``, the expected XXH3-64 (seed 0,
+        ``xxhash.xxh3_64_intdigest``; ``checksum="xxh3_64"`` is the only
+        algorithm) of each row. Rows read from the file (offset >= 0) are hashed
+        natively in the reader thread that lands their last chunk, on the host
+        bytes (the row's src, its host dst, or the staging buffer: before the
+        stage is recycled, while the row's H2D chunks are on the copy stream).
+        A mismatch fails that row with ``errno.EBADMSG`` at its offset
+        ("xxh3_64 mismatch (expected .., found ..)"): ``wait()`` raises
+        TierIOError with ``row``/``failed_rows`` like any failed read, so a
+        caller that publishes only complete batches publishes nothing for it
+        (its destination may hold some of the bad bytes). Rows with offset -1
+        are not hashed. A checksummed row without src and without a host dst
+        (read through the staging ring) must fit one stage
+        (``length <= stage_bytes``). ``stats()`` counts ``verified_rows``,
+        ``verified_bytes`` and ``checksum_failures``.
+        """
         if self._native.closed:
             raise ClosedError(f"{self.path}: engine is closed")
         offsets = np.ascontiguousarray(np.asarray(file_offsets), dtype=np.int64).reshape(-1)
@@ -225,8 +258,11 @@ class Engine:
         dst = _column(dst_ptrs, n, np.uint64, "dst_ptrs")
         if dst_device and self.device != "cuda":
             raise ConfigError(f"submit: dst_device=True on a device='{self.device}' engine")
+        if checksum != "xxh3_64":
+            raise ConfigError(f"submit: checksum={checksum!r} (expected 'xxh3_64')")
+        sums = None if checksums is None else _column(checksums, n, np.uint64, "checksums")
         try:
-            native = self._native.submit(offsets, lens, src, dst, bool(dst_device))
+            native = self._native.submit(offsets, lens, src, dst, bool(dst_device), sums)
         except ValueError as exc:
             raise ConfigError(f"{self.path}: {str(exc).split(' [')[0]}") from None
         except RuntimeError as exc:

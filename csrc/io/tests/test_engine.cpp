@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "check.hpp"
+#include "tierstore/io/checksum.hpp"
 #include "tierstore/io/detail/file_reader.hpp"
 #include "tierstore/io/engine.hpp"
 #include "tierstore/io/host_buffer.hpp"
@@ -219,6 +220,51 @@ TEST(many_submitters_at_once) {
   for (auto& t : threads) t.join();
   CHECK_EQ(bad.load(), 0);
   CHECK_EQ(eng.stats().batches, 6 * 20);
+}
+
+TEST(bad_rows_are_refused_before_anything_is_read) {
+  tstest::TempFile f(tstest::test_dir(), kRow, 9);
+  Engine eng(f.path, small_options(1));
+  uint8_t small[4096];
+  const struct { int64_t off; uint64_t len; uint64_t src, dst; const char* why; } bad[] = {
+      {-2, kPage, 0, 0, "file_offset must be >= 0"},
+      {0, 0, 0, 0, "length must be in"},
+      {0, uint64_t(1) << 40, 0, reinterpret_cast<uint64_t>(small), "length must be in"},
+      {-1, kPage, 0, 0, "needs a src"},
+      {INT64_MAX - 5, 100, 0, 0, "file_offset + length overflows"},
+      {0, kPage, 0, ~uint64_t(0) - 100, "src/dst + length overflows"},
+  };
+  for (const auto& b : bad) {
+    CHECK_THROWS(eng.submit(&b.off, &b.len, &b.src, &b.dst, 1, false), std::invalid_argument, b.why);
+  }
+  CHECK_EQ(eng.stats().batches, 0);
+}
+
+TEST(checksummed_rows_pass_intact_and_fail_corrupted_with_ebadmsg) {
+  tstest::TempFile f(tstest::test_dir(), 8 * kRow, 10);
+  EngineOptions o = small_options(3);
+  o.stage_bytes = kRow;
+  Engine eng(f.path, o);
+  HostBuffer buf(8 * kRow, false);
+  for (int land = 0; land < 3; ++land) {  // host dst, caller src, staging ring
+    Rows rows;
+    std::vector<uint64_t> sums;
+    for (size_t i = 0; i < 8; ++i) {
+      uint8_t* p = buf.data() + i * kRow;
+      rows.add(int64_t(i * kRow), kRow, land == 1 ? p : nullptr, land == 0 ? p : nullptr);
+      sums.push_back(xxh3_64(f.bytes.data() + i * kRow, kRow));
+    }
+    sums[3] ^= 1;  // row 3's expected hash is wrong: as if its bytes were corrupted
+    auto b = eng.submit(rows.offsets.data(), rows.lengths.data(), rows.src.data(), rows.dst.data(),
+                        8, false, sums.data());
+    CHECK(b->wait(30));
+    CHECK_EQ(b->err(), EBADMSG);
+    CHECK(b->failed_rows() == std::vector<int64_t>{3});
+    CHECK_EQ(b->err_offset(), 3 * kRow);
+    CHECK(b->err_message().find("xxh3_64 mismatch") != std::string::npos);
+  }
+  CHECK_EQ(eng.stats().verified_rows, 24);
+  CHECK_EQ(eng.stats().checksum_failures, 3);
 }
 
 TSTEST_MAIN()

@@ -35,7 +35,10 @@ class TaskQueue;
 
 enum class Source : int { arena = 0, pagecache = 1, disk = 2 };
 constexpr int kSourceCount = 3;
-constexpr int kLatencyBuckets = 40;  // bucket b counts rows whose latency in us has bit length b
+constexpr int kLatencyBuckets = 40;
+// The longest row submit() accepts (64 GiB): a larger length is a caller bug
+// (e.g. a negative length cast to unsigned), refused before anything is read.
+constexpr uint64_t kMaxRowBytes = uint64_t(1) << 36;  // bucket b counts rows whose latency in us has bit length b
 
 struct EngineOptions {
   int threads = 8;
@@ -59,6 +62,7 @@ struct SourceStats {
 struct EngineStats {
   SourceStats source[kSourceCount];
   uint64_t batches = 0, failed_rows = 0, h2d_bytes = 0, host_copy_bytes = 0;
+  uint64_t verified_rows = 0, verified_bytes = 0, checksum_failures = 0;
 };
 
 class Engine;
@@ -135,10 +139,23 @@ class Engine {
   // file_offsets[i] == -1: src[i] already holds the bytes. dst[i] != 0: copy
   // there (H2D when dst_device). Raw addresses; the caller keeps the memory
   // alive until the batch is done (device copies: until its event fired).
-  // Throws std::invalid_argument on bad rows, std::runtime_error when closed.
+  //
+  // checksums (may be null): the expected XXH3-64 (seed 0) of each row's bytes.
+  // A row read from the file (file_offset >= 0) is hashed in the reader thread
+  // that lands its last chunk, on the host bytes (caller src, host dst or the
+  // staging buffer), before the row counts as done; a mismatch fails the row
+  // with EBADMSG at its offset (its H2D chunks may already be in dst: the
+  // caller publishes nothing for a failed row). Rows with file_offset == -1
+  // are not hashed. A checksummed row read through the staging ring must fit
+  // one stage (length <= stage_bytes): give it a src, or raise stage_bytes.
+  //
+  // Every row is checked first (offset >= -1; 0 < length <= kMaxRowBytes; no
+  // overflow of offset + length, src + length, dst + length; a src for
+  // offset -1): std::invalid_argument naming the row, nothing submitted.
+  // std::runtime_error when closed.
   std::shared_ptr<Batch> submit(const int64_t* file_offsets, const uint64_t* lengths,
                                 const uint64_t* src, const uint64_t* dst, size_t n,
-                                bool dst_device);
+                                bool dst_device, const uint64_t* checksums = nullptr);
   // Cancels queued rows, lets in-flight syscalls finish, joins every thread,
   // drains the copy stream. Idempotent.
   void close();
@@ -164,6 +181,9 @@ class Engine {
   void copy_chunk_h2d(Batch* batch, Batch::Row& row, uint64_t begin, uint64_t length);
   void chunk_row(Batch* batch, uint32_t row, std::vector<detail::Task>& out);
   void record_row(Batch* batch, const Batch::Row& row, Source source);
+  void verify_row(Batch* batch, Batch::Row& row);
+  void check_rows(const int64_t* file_offsets, const uint64_t* lengths, const uint64_t* src,
+                  const uint64_t* dst, size_t n, bool dst_device, const uint64_t* checksums) const;
 
   EngineOptions options_;
   std::unique_ptr<Reader> reader_;
@@ -185,6 +205,7 @@ class Engine {
   };
   AtomicSource source_stats_[kSourceCount];
   std::atomic<uint64_t> batches_{0}, failed_rows_{0}, h2d_bytes_{0}, host_copy_bytes_{0};
+  std::atomic<uint64_t> verified_rows_{0}, verified_bytes_{0}, checksum_failures_{0};
 };
 
 }  // namespace tierstore

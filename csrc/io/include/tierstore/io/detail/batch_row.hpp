@@ -15,6 +15,8 @@ struct Batch::Row {
   uint8_t* read_buf = nullptr;  // where the read lands (caller src, host dst or a stage)
   uint8_t* dst = nullptr;       // copy destination; nullptr: no copy
   bool dst_device = false;
+  bool verify = false;       // compare xxh3_64(read_buf) with `checksum` once every chunk landed
+  uint64_t checksum = 0;
   detail::Stage* stage = nullptr;
   std::atomic<int> chunks_left{0};
   std::atomic<int> err{0};
