@@ -11,8 +11,8 @@ What one decode step of DeepSeek-V4-Flash costs the store on the CPU
   lazy-candidate choice; lazy I/O off so nothing else runs);
 - ``fire``: bookkeeping of a fire whose 258 routed keys are all resident, and a
   fire of 64 new keys whose rows are arena hits (tiny rows, so it is overhead);
-- ``fold=numpy``: the same store with the native fold switched off (the numpy fold
-  that ``record``/``step`` used before csrc/store/src/fold.cpp), as the "before" in the same run;
+- (the ``fold=numpy`` "before" rows of bench/results/store.md came from the numpy fold,
+  removed since: the fold is native only; the raw floors below stay as the comparison);
 - floors measured in the same run: 43 bare ``list.append`` calls and one
   ``np.bincount`` of a step's keys (the least any Python/numpy fold costs); the two
   policies' ``on_access`` for one step's unique keys (what ``step`` must spend in
@@ -66,21 +66,8 @@ def test_record_one_ds4_step(benchmark, store, batch, kind):
     store.step()  # drain the queue so the next benchmark starts clean
 
 
-@pytest.fixture
-def fold_mode(store, request):
-    """``numpy`` switches the store's native fold off for one benchmark."""
-    saved = store._fold, store._recorder._fold
-    if request.param == "numpy":
-        store.step()
-        store._fold = store._recorder._fold = None
-    yield request.param
-    store.step()
-    store._fold, store._recorder._fold = saved
-
-
-@pytest.mark.parametrize("fold_mode", ["native", "numpy"], indirect=True)
 @pytest.mark.parametrize("batch", [1, 256])
-def test_record_and_step_one_ds4_step(benchmark, store, batch, fold_mode):
+def test_record_and_step_one_ds4_step(benchmark, store, batch):
     ids = routing(batch, seed=1)
 
     def one_step():

@@ -1,5 +1,6 @@
-"""The native routing fold (csrc/store/src/fold.cpp) against the numpy fold it replaces:
-same keys, counts, hit split, seen marks and dropped ids, for any mix of records."""
+"""The native routing fold (csrc/store/src/fold.cpp) against a pure-numpy reference kept
+here as the oracle (the product has no numpy fold): same keys, counts, hit split, seen
+marks and dropped ids, for any mix of records."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,10 +8,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from tierstore.store.recorder import RoutingRecorder, _NativeFold
+from tierstore.store.recorder import NativeFold, RoutingRecorder
 from tierstore.store.stats import Counters
-
-pytestmark = pytest.mark.skipif(_NativeFold is None, reason="extension built without fold.cpp")
 
 L, E = 5, 16
 
@@ -19,8 +18,35 @@ class _Pack:
     path, n_layers, n_experts = "fold-test.pack", L, E
 
 
-def _recorder(native: bool) -> RoutingRecorder:
-    return RoutingRecorder(_Pack(), Counters(8), lock=None, device="cpu", native=native)
+def _recorder() -> RoutingRecorder:
+    return RoutingRecorder(_Pack(), Counters(8), lock=None, device="cpu")
+
+
+class ReferenceFold:
+    """The oracle: what a fold must return, in plain numpy (one bincount per take)."""
+
+    def __init__(self):
+        self.records, self.dropped = [], 0
+
+    def record(self, layer, ids):
+        ids = np.asarray(ids.numpy() if isinstance(ids, torch.Tensor) else ids).astype(np.int64).ravel()
+        self.dropped += int(np.count_nonzero(ids >= E))
+        self.records.append(ids[(ids >= 0) & (ids < E)] + layer * E)
+
+    def take(self, pool_slot, arena_slot):
+        seen = np.zeros(L * E, dtype=bool)
+        flat = np.concatenate(self.records) if self.records else np.empty(0, np.int64)
+        self.records = []
+        if not len(flat):
+            return None, seen
+        dense = np.bincount(flat, minlength=L * E)
+        keys = dense.nonzero()[0]
+        counts = dense[keys].astype(np.float64)
+        seen[keys] = True
+        cat = (pool_slot[keys] >= 0).astype(np.intp) * 2 + (arena_slot[keys] >= 0)
+        tally = np.bincount(cat, weights=counts, minlength=4).astype(np.int64).tolist()
+        tally += np.bincount(cat, minlength=4).tolist()
+        return (keys.tolist(), counts.tolist(), tally), seen
 
 
 def _take(rec, pool_slot, arena_slot):
@@ -55,28 +81,27 @@ def _as(ids, kind):
 
 @settings(max_examples=150, deadline=None)
 @given(steps=st.lists(records, min_size=1, max_size=3), seed=st.integers(0, 2**16))
-def test_native_fold_equals_numpy_fold(steps, seed):
+def test_native_fold_equals_the_numpy_reference(steps, seed):
     rng = np.random.default_rng(seed)
     pool_slot = np.where(rng.random(L * E) < 0.3, 0, -1).astype(np.int32)
     arena_slot = np.where(rng.random(L * E) < 0.5, 1, -1).astype(np.int32)
-    native, numpy_ = _recorder(True), _recorder(False)
-    assert native.native and not numpy_.native
+    native, ref = _recorder(), ReferenceFold()
     for step in steps:
         for layer, ids, kind in step:
             if kind == "uint8":
                 ids = [min(max(i, 0), 255) for i in ids]
-            for rec in (native, numpy_):
-                rec.record(layer, _as(ids, kind))
+            native.record(layer, _as(ids, kind))
+            ref.record(layer, _as(ids, kind))
         got, seen = _take(native, pool_slot, arena_slot)
-        want, want_seen = _take(numpy_, pool_slot, arena_slot)
+        want, want_seen = ref.take(pool_slot, arena_slot)
         assert got == want
         assert np.array_equal(seen, want_seen)
-        assert native.counters.record_dropped == numpy_.counters.record_dropped
+        assert native.counters.record_dropped == ref.dropped
 
 
 def test_many_ids_switch_to_the_scan_and_back():
     # Past the listing threshold (2048 ids) take scans every count; the next step lists again.
-    rec = _recorder(True)
+    rec = _recorder()
     pool_slot = np.full(L * E, -1, np.int32)
     big = np.arange(3000) % E
     rec.record(2, big)
@@ -93,7 +118,7 @@ def test_many_ids_switch_to_the_scan_and_back():
 
 def test_every_key_of_a_small_pack_in_listing_mode():
     # The branch-free listing writes one past the last touched key: all keys touched twice.
-    rec = _recorder(True)
+    rec = _recorder()
     slot = np.zeros(L * E, np.int32)
     for layer in range(L):
         rec.record(layer, np.tile(np.arange(E), 2))
@@ -103,7 +128,7 @@ def test_every_key_of_a_small_pack_in_listing_mode():
 
 
 def test_fold_rejects_bad_layers_and_wrong_arrays():
-    fold = _NativeFold(L, E)
+    fold = NativeFold(L, E)
     with pytest.raises(IndexError):
         fold.add(L, np.arange(3))
     with pytest.raises(TypeError):
@@ -118,11 +143,34 @@ def test_fold_rejects_bad_layers_and_wrong_arrays():
         fold.bind(np.zeros(3, bool), np.zeros(3, np.int32), np.zeros(3, np.int32))
 
 
-def test_numpy_fold_with_unequal_records_whose_total_looks_equal():
-    # Regression: sizes 4, 1, 7 (total 12 = 3 x 4) took the equal-size broadcast path.
-    rec = _recorder(False)
+def test_unequal_records_whose_total_looks_equal():
+    # Sizes 4, 1, 7 (total 12 = 3 x 4): once a regression of the numpy fold's broadcast.
+    rec = _recorder()
     for layer, ids in ((0, [0, 0, 0, 0]), (0, [0]), (1, [0] * 7)):
         rec.record(layer, np.array(ids))
     slot = np.full(L * E, -1, np.int32)
     (keys, counts, _), _ = _take(rec, slot, slot)
     assert keys == [0, E] and counts == [5.0, 7.0]
+
+
+def test_dense_counts_merge_with_listed_ids_and_split_hits():
+    # A CUDA store's device counter is added as dense counts (add_counts): merged with the
+    # host records of the same step, scanned, split by residency like any other key.
+    fold = NativeFold(L, E)
+    seen = np.zeros(L * E, bool)
+    pool = np.full(L * E, -1, np.int32)
+    arena = np.full(L * E, -1, np.int32)
+    pool[3] = 0
+    arena[E + 1] = 0
+    fold.bind(seen, pool, arena)
+    fold.add(0, np.array([3, 3, 5]))
+    dense = np.zeros(L * E, np.int64)
+    dense[[3, E + 1, 4 * E + 15]] = [2, 7, 1]
+    fold.add_counts(dense)
+    keys, counts, t = fold.take()
+    assert keys.tolist() == [3, 5, E + 1, 4 * E + 15] and counts.tolist() == [4, 1, 7, 1]
+    assert list(t[:4]) == [2, 7, 4, 0] and list(t[4:8]) == [2, 1, 1, 0]
+    assert seen.nonzero()[0].tolist() == [3, 5, E + 1, 4 * E + 15]
+    with pytest.raises(ValueError, match="n_keys"):
+        fold.add_counts(np.zeros(3, np.int64))
+    assert len(fold.take()[0]) == 0 and fold.n_pending == 0

@@ -160,6 +160,13 @@ void bind_fold(nb::module_& m) {
           "seen"_a, "pool_slot"_a, "arena_slot"_a,
           "The arrays every take uses: seen (bool [n_keys], set for taken keys) and the two "
           "tiers' resident_slot maps (int32 [n_keys]); kept alive, never copied.")
+      .def("add_counts",
+           [](PyFold& f, Flat<const int64_t> counts) {
+             if (static_cast<int64_t>(counts.shape(0)) != f.n_keys())
+               throw nb::value_error("RoutingFold.add_counts: counts must have n_keys entries");
+             f.add_counts(counts.data());
+           },
+           "counts"_a, "Add dense int64 counts per key (a device counter's snapshot).")
       .def("take", &take,
            "(keys int64, counts float64 (read-only views, valid until the next take), 11 "
            "ints: tokens then keys per residency category 0 none / 1 arena / 2 pool / 3 "

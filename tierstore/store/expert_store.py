@@ -106,7 +106,7 @@ class ExpertStore:
         self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
                             self.counters, cfg.scan_keep, default_stream=self._stream)
         self._recorder = RoutingRecorder(pack, self.counters, self.lock, self.device)
-        self._fold = self._recorder._fold  # record()'s fast path (None: numpy fold)
+        self._fold = self._recorder._fold  # record()'s fast path (the native fold)
         self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
         self._prefill: FireResult | None = None
         self._lazy_busy = False

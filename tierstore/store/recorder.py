@@ -12,8 +12,10 @@ token counts, hit tally) in one native call: the keys come out sorted and the
 residency split is done in the same pass, so a step costs a handful of calls
 whatever the batch. Why native: with numpy the fold was ~30 array calls a step
 (~160 us at batch 1 on a 2-core VM) and one bincount over the 66k ids of a
-batch-256 step alone is ~120 us there. Without the extension symbol (a stale
-build) the numpy fold below does the same work (same results; tests compare them).
+batch-256 step alone is ~120 us there. The fold is native only: the device
+counter's snapshot is added into it (``add_counts``) so the hit split and the
+seen marks are done by the same pass (tests/test_store_fold.py keeps a numpy
+reference as the oracle).
 
 Ids < 0 are padding. Ids >= n_experts are dropped at ``take``, counted in
 ``counters.record_dropped`` and logged once: checking them in ``record`` would
@@ -22,43 +24,31 @@ cost a reduction per call on the CPU and a host sync on CUDA.
 from __future__ import annotations
 
 import logging
-from collections import deque
-
 import numpy as np
 import torch
 
 from tierstore.errors import ConfigError
 
-try:
-    from tierstore._C import RoutingFold as _NativeFold
-except (ImportError, AttributeError):  # extension built before fold.cpp existed
-    _NativeFold = None
+from tierstore._C import RoutingFold as NativeFold
 
 log = logging.getLogger("tierstore.store")
 
 
 class RoutingRecorder:
-    """Recorded routing of one store (layers x experts of ``pack``), folded per step.
-    ``native=False`` forces the numpy fold (tests compare the two)."""
+    """Recorded routing of one store (layers x experts of ``pack``), folded per step."""
 
-    def __init__(self, pack, counters, lock, device=None, native: bool = True):
+    def __init__(self, pack, counters, lock, device=None):
         self.path = pack.path
         self.n_layers, self.n_experts = int(pack.n_layers), int(pack.n_experts)
         self.n_keys = self.n_layers * self.n_experts
         self.counters = counters
         self._lock = lock                 # only to create the device counter once
-        self._fold = _NativeFold(self.n_layers, self.n_experts) if (
-            native and _NativeFold is not None) else None
+        self._fold = NativeFold(self.n_layers, self.n_experts)
         self._bound = None                # the arrays the native take writes / reads
-        self._pending: deque = deque()    # numpy fold only: (layer, ids copy)
         self._dev_counts = None           # int32 [n_keys + 1]; last bucket: bad ids
         self._dev_one = None
         if device is not None and torch.device(device).type == "cuda":
             self._alloc_device(torch.device(device))  # before any graph capture
-
-    @property
-    def native(self) -> bool:
-        return self._fold is not None
 
     def _alloc_device(self, device) -> None:
         self._dev_one = torch.ones(1, dtype=torch.int32, device=device)
@@ -69,9 +59,6 @@ class RoutingRecorder:
             raise ConfigError(f"record: layer {layer} out of range [0, {self.n_layers})")
         fold = self._fold
         if type(topk_ids) is np.ndarray:
-            if fold is None:
-                self._pending.append((layer, topk_ids.ravel().copy()))
-                return
             try:
                 fold.add(layer, topk_ids)
             except TypeError:   # strided, float, bool, uint64...: convert as numpy casts
@@ -79,8 +66,6 @@ class RoutingRecorder:
         elif isinstance(topk_ids, torch.Tensor):
             if topk_ids.is_cuda:
                 self._record_device(layer, topk_ids)
-            elif fold is None:
-                self._pending.append((layer, topk_ids.numpy().ravel().copy()))
             else:
                 ids = topk_ids.numpy()
                 try:
@@ -88,11 +73,7 @@ class RoutingRecorder:
                 except TypeError:
                     fold.add(layer, np.ascontiguousarray(ids, dtype=np.int64))
         else:
-            ids = np.array(topk_ids, dtype=np.int64).reshape(-1)
-            if fold is None:
-                self._pending.append((layer, ids))
-            else:
-                fold.add(layer, ids)
+            fold.add(layer, np.array(topk_ids, dtype=np.int64).reshape(-1))
 
     def _record_device(self, layer: int, ids: torch.Tensor) -> None:
         if self._dev_counts is None:
@@ -113,67 +94,16 @@ class RoutingRecorder:
         residency category (0 in neither tier, 1 arena only, 2 pool, 3 pool and arena;
         ``*_slot`` are the tiers' resident_slot maps); ``seen[keys]`` is set. The caller
         holds the store lock; ``stream`` orders the device fold (CUDA)."""
-        host = None
-        if self._fold is not None:
-            b = self._bound
-            if b is None or b[0] is not seen or b[1] is not pool_slot or b[2] is not arena_slot:
-                self._fold.bind(seen, pool_slot, arena_slot)  # once per store in practice
-                self._bound = (seen, pool_slot, arena_slot)
-            keys, counts, t = self._fold.take()
-            if t[8]:
-                self._dropped(t[8], t[9], t[10])
-            if len(keys):
-                host = (keys, counts, t[:8])
-        elif self._pending:
-            n = len(self._pending)
-            k, c = self._fold_host([self._pending.popleft() for _ in range(n)])
-            if len(k):
-                host = (k, c.astype(np.float64), None)
+        b = self._bound
+        if b is None or b[0] is not seen or b[1] is not pool_slot or b[2] is not arena_slot:
+            self._fold.bind(seen, pool_slot, arena_slot)  # once per store in practice
+            self._bound = (seen, pool_slot, arena_slot)
         if self._dev_counts is not None:
-            k, c = self._take_device(stream)
-            if host is not None and len(k):
-                dense = np.bincount(np.concatenate([host[0], k]),
-                                    weights=np.concatenate([host[1], c]), minlength=self.n_keys)
-                k = (dense != 0).nonzero()[0]
-                host = (k, dense[k], None)
-            elif len(k):
-                host = (k, c.astype(np.float64), None)
-        if host is None:
-            return None
-        if host[2] is None:   # numpy fold or device counts: split and mark here
-            keys, counts, _ = host
-            seen[keys] = True
-            host = (keys, counts, tally(keys, counts, pool_slot, arena_slot))
-        return host
-
-    def _fold_host(self, items) -> tuple[np.ndarray, np.ndarray]:
-        """Unique keys and token counts of host records, in few numpy calls: the
-        common decode case (every record the same size, no padding, no bad id)
-        needs no per-record offsets array and no masking."""
-        arrays = [a for _, a in items]
-        layers = np.array([l for l, _ in items], dtype=np.int64)
-        ids = np.concatenate(arrays).astype(np.int64, copy=False)
-        if not len(ids):
-            return ids, ids
-        m = len(arrays[0])
-        if m and all(len(a) == m for a in arrays):       # equal sizes: broadcast the offsets
-            # (the total alone is not enough: sizes 4, 1, 7 sum like 4, 4, 4)
-            flat = (ids.reshape(len(arrays), m) + (layers * self.n_experts)[:, None]).reshape(-1)
-        else:
-            sizes = np.fromiter(map(len, arrays), np.int64, len(arrays))
-            flat = np.repeat(layers * self.n_experts, sizes) + ids
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= self.n_experts:                # padding or bad ids: mask them
-            bad = ids >= self.n_experts
-            if hi >= self.n_experts:
-                first = int(np.argmax(bad))
-                sizes = np.fromiter(map(len, arrays), np.int64, len(arrays))
-                self._dropped(int(np.count_nonzero(bad)),
-                              int(np.repeat(layers, sizes)[first]), int(ids[first]))
-            flat = flat[(ids >= 0) & ~bad]
-        dense = np.bincount(flat, minlength=self.n_keys)
-        k = (dense != 0).nonzero()[0]   # 3x faster than flatnonzero on an int array
-        return k, dense[k]
+            self._fold.add_counts(self._take_device(stream))
+        keys, counts, t = self._fold.take()
+        if t[8]:
+            self._dropped(t[8], t[9], t[10])
+        return (keys, counts, t[:8]) if len(keys) else None
 
     def _take_device(self, stream):
         # record() ran on the caller's current stream; order the fold after it.
@@ -186,8 +116,7 @@ class RoutingRecorder:
             dev = snap.cpu().numpy().astype(np.int64)  # one host sync per fold, not per record
         if dev[self.n_keys]:
             self._dropped(int(dev[self.n_keys]), -1, -1)
-        k = (dev[:self.n_keys] != 0).nonzero()[0]
-        return k, dev[k]
+        return dev[:self.n_keys]
 
     def _dropped(self, n: int, layer: int, expert: int) -> None:
         if not self.counters.record_dropped:
@@ -196,11 +125,3 @@ class RoutingRecorder:
                         self.path, n, self.n_experts, where)
         self.counters.record_dropped += n
 
-
-def tally(keys: np.ndarray, counts: np.ndarray, pool_slot: np.ndarray,
-          arena_slot: np.ndarray) -> list[int]:
-    """The numpy twin of the native fold's hit split: tokens then distinct keys per
-    residency category (0 neither, 1 arena only, 2 pool, 3 both)."""
-    cat = (pool_slot[keys] >= 0).astype(np.intp) * 2 + (arena_slot[keys] >= 0)
-    tok = np.bincount(cat, weights=counts, minlength=4).astype(np.int64).tolist()
-    return tok + np.bincount(cat, minlength=4).tolist()

@@ -54,6 +54,13 @@ void RoutingFold::add(int64_t layer, const Id* ids, int64_t n) {
   }
 }
 
+void RoutingFold::add_counts(const int64_t* counts) {
+  listing_ = false;  // the keys are not listed: take() scans (it resets to listing)
+  const int64_t n = n_keys();
+  for (int64_t k = 0; k < n; ++k)
+    if (counts[k] > 0) counts_[k] += counts[k];
+}
+
 template void RoutingFold::add<int8_t>(int64_t, const int8_t*, int64_t);
 template void RoutingFold::add<int16_t>(int64_t, const int16_t*, int64_t);
 template void RoutingFold::add<int32_t>(int64_t, const int32_t*, int64_t);

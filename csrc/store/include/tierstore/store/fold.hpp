@@ -36,6 +36,9 @@ class RoutingFold {
   // Ids < 0 are padding; ids >= n_experts are dropped and counted (first one remembered).
   template <typename Id>
   void add(int64_t layer, const Id* ids, int64_t n);
+  // Add dense per-key counts (n_keys of them, e.g. a CUDA store's device counter
+  // copied to the host): take() then scans every key. Counts <= 0 are ignored.
+  void add_counts(const int64_t* counts);
 
   // Collect the touched keys (first-counted order while listing, else ascending) and their counts into keys() / counts(), mark
   // seen[key] = 1, split the counts by residency (resident_slot >= 0; either array may
