@@ -156,7 +156,8 @@ def main() -> None:
     def check(tier, layer):
         slots = tier.slot_table[layer].cpu().numpy()
         assert (slots >= 0).all(), f"layer {layer}: not every expert mapped"
-        got = tier.pool[torch.from_numpy(slots).long().to(dev)].long().sum(1).cpu().numpy()
+        idx = torch.from_numpy(slots).long().to(dev)
+        got = tier.pool[idx].sum(1, dtype=torch.int64).cpu().numpy()
         want = np.array([sums[(layer, e)] for e in range(E)])
         assert np.array_equal(got, want), f"layer {layer}: pool bytes differ from the pack"
 
@@ -197,7 +198,7 @@ def main() -> None:
             plain.fire([(layer, e) for e in range(E)], pool, list(range(n)))
             sync(dev)
             times.append((time.perf_counter() - t0) * 1e3)
-            got = pool.long().sum(1).cpu().numpy()
+            got = pool.sum(1, dtype=torch.int64).cpu().numpy()
             assert np.array_equal(got, [sums[(layer, e)] for e in range(E)])
         plain.close()
         results["samples_ms"][name] = [round(t, 3) for t in times]
