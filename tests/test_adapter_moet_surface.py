@@ -278,3 +278,26 @@ def test_entry_point_is_declared():
     with open("pyproject.toml", "rb") as f:
         eps = tomllib.load(f)["project"]["entry-points"]["vllm.general_plugins"]
     assert eps["tierstore_moet"] == "tierstore.adapters.vllm_moet:register"
+
+
+def test_verify_refuses_a_corrupted_row_and_publishes_nothing(monkeypatch, tmp_path):
+    p = planes()
+    with moet_env(monkeypatch, env(tmp_path, slots=20)) as m:
+        t = _loaded(m, p)
+        path = t._store.path
+    with open(path, "r+b") as f:                             # bit rot in layer 1, expert 2
+        f.seek((1 * E + 2) * SLOT + 100)
+        f.write(b"\xff" * 8)
+    with moet_env(monkeypatch, env(tmp_path, slots=20, TIERSTORE_VERIFY=1)) as m:
+        t = _tier(m)
+        m.mark_seen(t.seen[1], torch.tensor([1, 2, 3]))
+        with pytest.raises(TierIOError, match="layer 1 expert 2"):
+            t.force_promote()
+        assert bool((t.slot_table == -1).all()) and len(t._free) == 20
+        m.mark_seen(t.seen[1], torch.tensor([1, 3]))
+        assert t.force_promote() == 2                        # the good rows still serve
+        assert torch.equal(t.pool[int(t.slot_table[1, 3])], torch.cat(p[1], 1)[3])
+    with moet_env(monkeypatch, env(tmp_path, slots=20)) as m:   # without VERIFY: served as is
+        t = _tier(m)
+        m.mark_seen(t.seen[1], torch.tensor([2]))
+        assert t.force_promote() == 1

@@ -14,7 +14,9 @@ Both stores answer what the tier asks (vLLM-Moet's ``moe_w2_store`` interface):
   ``ExpertStore`` (its RAM arena, VLLM_MOE_W2_TIERSTORE_RAM_GB, and its native
   engine) with ``ExpertStore.read_rows`` into a page-aligned, pinned stage; rows
   are views of the stage, valid until the next ``rows_for`` (vLLM-Moet's rule),
-  or into ``out`` when the caller passes its own stage.
+  or into ``out`` when the caller passes its own stage. With
+  VLLM_MOE_W2_TIERSTORE_VERIFY=1 the engine checks each row read from the file
+  against the sidecar's XXH3-64 (natively, in its reader threads).
 
 Thread safety: the tier calls both under its own lock.
 """
@@ -219,19 +221,8 @@ class PackRowStore:
             return []
         store = self.expert_store()
         stage = out if out is not None else self._stage_for(n)
-        store.read_rows(keys, stage, scan=scan)
-        rows = [stage[i, : self.slot_bytes] for i in range(n)]
-        if self.env.ts_checksums:
-            self._verify(store.pack, keys, rows)
-        return rows
-
-    def _verify(self, pack, keys: np.ndarray, rows) -> None:
-        import xxhash
-        for (li, ei), row in zip(keys.tolist(), rows):
-            want = pack.row_checksum(li, ei)
-            if want is not None and xxhash.xxh3_64_intdigest(memoryview(row.numpy())) != want:
-                raise FormatError(f"{self.path}: layer {li} expert {ei} at offset "
-                                  f"{pack.row_offset(li, ei):#x}: checksum mismatch")
+        store.read_rows(keys, stage, scan=scan, verify=self.env.ts_checksums)
+        return [stage[i, : self.slot_bytes] for i in range(n)]
 
     def release(self) -> None:
         self._close_writer()

@@ -248,18 +248,20 @@ class ExpertStore:
         finally:
             self._exit()
 
-    def read_rows(self, keys, out, scan: bool = False) -> int:
+    def read_rows(self, keys, out, scan: bool = False, verify: bool = False) -> int:
         """Copy the rows of ``keys`` (unique (layer, expert) pairs) into ``out[i, :slot_bytes]``,
         a host uint8 tensor the caller owns (for adapters that run their own pool): arena
-        rows when resident, else one engine read (through an arena row unless ``scan``).
-        Returns rows served from the arena; a failed read leaves the arena as it was."""
+        rows when resident, else one engine read (through an arena row unless ``scan``;
+        checked against the sidecar's checksums with ``verify``). Returns rows served
+        from the arena; a failed read leaves the arena as it was."""
         from tierstore.store.host_rows import read_rows
         dense = self._dense(keys)
         if len(dense) != len(np.asarray(keys).reshape(-1, 2)):
             raise ConfigError(f"{self.pack.path}: read_rows: keys must be unique")
         self._enter("read_rows")
         try:
-            return read_rows(self.pack, self.engine, self._arena, self.lock, dense, out, scan)
+            return read_rows(self.pack, self.engine, self._arena, self.lock, dense, out, scan,
+                             verify)
         finally:
             self._exit()
 
