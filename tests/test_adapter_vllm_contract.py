@@ -6,6 +6,7 @@ import inspect
 import pytest
 import torch
 
+from vllm_layer_helpers import REQUIRE, need_vllm
 from tierstore.adapters import vllm as hook
 from tierstore.errors import ConfigError
 
@@ -25,22 +26,22 @@ EXPECTED = {
 }
 
 
-@pytest.mark.skipif(not hook.vllm_available(), reason="vLLM is not installed")
 @pytest.mark.parametrize("qualname", sorted(EXPECTED))
 def test_vllm_signature_matches_the_pinned_contract(qualname):
+    need_vllm()
     names = hook._vllm_names()
     cls_name, meth = qualname.split(".")
     params = list(inspect.signature(getattr(names[cls_name], meth)).parameters)
     assert params == EXPECTED[qualname], f"vLLM {qualname} changed (hook targets {hook.VLLM_VERSION})"
 
 
-@pytest.mark.skipif(not hook.vllm_available(), reason="vLLM is not installed")
 def test_installed_vllm_is_the_pinned_version():
+    need_vllm()
     import vllm
     assert vllm.__version__.split("+")[0] == hook.VLLM_VERSION
 
 
-@pytest.mark.skipif(hook.vllm_available(), reason="vLLM is installed")
+@pytest.mark.skipif(hook.vllm_available() or REQUIRE, reason="vLLM is installed")
 def test_vllm_backed_names_without_vllm_raise_one_clear_config_error():
     hook.method_class.cache_clear()
     with pytest.raises(ConfigError, match=rf"needs vLLM.*install vllm=={hook.VLLM_VERSION}"):
@@ -78,3 +79,22 @@ def test_discard_loader_accepts_and_drops_checkpoint_tensors():
     assert hook.discard_expert_weight(param=p, loaded_weight=torch.ones(3), weight_name="w2",
                                       shard_id="w2", expert_id=5, return_success=True) is True
     assert p.numel() == 0
+
+
+def test_ci_vllm_requirements_are_pinned_and_never_name_torch():
+    """.ci/run installs this list with --no-deps after torch==2.13.0 (and checks torch
+    did not change); a torch-family or unpinned line would let pip move torch."""
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, ".ci", "vllm-requirements.txt")) as f:
+        lines = [l.split("#")[0].strip() for l in f]
+    reqs = [l for l in lines if l]
+    assert f"vllm=={hook.VLLM_VERSION}" in reqs
+    for line in reqs:
+        assert re.fullmatch(r"[A-Za-z0-9_.-]+==[A-Za-z0-9_.+-]+", line), line
+        name = line.split("==")[0].lower().replace("_", "-")
+        assert name not in {"torch", "torchvision", "torchaudio", "triton", "nvidia-nccl-cu13"}, line
+    with open(os.path.join(root, ".ci", "run")) as f:
+        run = f.read()
+    assert "--no-deps -r .ci/vllm-requirements.txt" in run and "TIERSTORE_REQUIRE_VLLM=1" in run

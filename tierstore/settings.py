@@ -168,8 +168,13 @@ def _quote(raw: Any) -> str:
     return shlex.quote(str(raw))
 
 
+_PREFIXES: set[str] = set()   # every EnvSpec's prefix: a nested family owns its names
+
+
 class EnvSpec:
-    """A family of environment variables sharing a prefix, parsed in one pass."""
+    """A family of environment variables sharing a prefix, parsed in one pass. Names
+    under a longer prefix of another EnvSpec (TIERSTORE_VLLM_* inside TIERSTORE_*)
+    belong to that family and are not reported as unknown here."""
 
     def __init__(self, prefix: str, variables: Iterable[Var], family: str | None = None):
         self.prefix = prefix
@@ -181,6 +186,7 @@ class EnvSpec:
         self.family = family or f"{prefix}*"
         self._warned: dict[str, None] = {}  # module-level set() shadows the builtin
         self._lock = threading.Lock()
+        _PREFIXES.add(prefix)
 
     def by_key(self, key: str) -> Var | None:
         for var in self.vars.values():
@@ -190,7 +196,9 @@ class EnvSpec:
 
     def unknown(self, environ: Mapping[str, str]) -> list[str]:
         """Names with this prefix that no Var lists, sorted."""
-        return sorted(k for k in environ if k.startswith(self.prefix) and k not in self.vars)
+        nested = [p for p in _PREFIXES if p != self.prefix and p.startswith(self.prefix)]
+        return sorted(k for k in environ if k.startswith(self.prefix) and k not in self.vars
+                      and not any(k.startswith(p) for p in nested))
 
     def warn_unknown(self, environ: Mapping[str, str], stacklevel: int = 2) -> list[str]:
         """One RuntimeWarning per unknown name per process; returns the newly warned names."""

@@ -1,0 +1,289 @@
+"""``--quantization tierstore`` for upstream vLLM 0.34: a registered QuantizationConfig
+that serves every routed-expert layer from tierstore and leaves everything else to the
+checkpoint's own quantization method (or to vLLM's unquantized one).
+
+    vllm serve MODEL --quantization tierstore \\
+        --worker-cls tierstore.adapters.vllm_worker.TierstoreWorker
+
+The entry point ``tierstore = tierstore.adapters.vllm_plugin:register`` in the
+``vllm.general_plugins`` group runs :func:`register` in every vLLM process before
+the model config is checked, so the name is known everywhere.
+
+vLLM imports happen only inside :func:`config_class` / :func:`method_class`.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from typing import Any
+
+import torch
+
+from tierstore import settings
+from tierstore.adapters.vllm import TierstoreMoEMethodLogic, _vllm_names, require_vllm
+from tierstore.adapters.vllm_pack import ExpertCapture, checkpoint_identity, suffix_of
+from tierstore.errors import ConfigError
+
+NAME = "tierstore"
+
+ENV = settings.EnvSpec("TIERSTORE_VLLM_", (
+    settings.Var("TIERSTORE_VLLM_DIR", "dir", settings.optional_path, None,
+                 "directory of the packs written at first boot (default ~/.cache/tierstore/vllm)"),
+    settings.Var("TIERSTORE_VLLM_VRAM_GB", "vram_gb", settings.gib_or_auto, None,
+                 "GiB of the expert pool (auto: free memory after KV minus TIERSTORE_RESERVE_GB)"),
+    settings.Var("TIERSTORE_VLLM_RAM_GB", "ram_gb", settings.number(0.0), 0.0,
+                 "GiB of the pinned RAM arena"),
+    settings.Var("TIERSTORE_VLLM_PREFILL_TOKENS", "prefill_tokens", settings.integer(1), 16,
+                 "eager batches larger than this make their experts resident first"),
+), family="TIERSTORE_VLLM_*")
+
+# parameter names a checkpoint's method gives its experts; the placeholders for each
+# method are found by running it on a meta device (method_param_names); this is the
+# fallback when that fails.
+KNOWN_PARAMS = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale",
+                "w13_weight_scale_inv", "w2_weight_scale_inv", "w13_weight_scale_2",
+                "w2_weight_scale_2", "w13_input_scale", "w2_input_scale")
+
+
+def default_pack_dir() -> str:
+    return os.path.join(os.path.expanduser("~"), ".cache", "tierstore", "vllm")
+
+
+class Runtime:
+    """What one model load shares across its MoE layers (not an nn.Module: layers and
+    methods may point at it without creating a module cycle).
+
+    ``moe_index(prefix)`` numbers RoutedExperts layers in construction order, the
+    order of the pack's rows: a model whose first layers are dense still starts at 0."""
+
+    def __init__(self, *, pack_dir: str | None = None, ckpt_id: str | None = None,
+                 n_layers: int | None = None, device=None, env: dict | None = None):
+        self.env = ENV.parse() if env is None else env
+        self.pack_dir = pack_dir or self.env["dir"] or default_pack_dir()
+        self.ckpt_id, self.n_layers, self.device = ckpt_id, n_layers, device
+        self.indices: dict[str, int] = {}
+        self.capture: ExpertCapture | None = None
+        self.tier = None
+        self.loaded: set[int] = set()     # MoE layers whose experts the pack already holds
+        self._lock = threading.Lock()
+
+    def moe_index(self, prefix: str) -> int:
+        with self._lock:
+            return self.indices.setdefault(prefix, len(self.indices))
+
+    def _context(self) -> None:
+        """Fill checkpoint id, layer bound and device from vLLM's current config."""
+        if self.ckpt_id and self.n_layers and self.device is not None:
+            return
+        from vllm.config import get_current_vllm_config
+        cfg = get_current_vllm_config()
+        mc = cfg.model_config
+        if not self.ckpt_id:
+            self.ckpt_id = checkpoint_identity(mc.model, mc.revision) if mc else "unknown"
+        if not self.n_layers:
+            self.n_layers = int(mc.hf_text_config.num_hidden_layers) if mc else 0
+        if self.device is None:
+            self.device = cfg.device_config.device or "cpu"
+
+    def capture_for(self, layer, num_experts: int, H: int, I: int) -> ExpertCapture:
+        self._context()
+        with self._lock:
+            if self.capture is None:
+                self.capture = ExpertCapture(self.pack_dir, ckpt_id=self.ckpt_id,
+                                             n_layers=self.n_layers, n_experts=num_experts,
+                                             H=H, I=I)
+            cap = self.capture
+        if (cap.E, cap.H, cap.I) != (num_experts, H, I):
+            raise ConfigError(f"vLLM MoE layer {layer}: E={num_experts}, H={H}, I={I} differs "
+                              f"from the first MoE layer's E={cap.E}, H={cap.H}, I={cap.I}")
+        if not 0 <= layer < cap.n_layers:
+            raise ConfigError(f"vLLM MoE layer {layer}: more MoE layers than the model's "
+                              f"{cap.n_layers} transformer layers")
+        return cap
+
+    def finish_load(self):
+        """After vLLM loaded every weight: all started layers complete, packs closed,
+        the serving tier opened. Idempotent; returns the tier."""
+        from tierstore.adapters.vllm_tier import ServingTier
+        with self._lock:
+            if self.tier is not None:
+                return self.tier
+            cap = self.capture
+            if cap is None:
+                raise ConfigError("--quantization tierstore: the model has no RoutedExperts layer")
+            missing = {l: n for l, n in cap.pending().items()}
+            unwritten = [l for l in range(len(self.indices)) if not cap.is_written(l)]
+            if missing or unwritten:
+                raise ConfigError(f"tierstore first boot incomplete: MoE layers {unwritten[:8]} "
+                                  f"have no pack rows (experts missing per layer: {missing}); "
+                                  f"the checkpoint did not deliver every routed expert")
+            packs = cap.paths()
+            cap.close()
+            self.tier = ServingTier(packs, device=self.device, **self.store_options())
+            return self.tier
+
+    def store_options(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ram_gb": self.env["ram_gb"]}
+        if self.env["vram_gb"] is not None:
+            out["vram_gb"] = self.env["vram_gb"]
+        return out
+
+
+def method_param_names(inner_config, layer, prefix: str, create_args: dict) -> list[str]:
+    """The expert parameters the checkpoint's own method would register, found by
+    running its create_weights on a scratch module on the meta device."""
+    if inner_config is None:
+        return ["w13_weight", "w2_weight"]
+    try:
+        inner = inner_config.get_quant_method(layer, prefix)
+        scratch = torch.nn.Module()
+        with torch.device("meta"):
+            inner.create_weights(scratch, **create_args)
+        names = [n for n, _ in scratch.named_parameters(recurse=False)]
+        return [n for n in names if n.startswith(("w13_", "w2_"))] or list(KNOWN_PARAMS)
+    except Exception:        # a method that cannot build on meta: register every known name
+        return list(KNOWN_PARAMS)
+
+
+class TierstoreMethodMixin(TierstoreMoEMethodLogic):
+    """create_weights: placeholders for every expert parameter of the checkpoint's
+    method. Their loader writes the pack at first boot and drops the tensor once the
+    pack holds the layer (loader-skip). ``requires_device_loading = False``: vLLM never
+    moves these placeholders to the GPU for process_weights_after_loading."""
+
+    requires_device_loading = False
+
+    def __init__(self, runtime: Runtime, layer_index: int, param_names: list[str]):
+        TierstoreMoEMethodLogic.__init__(self, None, layer_index,
+                                         runtime.env["prefill_tokens"])
+        self.runtime, self.param_names = runtime, list(param_names)
+
+    def create_weights(self, layer, num_experts: int, hidden_size: int,
+                       intermediate_size_per_partition: int, params_dtype: torch.dtype,
+                       **extra_weight_attrs) -> None:
+        cap = self.runtime.capture_for(self.layer_index, num_experts, hidden_size,
+                                       intermediate_size_per_partition)
+        skip = cap.is_written(self.layer_index)
+        for name in self.param_names:
+            suffix_of(name)
+            param = torch.nn.Parameter(torch.empty(0, dtype=params_dtype, device="cpu"),
+                                       requires_grad=False)
+            param.weight_loader = (_drop if skip else cap.loader(self.layer_index, name))
+            layer.register_parameter(name, param)
+        # a plain int attribute, never a module reference: no cycle in named_modules
+        layer.tierstore_layer_index = self.layer_index
+
+    def process_weights_after_loading(self, layer) -> None:
+        self.tier = self.runtime.finish_load()
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None,
+              shared_experts_input=None):
+        if self.tier is None:
+            self.tier = self.runtime.finish_load()
+        return TierstoreMoEMethodLogic.apply(self, layer, x, topk_weights, topk_ids)
+
+
+def _drop(param=None, loaded_weight=None, weight_name=None, shard_id=None, expert_id=None,
+          return_success: bool = False):
+    """Loader-skip: the pack already holds this layer."""
+    return True if return_success else None
+
+
+@functools.lru_cache(maxsize=1)
+def method_class() -> type:
+    base = _vllm_names()["FusedMoEMethodBase"]
+
+    class TierstoreVllmMoEMethod(TierstoreMethodMixin, base):
+        def __init__(self, moe, runtime: Runtime, layer_index: int, param_names: list[str]):
+            base.__init__(self, moe)
+            TierstoreMethodMixin.__init__(self, runtime, layer_index, param_names)
+
+        @property
+        def supports_eplb(self) -> bool:
+            return False
+
+    return TierstoreVllmMoEMethod
+
+
+@functools.lru_cache(maxsize=1)
+def config_class() -> type:
+    require_vllm("--quantization tierstore")
+    from vllm.model_executor.layers.quantization import get_quantization_config
+    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+    routed_experts = _vllm_names()["RoutedExperts"]
+
+    class TierstoreConfig(QuantizationConfig):
+        """Routed experts from tierstore; every other layer through ``inner`` (the
+        checkpoint's own config, or None for an unquantized checkpoint)."""
+
+        def __init__(self, inner: QuantizationConfig | None = None,
+                     runtime: Runtime | None = None):
+            super().__init__()
+            self.inner = inner
+            self.runtime = runtime or Runtime()
+            if inner is not None:
+                self.packed_modules_mapping = inner.packed_modules_mapping
+
+        def get_name(self):
+            return NAME
+
+        def get_supported_act_dtypes(self):
+            inner = self.inner.get_supported_act_dtypes() if self.inner else None
+            return inner or [torch.bfloat16, torch.float16, torch.float32]
+
+        @classmethod
+        def get_min_capability(cls) -> int:
+            return 0          # the compute path has a torch fallback everywhere
+
+        @staticmethod
+        def get_config_filenames() -> list[str]:
+            return []         # unquantized checkpoints: TierstoreConfig() with no inner
+
+        @classmethod
+        def from_config(cls, config: dict[str, Any]):
+            method = config.get("quant_method")
+            if not method or method == NAME:
+                return cls()
+            return cls(get_quantization_config(method).from_config(config))
+
+        @classmethod
+        def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
+            # a checkpoint that declares its own method is served when the user asks
+            return NAME if user_quant == NAME else None
+
+        def get_quant_method(self, layer, prefix: str):
+            if isinstance(layer, routed_experts):
+                moe = layer.moe_config
+                index = self.runtime.moe_index(prefix)
+                create = {"num_experts": moe.num_local_experts, "hidden_size": moe.hidden_dim,
+                          "intermediate_size_per_partition": moe.intermediate_size_per_partition,
+                          "params_dtype": layer.params_dtype}
+                names = method_param_names(self.inner, layer, prefix, create)
+                return method_class()(moe, self.runtime, index, names)
+            return self.inner.get_quant_method(layer, prefix) if self.inner else None
+
+        # the rest follows the checkpoint's own config
+        def get_cache_scale_mapper(self):
+            return self.inner.get_cache_scale_mapper() if self.inner else super().get_cache_scale_mapper()
+
+        def get_kv_cache_dtype(self, prefix: str):
+            return self.inner.get_kv_cache_dtype(prefix) if self.inner else None
+
+        def apply_vllm_mapper(self, hf_to_vllm_mapper):
+            if self.inner is not None:
+                self.inner.apply_vllm_mapper(hf_to_vllm_mapper)
+
+        def maybe_update_config(self, model_name, hf_config=None, revision=None):
+            if self.inner is not None:
+                self.inner.maybe_update_config(model_name, hf_config, revision)
+
+    return TierstoreConfig
+
+
+def register() -> type:
+    """Register ``tierstore`` with vLLM's quantization registry (idempotent)."""
+    from vllm.model_executor.layers.quantization import register_quantization_config
+    cls = config_class()
+    register_quantization_config(NAME)(cls)
+    return cls
