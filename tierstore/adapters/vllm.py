@@ -5,7 +5,7 @@ Every vLLM import of tierstore lives in this module, and only inside functions:
 without vLLM raises one ConfigError saying what to install.
 
 Target: vLLM ``VLLM_VERSION`` (0.34.0). What we rely on (checked by
-tests/test_adapter_vllm.py whenever vLLM is importable, so an upgrade that moves
+tests/test_adapter_vllm_contract.py; CI installs vLLM, so an upgrade that moves
 it fails in CI, not in serving):
 
 * ``FusedMoEMethodBase(moe)`` with ``create_weights(layer, num_experts,
@@ -71,7 +71,9 @@ def _vllm_names() -> dict[str, Any]:
 
 # -- plain logic (no vLLM needed) ------------------------------------------------
 def layer_index_from_name(layer_name: str) -> int:
-    """``model.layers.12.mlp.experts`` -> 12: the row of the tier's slot table."""
+    """``model.layers.12.mlp.experts`` -> 12, the transformer index. Not a slot-table
+    row when the model has dense layers (rows are MoE order); for layer_index_of= of
+    packs built per transformer layer."""
     m = _LAYER_NUMBER.search(layer_name)
     if m is None:
         raise ConfigError(f"vLLM layer {layer_name!r}: no '.layers.<n>.' in the name, "
@@ -195,13 +197,16 @@ def method_class() -> type:
     return TierstoreFusedMoEMethod
 
 
-def install(model: torch.nn.Module, tier, *, layer_index_of=layer_index_from_name,
+def install(model: torch.nn.Module, tier, *, layer_index_of=None,
             drop_weights: bool = True, prefill_tokens: int = 16) -> int:
     """Swap the quant method of every ``RoutedExperts`` in a loaded vLLM model for
-    tierstore's, so a stock vLLM build serves its experts from the pool.
+    tierstore's (for tests and custom runners; serving uses ``--quantization
+    tierstore``, docs/VLLM.md, which also writes the packs and skips loading experts).
 
-    ``drop_weights`` frees the layer's own expert tensors (the pack serves them).
-    Call before CUDA-graph capture. Returns the number of layers hooked.
+    Rows are MoE-layer order (the n-th RoutedExperts is row n) unless
+    ``layer_index_of(layer_name)`` says otherwise. ``drop_weights`` frees the layer's
+    own expert tensors (the pack serves them). Call in the worker process, before
+    CUDA-graph capture. Returns the number of layers hooked.
     """
     names = _vllm_names()
     cls = method_class()
@@ -209,7 +214,7 @@ def install(model: torch.nn.Module, tier, *, layer_index_of=layer_index_from_nam
     for module in model.modules():
         if not isinstance(module, names["RoutedExperts"]):
             continue
-        index = layer_index_of(module.layer_name)
+        index = hooked if layer_index_of is None else layer_index_of(module.layer_name)
         # ids reach the kernel mapped to this rank (to_local_experts): the pack is per rank
         check_geometry(tier, index, module.local_num_experts, module.hidden_size,
                        module.moe_config.intermediate_size_per_partition)
