@@ -207,3 +207,27 @@ def test_capture_refuses_fused_or_unsharded_tensors(tmp_path):
     with pytest.raises(ConfigError, match="per-expert tensors"):
         cap.take(0, "w13", "weight", torch.zeros(2 * I, H), None, None)
     cap.close()
+
+
+def test_worker_cls_resolves_through_vllm_and_finds_the_tier(tmp_path, model):
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.worker.gpu_worker import Worker
+    from tierstore.adapters import vllm_worker
+    cls = resolve_obj_by_qualname("tierstore.adapters.vllm_worker.TierstoreWorker")
+    assert issubclass(cls, Worker) and cls is vllm_worker.worker_class()
+    runners, rt = boot(tmp_path, model)
+    model_modules = torch.nn.ModuleList(runners)
+    assert vllm_worker.model_tiers(model_modules) == [rt.tier]
+    tier = rt.tier
+    x = model.tokens(2, seed=4).to(torch.bfloat16)
+    layer_forward(runners[1], x, x.float() @ model.router[1])   # before finalize: base rows
+    tier.finalize()
+    pool, table = tier.store.pool, tier.store.slot_table
+    with tier.quiet():
+        tier.step_end()                                  # quiet: queues nothing
+    assert int(tier.seen[1].sum()) > 0
+    tier.step_end()                                      # folds seen into the store
+    assert int(tier.seen.sum()) == 0 and tier.store.step_count >= 1
+    tier.finalize()                                      # once: same tensors
+    assert tier.store.pool is pool and tier.store.slot_table is table
+    tier.shutdown()
