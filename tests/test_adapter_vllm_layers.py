@@ -20,7 +20,6 @@ from tierstore.compute.moe import dense_moe, fused_moe_reference
 from tierstore.format.pack import Pack
 from tierstore.testing.model import make_moe_model
 
-pytestmark = pytest.mark.usefixtures("vllm_present")
 E, H, I, K = 8, 64, 64, 2
 # transformer layers 0 and 2 are dense: MoE rows 0, 1 are transformer layers 1, 3
 PREFIXES = ("model.layers.1.mlp.experts", "model.layers.3.mlp.experts")
@@ -33,7 +32,7 @@ def vllm_present():
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(vllm_present):
     return make_moe_model(len(PREFIXES), E, H, I, seed=3)
 
 
@@ -57,7 +56,7 @@ def boot(d, model, fmt="bf16", **kw):
     return runners, rt
 
 
-def test_registered_name_and_entry_point():
+def test_registered_name_and_entry_point(vllm_present):
     from vllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
                                                          get_quantization_config)
     cls = vllm_quant.register()
@@ -70,7 +69,7 @@ def test_registered_name_and_entry_point():
     assert cls.override_quantization_method({"quant_method": "fp8"}, None) is None
 
 
-def test_factory_layers_get_moe_order_rows_placeholders_and_no_module_cycle(tmp_path):
+def test_factory_layers_get_moe_order_rows_placeholders_and_no_module_cycle(tmp_path, vllm_present):
     qc, rt = runtime(tmp_path)
     runners = build_layers(qc, PREFIXES, E=E, H=H, I=I, top_k=K)
     assert rt.indices == {PREFIXES[0]: 0, PREFIXES[1]: 1}
