@@ -10,6 +10,7 @@ namespace tierstore::python {
 void bind_engine(nb::module_& m);  // bind_engine.cpp: readers, host buffers, copy pipeline
 void bind_moe(nb::module_& m);     // bind_moe.cpp: slot-aware MoE decode kernel
 void bind_fold(nb::module_& m);    // bind_fold.cpp: the store's routing fold
+void bind_bounds(nb::module_& m);  // bind_bounds.cpp: read ceilings measured in C++
 }  // namespace tierstore::python
 
 NB_MODULE(_C, m) {
@@ -23,4 +24,5 @@ NB_MODULE(_C, m) {
   tierstore::python::bind_engine(m);
   tierstore::python::bind_moe(m);
   tierstore::python::bind_fold(m);
+  tierstore::python::bind_bounds(m);
 }

@@ -172,13 +172,14 @@ class ExpertStore:
         self._arena.policy.on_access(keys, weights=weights)
 
     # -- fire / release ------------------------------------------------------------------
-    def fire(self, routed, max_promote=None, stream=None) -> FireResult:
+    def fire(self, routed, max_promote=None, stream=None, pipelined=False) -> FireResult:
         """Make every routed (layer, expert) resident (at most ``max_promote`` new ones,
         hottest first, no admission control) and pin them until ``release``. Returns
         once the reads are done and the copies and table writes are ordered on
-        ``stream`` (default: the store's consumer stream)."""
+        ``stream`` (default: the store's consumer stream). ``pipelined``: returns once
+        the reads are queued; call ``result.wait_layer(l)`` before enqueueing layer l."""
         cap = self.max_promote if max_promote is None else int(max_promote)
-        return self._fire(self._dense(routed), cap, stream, scan=False)
+        return self._fire(self._dense(routed), cap, stream, scan=False, pipelined=pipelined)
 
     def ensure_resident(self, layer: int, topk_ids, stream=None) -> FireResult:
         """Prefill: make one layer's routed experts resident as a scan (fills free
@@ -198,20 +199,24 @@ class ExpertStore:
             self._check_open("release")
             if fire_result.released:
                 raise ConfigError("release: this FireResult was already released")
-            self._pool.unpin(fire_result.keys)
-            fire_result.released = True
+        try:  # a pipelined fire's layers nobody waited for are published first
+            fire_result.wait_all()
+        finally:
+            with self.lock:
+                self._pool.unpin(fire_result.keys)
+                fire_result.released = True
 
     def _release_prefill(self) -> None:
         if self._prefill is not None and not self._prefill.released:
             self.release(self._prefill)
         self._prefill = None
 
-    def _fire(self, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResult:
+    def _fire(self, keys: np.ndarray, cap: int, stream, scan: bool, pipelined=False) -> FireResult:
         from tierstore.store.fire import run_fire  # the fire's rounds, kept in their own module
         t0 = time.perf_counter()
         self._enter("fire")
         try:
-            result = run_fire(self, keys, cap, self._resolve_stream(stream), scan)
+            result = run_fire(self, keys, cap, self._resolve_stream(stream), scan, pipelined)
         finally:
             self._exit()
         result.latency_s = time.perf_counter() - t0

@@ -28,7 +28,10 @@ def _drop(keys: np.ndarray, gone: np.ndarray) -> np.ndarray:
     return keys[~np.isin(keys, gone)] if len(gone) else keys
 
 
-def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResult:
+def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
+             pipelined: bool = False) -> FireResult:
+    """``pipelined``: one round; the own batch is submitted layer by layer and fire
+    returns once it is queued (result.wait_layer publishes; tierstore/store/pipeline.py)."""
     pool, mover, lock = store._pool, store._mover, store.lock
     result = FireResult(keys=_EMPTY, sources={"pool": 0, "arena": 0, "read": 0})
     with lock:
@@ -39,8 +42,9 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResul
         result.sources["pool"] = result.already_resident
     if result.already_resident == len(keys):  # the common fire: nothing to load or wait for
         return _finish(store, result, keys, stream)
+    own = _EMPTY  # keys of a pipelined batch: pinned, still LOADING when fire returns
     try:
-        for rnd in range(store.config.fire_rounds):
+        for rnd in range(1 if pipelined else store.config.fire_rounds):
             with lock:
                 resident = pool.resident_slot[pinned] >= 0
                 loading = ~resident & (pool.slot_of[pinned] >= 0)
@@ -63,8 +67,12 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResul
                 if len(gone):
                     pool.unpin(gone)
                     pinned = _drop(pinned, gone)
-            if batch is not None:
+            if batch is not None and pipelined:
+                result.pending = mover.start_layers(batch, defer_sources=store._defer_sources)
+                result.pending_stream, own = stream, batch.keys
+            elif batch is not None:
                 mover.run(batch, defer_sources=store._defer_sources)
+            if batch is not None:
                 result.promoted += len(placed)
                 result.sources["arena"] += batch.n_arena_hits
                 result.sources["read"] += len(placed) - batch.n_arena_hits
@@ -76,7 +84,7 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool) -> FireResul
             if all(other.ok for other in others):
                 break  # another round only for keys whose other batch failed
         with lock:  # another batch failed in every round: give those keys up
-            left = pinned[pool.resident_slot[pinned] < 0]
+            left = pinned[(pool.resident_slot[pinned] < 0) & ~np.isin(pinned, own)]
             if len(left):
                 pool.unpin(left)
                 pinned = _drop(pinned, left)

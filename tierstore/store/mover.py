@@ -3,8 +3,11 @@
 1. ``Mover.plan`` (caller holds the store lock; no I/O): reserve pool slots
    (LOADING; victims unpublished on the consumer stream) and arena rows, pin
    arena rows that will be copy sources, build the engine's row arrays.
-2. ``Mover.run`` (lock released): wait for the unpublish event, submit to the
+2. ``Mover.run`` (lock released): order the copies after the unpublish event (on
+   CUDA the copy stream waits for it on the device: no host sync), submit to the
    engine, wait for the reads. Nothing here holds the lock while reading.
+   ``Mover.start_layers`` instead submits layer by layer and returns at once
+   (pipelined fire, tierstore/store/pipeline.py).
 3. still in ``run``: re-take the lock to publish (stream waits on the copy, then
    the slot-table write on that stream) or, on any error, roll back every slot
    and row the batch took and publish nothing.
@@ -125,11 +128,7 @@ class Mover:
         """Read, copy and publish ``batch``; on error roll it back and raise (annotated)."""
         t0 = time.perf_counter()
         try:
-            if batch.unpublish_event is not None:
-                batch.unpublish_event.synchronize()  # readers of the old bytes are done
-            if len(batch.reused):
-                with self.lock:
-                    self.pool.begin_load(batch.reused)
+            self.order_after_unpublish(batch)
             lengths = np.full(len(batch.keys), self.pack.slot_bytes, dtype=np.int64)
             batch.completion = self.engine.submit(
                 batch.offsets, lengths, batch.src, batch.dst,
@@ -158,6 +157,39 @@ class Mover:
         batch.done.set()
         if not batch.sources_released:
             (defer_sources or self.finish_sources)(batch)
+
+    def start_layers(self, batch: LoadBatch, defer_sources=None):
+        """Submit a planned pool batch layer by layer and return its LayerLoad at once
+        (tierstore/store/pipeline.py); the caller publishes each layer with wait_layer."""
+        from tierstore.store.pipeline import LayerLoad
+        load = LayerLoad(self, batch, self.pack.n_experts, defer_sources)
+        load.submit()
+        return load
+
+    def order_after_unpublish(self, batch: LoadBatch) -> None:
+        """Victims' slots may be overwritten only after their readers are done. On CUDA
+        the engine's copy stream waits for the unpublish event on the device (every
+        write into a pool slot is a copy on that stream), so the host never blocks;
+        elsewhere there is no event. Then the reused slots go EVICTING -> LOADING."""
+        event = batch.unpublish_event
+        if event is not None:
+            handle = getattr(self.engine, "copy_stream", 0)
+            if handle and self.pool.is_cuda:
+                self._copy_stream().wait_event(event)
+            else:
+                event.synchronize()
+        if len(batch.reused):
+            with self.lock:
+                self.pool.begin_load(batch.reused)
+
+    def _copy_stream(self):
+        stream = getattr(self, "_copy_stream_obj", None)
+        if stream is None:
+            import torch
+            stream = torch.cuda.ExternalStream(int(self.engine.copy_stream),
+                                               device=self.pool.device)
+            self._copy_stream_obj = stream
+        return stream
 
     def finish_sources(self, batch: LoadBatch) -> None:
         """Wait for the batch's copies, then let its arena source rows be evicted."""

@@ -61,6 +61,20 @@ class FireResult(msgspec.Struct):
     sources: dict = msgspec.field(default_factory=dict)   # {"arena": n, "read": n}
     rounds: int = 1
     released: bool = False
+    pending: object = None           # pipelined fire: its LayerLoad until every layer is published
+    pending_stream: object = None
+
+    def wait_layer(self, layer: int, stream=None) -> None:
+        """Pipelined fire: make ``layer``'s keys resident on ``stream`` (default: the
+        fire's) before work on it is enqueued there; waits on the host for that
+        layer's reads only. Raises the layer's TierIOError. No-op otherwise."""
+        if self.pending is not None:
+            self.pending.wait_layer(int(layer), self.pending_stream if stream is None else stream)
+
+    def wait_all(self, stream=None) -> None:
+        """Pipelined fire: publish every layer still in flight."""
+        if self.pending is not None:
+            self.pending.wait_all(self.pending_stream if stream is None else stream)
 
 
 class Counters:
