@@ -1,0 +1,61 @@
+"""`tierstore bench fire` on the CPU pool, small sizes: every section runs, every row
+is byte-checked, the ratios are there, bad arguments are one-line errors; and the C++
+read bound (_C.measure_read_bound) reads what it says."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tierstore import _C
+from tierstore.cli import main
+
+
+def test_bench_fire_cpu_end_to_end(tmp_path, capsys):
+    out, png = tmp_path / "fire.json", tmp_path / "fire.png"
+    rc = main(["bench", "fire", "--dir", str(tmp_path / "d"), "--device", "cpu", "--layers", "4",
+               "--experts", "6", "--row-bytes", "32768", "--sizes", "1,4,12", "--cold-sizes", "1,4",
+               "--repeats", "2", "--h2d-gb", "0.01", "--baseline-rows", "4", "--threads", "2",
+               "--skip", "bookkeeping", "--out", str(out), "--png", str(png)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["checks"]["mismatches"] == []
+    assert res["checks"]["rows_checked"] >= 2 * (1 + 4 + 12) * 3
+    assert set(res["fires"]) == {"arena", "pagecache", "cold"}
+    for src, by_n in res["fires"].items():
+        for n, v in by_n.items():
+            assert v["store"]["rows"] == int(n) and v["store"]["p50_ms"] > 0
+            assert v["store_vs_engine"] > 0 and v["engine"]["repeats"] >= 1
+    assert res["ceilings"]["pagecache_gbps"] > 0 and res["ceilings"]["h2d_gbps"] > 0
+    assert "python8t" in res["baselines"]["pagecache"] and "vs_plain_python" in res["fires"]["pagecache"]["4"]
+    p = res["pipelined"]
+    assert p["layers"] == 4 and p["serial_ms"] > 0 and p["pipelined_ms"] > 0
+    assert res["io_uring"].startswith(("available", "unavailable"))
+    assert png.stat().st_size > 1000
+    assert "byte checks" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--sizes", "0"], "--sizes"),
+    (["--row-bytes", "100"], "multiple of 8"),
+    (["--layers", "2", "--experts", "2", "--sizes", "8"], "largest fire"),
+    (["--sources", "tape"], "--sources"),
+])
+def test_bench_fire_bad_arguments_are_one_line_errors(tmp_path, capsys, argv, words):
+    rc = main(["bench", "fire", "--dir", str(tmp_path), "--device", "cpu"] + argv)
+    err = capsys.readouterr().err
+    assert rc == 1 and words in err and "Traceback" not in err
+
+
+def test_read_bound_reads_every_byte_and_reports_errors(tmp_path):
+    path = tmp_path / "rows.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, 8 * 65536, dtype=np.uint8).tobytes())
+    offsets = np.arange(8, dtype=np.int64) * 65536
+    r = _C.measure_read_bound(str(path), offsets, 65536, 3, False, 16384, 2)
+    assert r["bytes"] == 8 * 65536 and 0 < r["best_s"] <= r["median_s"]
+    with pytest.raises(OSError):  # past the end of the file: a short read is an error
+        _C.measure_read_bound(str(path), offsets + 65536, 65536, 2, False, 16384, 1)
+    with pytest.raises(OSError):
+        _C.measure_read_bound(str(tmp_path / "missing"), offsets, 65536, 2, False, 16384, 1)

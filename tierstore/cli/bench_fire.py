@@ -1,0 +1,234 @@
+"""``tierstore bench fire``: fires through the store's public API against their bounds.
+
+In one run on one pack: the ceilings (pinned H2D; in C++, N threads pread-ing the same
+rows into pinned memory from the page cache and with O_DIRECT), then
+``ExpertStore.fire`` + ``torch.cuda.synchronize`` of 1..512 rows from the arena, the page
+cache and a cold disk with the engine alone on the same rows in the same loop, the plain
+Python store and kvikio (when importable) on the same file and rows, every row
+byte-checked; the pipelined 43-layer step (serial vs pipelined), the bookkeeping floors
+and the ways around the copy bound. JSON and a PNG. ``--device cpu`` runs anywhere.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from tierstore.cli import bench_fire_extra as fx
+from tierstore.cli import bench_fire_measure as fm
+from tierstore.cli.args import int_list
+from tierstore.errors import ConfigError, TierIOError
+
+ROW_12MIB = 12_582_912
+
+
+def register(sub) -> None:
+    p = sub.add_parser("fire", help="Store-level fire benchmark: ceilings, baselines, pipelining",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--dir", required=True, help="directory of the bench pack (created once)")
+    p.add_argument("--layers", type=int, default=43)
+    p.add_argument("--experts", type=int, default=12, help="layers x experts rows >= largest fire")
+    p.add_argument("--row-bytes", type=int, default=ROW_12MIB, help="row size (multiple of 8)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--sizes", default="1,8,64,256,512", help="fire sizes in rows")
+    p.add_argument("--cold-sizes", default="1,8,64,512")
+    p.add_argument("--sources", default="arena,pagecache,cold")
+    p.add_argument("--threads", type=int, default=16, help="store engine reader threads")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--h2d-gb", type=float, default=2.0)
+    p.add_argument("--baseline-rows", type=int, default=64)
+    p.add_argument("--kvikio-threads", default="16,32")
+    p.add_argument("--step-misses", type=int, default=2, help="pipelined step: misses per layer")
+    p.add_argument("--layer-ms", type=float, default=None,
+                   help="pipelined step: stand-in op per layer (default: fire time / layers)")
+    p.add_argument("--skip", default="", help="comma list of: baselines,pipelined,bookkeeping,window")
+    p.add_argument("--out", help="write the JSON results here (atomically)")
+    p.add_argument("--png", help="write the plot here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.set_defaults(func=main)
+
+
+class Ctx:
+    """What every measurement needs: the pack, both stores, the checker, the rows."""
+
+    def __init__(self, torch, device, pack, res, repeats):
+        self.torch, self.device, self.pack, self.res, self.repeats = torch, device, pack, res, repeats
+        self.path, self.row, self.E = pack.path, int(pack.slot_bytes), int(pack.n_experts)
+        self.rng = np.random.default_rng(0)
+        self.store_arena = self.store_read = None
+        self.check = None
+
+    def pick(self, n: int) -> np.ndarray:
+        return self.rng.choice(self.pack.n_layers * self.E, size=n, replace=False).astype(np.int64)
+
+
+def _progress(text: str) -> None:
+    print(f"[bench fire] {text}", file=sys.stderr, flush=True)
+
+
+def run(args, res: dict) -> dict:
+    import torch
+    import tierstore as ts
+    from tierstore import cuda_available
+    from tierstore.format.pack import Pack
+    device = args.device if args.device != "auto" else ("cuda" if cuda_available() else "cpu")
+    sizes, cold_sizes = int_list(args.sizes, "sizes"), int_list(args.cold_sizes, "cold-sizes")
+    sources = [s for s in args.sources.split(",") if s]
+    skip = set(s for s in args.skip.split(",") if s)
+    if args.row_bytes % 8 or args.row_bytes <= 0:
+        raise ConfigError(f"--row-bytes {args.row_bytes}: expected a positive multiple of 8")
+    top = max(sizes + cold_sizes)
+    if args.layers * args.experts < top:
+        raise ConfigError(f"--layers x --experts = {args.layers * args.experts} rows, the "
+                          f"largest fire needs {top}")
+    bad = set(sources) - {"arena", "pagecache", "cold"}
+    if bad:
+        raise ConfigError(f"--sources: unknown {sorted(bad)} (expected arena,pagecache,cold)")
+    t_start = time.time()
+    path = fm.create_pack(args.dir, args.layers, args.experts, args.row_bytes)
+    pack = Pack.open(path)
+    res.update({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "host": platform.node(), "cpus": os.cpu_count(), "device": device,
+                "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+                "pack": path, "row_bytes": int(pack.slot_bytes), "rows": pack.n_layers * pack.n_experts,
+                "threads": args.threads, "ceilings": {}, "fires": {}, "baselines": {},
+                "ratios": {}, "checks": {}})
+    ctx = Ctx(torch, device, pack, res, args.repeats)
+    ctx.check = fm.Checker(torch, fm.row_sums(pack))
+    _progress(f"pack {path} ready ({time.time() - t_start:.1f} s)")
+    ceil = res["ceilings"]
+    ceil["h2d_gbps"] = fm.m.ceiling_h2d(torch, device, int(args.h2d_gb * (1 << 30)))
+    ceil.update(fm.read_bounds(ctx, min(args.baseline_rows, top), args.threads))
+    _progress(f"ceilings {ceil}")
+    opts = dict(device=device, lazy_per_step=0, threads=args.threads, max_promote=top)
+    # Every row fits: loading one fire's rows must not evict others of the same fire.
+    arena_gb = (res["rows"] + 2) * pack.stride / 2**30
+    ctx.store_arena = ts.ExpertStore(pack, vram_slots=top, ram_gb=arena_gb, **opts)
+    ctx.store_read = ts.ExpertStore(pack, vram_slots=top, ram_gb=0, **opts)
+    try:
+        for src in sources:
+            if src == "pagecache":
+                fm.m.warm(path, os.path.getsize(path))
+            out = res["fires"].setdefault(src, {})
+            for n in (cold_sizes if src == "cold" else sizes):
+                reps = 1 if (src == "cold" and n * ctx.row > 2e9) else \
+                    (min(3, args.repeats) if src == "cold" else args.repeats)
+                out[str(n)] = fm.run_source(ctx, src, n, reps)
+                _progress(f"{src} {n}: store {out[str(n)]['store']['p50_ms']:.2f} ms, "
+                          f"engine {out[str(n)]['engine']['p50_ms']:.2f} ms")
+            if src != "arena" and "baselines" not in skip:
+                if src == "pagecache":
+                    fm.m.warm(path, os.path.getsize(path))
+                nb = min(args.baseline_rows, top)
+                res["baselines"][src] = fm.run_baselines(ctx, src, nb, int_list(
+                    args.kvikio_threads, "kvikio-threads"))
+                _progress(f"baselines {src} done")
+        if "pipelined" not in skip and pack.n_layers >= 2:
+            fm.m.warm(path, os.path.getsize(path))
+            res["pipelined"] = fx.pipelined_step(ctx, args.step_misses, args.repeats, args.layer_ms)
+            _progress(f"pipelined {res['pipelined']}")
+        if "window" not in skip:
+            res["io_uring"] = fx.io_uring_probe()
+            if device == "cuda":
+                fm.m.warm(path, os.path.getsize(path))
+                try:
+                    res["window"] = fx.registered_window(ctx, min(args.baseline_rows, top),
+                                                         args.repeats)
+                except Exception as exc:  # noqa: BLE001 - an experiment must not lose the run
+                    res["window"] = f"failed: {type(exc).__name__}: {exc}"
+        res["engine_stats"] = {k: v for k, v in ctx.store_read.engine.stats().items()
+                               if k in ("pagecache", "disk", "arena")}
+    finally:
+        for s in (ctx.store_arena, ctx.store_read):
+            if s is not None:
+                s.close()
+    if "bookkeeping" not in skip:
+        res["bookkeeping"] = fx.bookkeeping(device, args.dir)
+    res["checks"] = {"rows_checked": ctx.check.rows, "mismatches": ctx.check.bad}
+    _ratios(res)
+    res["seconds"] = time.time() - t_start
+    return res
+
+
+def _ratios(res: dict) -> None:
+    c, r = res["ceilings"], res["ratios"]
+    cuda = res["device"] == "cuda"
+    r["arena_ceiling_gbps"] = c["h2d_gbps"]
+    r["pagecache_ceiling_gbps"] = min(c["h2d_gbps"], c["pagecache_gbps"]) if cuda else c["pagecache_gbps"]
+    r["cold_ceiling_gbps"] = c.get("odirect_gbps")
+    for src, by_n in res["fires"].items():
+        bound = r.get(f"{src}_ceiling_gbps")
+        for n, v in by_n.items():
+            st, en = v["store"], v["engine"]
+            v["store_vs_engine"] = en["p50_ms"] / st["p50_ms"]
+            if bound:
+                v["store_vs_bound"] = st["gbps_p50"] / bound
+    for src, base in res["baselines"].items():
+        kv = [v["p50_ms"] for k, v in base.items() if k.startswith("kvikio") and isinstance(v, dict)]
+        n = str(base["python8t"]["rows"])
+        mine = res["fires"].get(src, {}).get(n)
+        if mine:
+            if kv:
+                mine["vs_kvikio_best"] = min(kv) / mine["store"]["p50_ms"]
+            mine["vs_plain_python"] = base["python8t"]["p50_ms"] / mine["store"]["p50_ms"]
+
+
+def report(res: dict) -> str:
+    c = res["ceilings"]
+    od = c.get("odirect_gbps")
+    lines = [f"{res['date']} {res['host']} device {res['device']} {res.get('gpu') or ''}, "
+             f"rows of {res['row_bytes']} B, {res['threads']} threads",
+             f"ceilings: H2D {c['h2d_gbps']:.1f} GB/s; C++ {c['threads']}-thread page cache -> pinned "
+             f"{c['pagecache_gbps']:.1f} GB/s; O_DIRECT {od if od is None else round(od, 2)} GB/s",
+             f"{'fire':<16}{'store ms':>10}{'engine ms':>10}{'GB/s':>8}{'/bound':>7}{'/engine':>8}  notes"]
+    for src, by_n in res["fires"].items():
+        for n, v in sorted(by_n.items(), key=lambda kv: int(kv[0])):
+            st = v["store"]
+            notes = " ".join(f"{k}={v[k]:.2f}x" for k in ("vs_kvikio_best", "vs_plain_python") if k in v)
+            lines.append(f"{src + ' ' + n:<16}{st['p50_ms']:>10.3f}{v['engine']['p50_ms']:>10.3f}"
+                         f"{st['gbps_p50']:>8.2f}{v.get('store_vs_bound', float('nan')):>7.2f}"
+                         f"{v['store_vs_engine']:>8.2f}  {notes}")
+    for src, base in res["baselines"].items():
+        for k, v in base.items():
+            lines.append(f"  {src} {k}: " + (f"{v['p50_ms']:.2f} ms ({v['gbps_p50']:.2f} GB/s)"
+                                           if isinstance(v, dict) else v))
+    if "pipelined" in res:
+        p = res["pipelined"]
+        lines.append(f"pipelined step ({p['layers']} layers x {p['misses_per_layer']} misses, "
+                     f"op {p['layer_ms']:.3f} ms/layer): serial {p['serial_ms']:.2f} ms, "
+                     f"pipelined {p['pipelined_ms']:.2f} ms ({p['saved_share'] * 100:.0f}% less)")
+    if "bookkeeping" in res:
+        lines.append("bookkeeping (median, min us): " + ", ".join(
+            f"{k} {v[0]:.1f}/{v[1]:.1f}" for k, v in res["bookkeeping"].items()))
+    if "window" in res:
+        lines.append(f"window: {json.dumps(res['window'])[:600]}")
+    if "io_uring" in res:
+        lines.append(f"io_uring: {res['io_uring']}")
+    ch = res["checks"]
+    lines.append(f"byte checks: {ch['rows_checked']} rows, "
+                 f"{'all equal' if not ch['mismatches'] else ch['mismatches']}")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from tierstore.files.atomic import write_atomic
+    res: dict = {}
+    try:
+        run(args, res)
+    except BaseException:
+        if args.out and res:
+            res["incomplete"] = True
+            write_atomic(args.out, json.dumps(res, indent=1, default=str).encode())
+        raise
+    if args.out:
+        write_atomic(args.out, json.dumps(res, indent=1, default=str).encode())
+    if args.png:
+        fx.plot(res, args.png)
+    print(json.dumps(res, indent=1, default=str) if args.json else report(res))
+    if res["checks"]["mismatches"]:
+        raise TierIOError(res["pack"], 0, 5, what="bench fire byte check")
+    return 0
