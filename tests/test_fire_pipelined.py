@@ -124,11 +124,26 @@ def test_evicting_fire_orders_copies_after_the_unpublish(store, pack):
 @given(data=st.data())
 def test_any_wait_order_ends_consistent(store, pack, data):
     dense = data.draw(st.lists(st.integers(0, L * E - 1), min_size=1, max_size=18, unique=True))
-    fr = store.fire(pairs(dense, E), pipelined=data.draw(st.booleans()))
+    fr = store.fire(pairs(dense, E), pipelined=data.draw(st.sampled_from([False, True, 3 * SLOT])))
     for layer in data.draw(st.permutations(range(L))):
         if data.draw(st.booleans()):
             fr.wait_layer(layer)
     store.release(fr)
     store.wait_idle(10)
     assert all(row_ok(store, pack, k) for k in dense[:store.n_slots])
+    assert_store_consistent(store)
+
+
+def test_grouped_layers_publish_together(store, pack):
+    keys = np.array([(0, 1), (1, 2), (2, 3), (4, 4), (5, 5)])
+    fr = store.fire(keys, pipelined=2 * SLOT)      # groups: layers {0, 1}, {2, 4}, {5}
+    dense = keys[:, 0] * E + keys[:, 1]
+    assert sorted(fr.pending.spans) == [0, 2, 5]
+    fr.wait_layer(4)
+    assert all(row_ok(store, pack, int(k)) for k in dense[2:4])
+    if not store._pool.is_cuda:
+        assert np.all(table(store)[dense[[0, 1, 4]]] == -1)
+    store.release(fr)
+    store.wait_idle(10)
+    assert all(row_ok(store, pack, int(k)) for k in dense)
     assert_store_consistent(store)

@@ -45,6 +45,8 @@ def register(sub) -> None:
     p.add_argument("--step-misses", type=int, default=2, help="pipelined step: misses per layer")
     p.add_argument("--layer-ms", type=float, default=None,
                    help="pipelined step: stand-in op per layer (default: fire time / layers)")
+    p.add_argument("--step-groups", default="0,50331648",
+                   help="pipelined step: least bytes per engine submission to compare (0: per layer)")
     p.add_argument("--skip", default="", help="comma list of: baselines,pipelined,bookkeeping,window")
     p.add_argument("--out", help="write the JSON results here (atomically)")
     p.add_argument("--png", help="write the plot here")
@@ -129,7 +131,9 @@ def run(args, res: dict) -> dict:
                 _progress(f"baselines {src} done")
         if "pipelined" not in skip and pack.n_layers >= 2:
             fm.m.warm(path, os.path.getsize(path))
-            res["pipelined"] = fx.pipelined_step(ctx, args.step_misses, args.repeats, args.layer_ms)
+            groups = [int(g) for g in args.step_groups.split(",") if g.strip()]
+            res["pipelined"] = fx.pipelined_step(ctx, args.step_misses, args.repeats, args.layer_ms,
+                                                 groups or [0])
             _progress(f"pipelined {res['pipelined']}")
         if "window" not in skip:
             res["io_uring"] = fx.io_uring_probe()
@@ -200,7 +204,8 @@ def report(res: dict) -> str:
         p = res["pipelined"]
         lines.append(f"pipelined step ({p['layers']} layers x {p['misses_per_layer']} misses, "
                      f"op {p['layer_ms']:.3f} ms/layer): serial {p['serial_ms']:.2f} ms, "
-                     f"pipelined {p['pipelined_ms']:.2f} ms ({p['saved_share'] * 100:.0f}% less)")
+                     f"pipelined {p['pipelined_ms']:.2f} ms ({p['saved_share'] * 100:.0f}% less; "
+                     f"by group bytes {json.dumps(p['by_group_bytes'])})")
     if "bookkeeping" in res:
         lines.append("bookkeeping (median, min us): " + ", ".join(
             f"{k} {v[0]:.1f}/{v[1]:.1f}" for k, v in res["bookkeeping"].items()))

@@ -177,7 +177,8 @@ class ExpertStore:
         hottest first, no admission control) and pin them until ``release``. Returns
         once the reads are done and the copies and table writes are ordered on
         ``stream`` (default: the store's consumer stream). ``pipelined``: returns once
-        the reads are queued; call ``result.wait_layer(l)`` before enqueueing layer l."""
+        the reads are queued; call ``result.wait_layer(l)`` before enqueueing layer l
+        (an int: least bytes per engine submission, consecutive layers grouped)."""
         cap = self.max_promote if max_promote is None else int(max_promote)
         return self._fire(self._dense(routed), cap, stream, scan=False, pipelined=pipelined)
 

@@ -30,8 +30,9 @@ def _drop(keys: np.ndarray, gone: np.ndarray) -> np.ndarray:
 
 def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
              pipelined: bool = False) -> FireResult:
-    """``pipelined``: one round; the own batch is submitted layer by layer and fire
-    returns once it is queued (result.wait_layer publishes; tierstore/store/pipeline.py)."""
+    """``pipelined`` (True, or an int: least bytes per engine submission): one round;
+    the own batch is submitted layer by layer (or in groups of consecutive layers) and
+    fire returns once it is queued (result.wait_layer publishes; store/pipeline.py)."""
     pool, mover, lock = store._pool, store._mover, store.lock
     result = FireResult(keys=_EMPTY, sources={"pool": 0, "arena": 0, "read": 0})
     with lock:
@@ -68,7 +69,9 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
                     pool.unpin(gone)
                     pinned = _drop(pinned, gone)
             if batch is not None and pipelined:
-                result.pending = mover.start_layers(batch, defer_sources=store._defer_sources)
+                result.pending = mover.start_layers(
+                    batch, defer_sources=store._defer_sources,
+                    group_bytes=0 if pipelined is True else int(pipelined))
                 result.pending_stream, own = stream, batch.keys
             elif batch is not None:
                 mover.run(batch, defer_sources=store._defer_sources)

@@ -158,11 +158,12 @@ class Mover:
         if not batch.sources_released:
             (defer_sources or self.finish_sources)(batch)
 
-    def start_layers(self, batch: LoadBatch, defer_sources=None):
-        """Submit a planned pool batch layer by layer and return its LayerLoad at once
+    def start_layers(self, batch: LoadBatch, defer_sources=None, group_bytes: int = 0):
+        """Submit a planned pool batch layer by layer (or in groups of consecutive layers
+        of at least ``group_bytes``) and return its LayerLoad at once
         (tierstore/store/pipeline.py); the caller publishes each layer with wait_layer."""
         from tierstore.store.pipeline import LayerLoad
-        load = LayerLoad(self, batch, self.pack.n_experts, defer_sources)
+        load = LayerLoad(self, batch, self.pack.n_experts, defer_sources, group_bytes)
         load.submit()
         return load
 

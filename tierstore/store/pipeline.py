@@ -49,7 +49,7 @@ class Completions:
 class LayerLoad:
     """The per-layer publication of one planned pool batch (see the module doc)."""
 
-    def __init__(self, mover, batch, n_experts: int, defer_sources=None):
+    def __init__(self, mover, batch, n_experts: int, defer_sources=None, group_bytes: int = 0):
         self.mover, self.batch = mover, batch
         self.defer_sources = defer_sources or mover.finish_sources
         order = np.argsort(batch.keys // n_experts, kind="stable")
@@ -59,7 +59,19 @@ class LayerLoad:
         cut = np.flatnonzero(np.diff(layers)) + 1
         starts = np.concatenate([[0], cut]).tolist()
         ends = np.concatenate([cut, [len(layers)]]).tolist()
-        self.spans = {int(layers[s]): (s, e) for s, e in zip(starts, ends)}
+        # Consecutive layers share one engine submission until it holds group_bytes
+        # (0: one per layer); a group is keyed by its first layer and published whole.
+        self.spans, self.group_of = {}, {}
+        rows_per = max(1, -(-int(group_bytes) // max(1, mover.pack.slot_bytes)))
+        g0 = None
+        for s_, e_ in zip(starts, ends):
+            layer = int(layers[s_])
+            if g0 is None or self.spans[g0][1] - self.spans[g0][0] >= rows_per:
+                g0 = layer
+                self.spans[g0] = (s_, e_)
+            else:
+                self.spans[g0] = (self.spans[g0][0], e_)
+            self.group_of[layer] = g0
         self.comps: dict[int, object] = {}
         self.pending = set(self.spans)
         self.failed: set[int] = set()  # layers rolled back after an error: never published
@@ -92,6 +104,7 @@ class LayerLoad:
     def wait_layer(self, layer: int, stream) -> None:
         """Publish ``layer``'s slots on ``stream`` once its reads landed (host waits for
         those reads only). A layer with nothing in flight returns at once."""
+        layer = self.group_of.get(layer, -1)  # from here on: the layer's group
         if layer in self.failed:
             self.reported = True
             raise self.error

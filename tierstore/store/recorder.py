@@ -47,6 +47,10 @@ class RoutingRecorder:
         self._bound = None                # the arrays the native take writes / reads
         self._dev_counts = None           # int32 [n_keys + 1]; last bucket: bad ids
         self._dev_one = None
+        # Set by the first device record (also one made while a CUDA graph is captured,
+        # whose replays then add without calling us): until then a fold skips the device
+        # counts and their host sync, so a store fed host ids never syncs in fire/step.
+        self._dev_used = False
         if device is not None and torch.device(device).type == "cuda":
             self._alloc_device(torch.device(device))  # before any graph capture
 
@@ -76,6 +80,7 @@ class RoutingRecorder:
             fold.add(layer, np.array(topk_ids, dtype=np.int64).reshape(-1))
 
     def _record_device(self, layer: int, ids: torch.Tensor) -> None:
+        self._dev_used = True
         if self._dev_counts is None:
             with self._lock:
                 if self._dev_counts is None:
@@ -98,7 +103,7 @@ class RoutingRecorder:
         if b is None or b[0] is not seen or b[1] is not pool_slot or b[2] is not arena_slot:
             self._fold.bind(seen, pool_slot, arena_slot)  # once per store in practice
             self._bound = (seen, pool_slot, arena_slot)
-        if self._dev_counts is not None:
+        if self._dev_counts is not None and self._dev_used:
             self._fold.add_counts(self._take_device(stream))
         keys, counts, t = self._fold.take()
         if t[8]:
