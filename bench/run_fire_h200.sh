@@ -25,3 +25,5 @@ timeout ${BENCH_TIMEOUT:-330} python3 -m tierstore bench fire --dir /tmp/benchfi
   --out "$OUT/fire_h200.json" --png "$OUT/fire_h200.png" ${BENCH_ARGS:-} > "$OUT/bench_fire.log" 2> "$OUT/bench_fire.err"
 echo "bench rc=$?"
 cat "$OUT/bench_fire.log"; tail -5 "$OUT/bench_fire.err"
+P=$(ls /tmp/benchfire/*.pack | head -1)
+[ -n "$P" ] && timeout 60 python3 bench/fire_split.py "$P" cuda > "$OUT/fire_split.log" 2>&1; cat "$OUT/fire_split.log" | tail -4
