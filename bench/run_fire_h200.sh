@@ -22,7 +22,7 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fire_pipelined.p
 echo "tests rc=$? $(tail -1 "$OUT/gpu_tests.log")"
 nproc; free -g | head -2; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout ${BENCH_TIMEOUT:-330} python3 -m tierstore bench fire --dir /tmp/benchfire --device cuda \
-  --out "$OUT/fire_h200.json" --png "$OUT/fire_h200.png" ${BENCH_ARGS:-} > "$OUT/bench_fire.log" 2> "$OUT/bench_fire.err"
+  --drop-caches --out "$OUT/fire_h200.json" --png "$OUT/fire_h200.png" ${BENCH_ARGS:-} > "$OUT/bench_fire.log" 2> "$OUT/bench_fire.err"
 echo "bench rc=$?"
 cat "$OUT/bench_fire.log"; tail -5 "$OUT/bench_fire.err"
 P=$(ls /tmp/benchfire/*.pack | head -1)

@@ -20,36 +20,54 @@ import numpy as np
 
 from tierstore.cli import bench_fire_extra as fx
 from tierstore.cli import bench_fire_measure as fm
-from tierstore.cli.args import int_list
+from tierstore.cli.args import (check_cuda, int_in, int_list_of, names_of, non_negative_float,
+                                output_file, positive_float)
 from tierstore.errors import ConfigError, TierIOError
 
 ROW_12MIB = 12_582_912
+SOURCES = ("arena", "pagecache", "cold")
+SKIPPABLE = ("baselines", "pipelined", "bookkeeping", "window")
 
 
 def register(sub) -> None:
     p = sub.add_parser("fire", help="Store-level fire benchmark: ceilings, baselines, pipelining",
-                       description=__doc__.splitlines()[0])
-    p.add_argument("--dir", required=True, help="directory of the bench pack (created once)")
-    p.add_argument("--layers", type=int, default=43)
-    p.add_argument("--experts", type=int, default=12, help="layers x experts rows >= largest fire")
-    p.add_argument("--row-bytes", type=int, default=ROW_12MIB, help="row size (multiple of 8)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--sizes", default="1,8,64,256,512", help="fire sizes in rows")
-    p.add_argument("--cold-sizes", default="1,8,64,512")
-    p.add_argument("--sources", default="arena,pagecache,cold")
-    p.add_argument("--threads", type=int, default=16, help="store engine reader threads")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--h2d-gb", type=float, default=2.0)
-    p.add_argument("--baseline-rows", type=int, default=64)
-    p.add_argument("--kvikio-threads", default="16,32")
-    p.add_argument("--step-misses", type=int, default=2, help="pipelined step: misses per layer")
-    p.add_argument("--layer-ms", type=float, default=None,
-                   help="pipelined step: stand-in op per layer (default: fire time / layers)")
-    p.add_argument("--step-groups", default="0,50331648",
-                   help="pipelined step: least bytes per engine submission to compare (0: per layer)")
-    p.add_argument("--skip", default="", help="comma list of: baselines,pipelined,bookkeeping,window")
-    p.add_argument("--out", help="write the JSON results here (atomically)")
-    p.add_argument("--png", help="write the plot here")
+                       description=__doc__.splitlines()[0] + " Cold fires drop the pack from the "
+                       "page cache with POSIX_FADV_DONTNEED, plus drop_caches with --drop-caches.")
+    p.add_argument("--dir", required=True, help="directory of the bench pack (created once, reused)")
+    p.add_argument("--layers", type=int_in(1, 4096), default=43, help="pack layers")
+    p.add_argument("--experts", type=int_in(1, 65536), default=12,
+                   help="experts per layer (layers x experts rows >= the largest fire)")
+    p.add_argument("--row-bytes", type=int_in(8, 1 << 30), default=ROW_12MIB,
+                   help="row size in bytes (a multiple of 8)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="pool device; auto = cuda when present")
+    p.add_argument("--sizes", type=int_list_of(1, 1 << 20), default=[1, 8, 64, 256, 512],
+                   help="fire sizes in rows, arena and page cache (default: 1,8,64,256,512)")
+    p.add_argument("--cold-sizes", type=int_list_of(1, 1 << 20), default=[1, 8, 64, 512],
+                   help="cold fire sizes in rows (default: 1,8,64,512)")
+    p.add_argument("--sources", type=names_of(SOURCES, "source"), default=list(SOURCES),
+                   help=f"fire sources, comma-separated (default: {','.join(SOURCES)})")
+    p.add_argument("--threads", type=int_in(1, 512), default=16, help="store engine reader threads")
+    p.add_argument("--repeats", type=int_in(1, 100000), default=5, help="timed fires per size")
+    p.add_argument("--h2d-gb", type=positive_float, default=2.0, help="size of the H2D ceiling copy")
+    p.add_argument("--baseline-rows", type=int_in(1, 1 << 20), default=64,
+                   help="rows of the baseline fires and of the read bounds")
+    p.add_argument("--kvikio-threads", type=int_list_of(1, 1024), default=[16, 32],
+                   help="kvikio thread counts (default: 16,32)")
+    p.add_argument("--step-misses", type=int_in(1, 1 << 16), default=2,
+                   help="pipelined step: routed misses per layer")
+    p.add_argument("--layer-ms", type=non_negative_float, default=None,
+                   help="pipelined step: stand-in op per layer in ms (default: serial fire time / layers)")
+    p.add_argument("--step-groups", type=int_list_of(0, 1 << 40), default=[0, 50331648],
+                   help="pipelined step: least bytes per engine submission, 0 = one per layer "
+                        "(default: 0,50331648)")
+    p.add_argument("--skip", type=names_of(SKIPPABLE, "section"), default=[],
+                   help=f"sections to leave out, comma-separated: {','.join(SKIPPABLE)}")
+    p.add_argument("--drop-caches", action="store_true",
+                   help="also write /proc/sys/vm/drop_caches before cold fires (root only; drops "
+                        "the WHOLE machine's page cache)")
+    p.add_argument("--out", type=output_file(), help="write the JSON results here, atomically (default: none)")
+    p.add_argument("--png", type=output_file(), help="write the PNG plot here (default: none)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(func=main)
 
@@ -63,6 +81,7 @@ class Ctx:
         self.rng = np.random.default_rng(0)
         self.store_arena = self.store_read = None
         self.check = None
+        self.drop_caches = False
 
     def pick(self, n: int) -> np.ndarray:
         return self.rng.choice(self.pack.n_layers * self.E, size=n, replace=False).astype(np.int64)
@@ -77,19 +96,16 @@ def run(args, res: dict) -> dict:
     import tierstore as ts
     from tierstore import cuda_available
     from tierstore.format.pack import Pack
+    if args.device == "cuda":
+        check_cuda()
     device = args.device if args.device != "auto" else ("cuda" if cuda_available() else "cpu")
-    sizes, cold_sizes = int_list(args.sizes, "sizes"), int_list(args.cold_sizes, "cold-sizes")
-    sources = [s for s in args.sources.split(",") if s]
-    skip = set(s for s in args.skip.split(",") if s)
+    sizes, cold_sizes, sources, skip = args.sizes, args.cold_sizes, args.sources, set(args.skip)
     if args.row_bytes % 8 or args.row_bytes <= 0:
         raise ConfigError(f"--row-bytes {args.row_bytes}: expected a positive multiple of 8")
     top = max(sizes + cold_sizes)
     if args.layers * args.experts < top:
         raise ConfigError(f"--layers x --experts = {args.layers * args.experts} rows, the "
                           f"largest fire needs {top}")
-    bad = set(sources) - {"arena", "pagecache", "cold"}
-    if bad:
-        raise ConfigError(f"--sources: unknown {sorted(bad)} (expected arena,pagecache,cold)")
     t_start = time.time()
     path = fm.create_pack(args.dir, args.layers, args.experts, args.row_bytes)
     pack = Pack.open(path)
@@ -100,6 +116,7 @@ def run(args, res: dict) -> dict:
                 "threads": args.threads, "ceilings": {}, "fires": {}, "baselines": {},
                 "ratios": {}, "checks": {}})
     ctx = Ctx(torch, device, pack, res, args.repeats)
+    ctx.drop_caches = bool(args.drop_caches)
     ctx.check = fm.Checker(torch, fm.row_sums(pack))
     _progress(f"pack {path} ready ({time.time() - t_start:.1f} s)")
     ceil = res["ceilings"]
@@ -126,12 +143,11 @@ def run(args, res: dict) -> dict:
                 if src == "pagecache":
                     fm.m.warm(path, os.path.getsize(path))
                 nb = min(args.baseline_rows, top)
-                res["baselines"][src] = fm.run_baselines(ctx, src, nb, int_list(
-                    args.kvikio_threads, "kvikio-threads"))
+                res["baselines"][src] = fm.run_baselines(ctx, src, nb, args.kvikio_threads)
                 _progress(f"baselines {src} done")
         if "pipelined" not in skip and pack.n_layers >= 2:
             fm.m.warm(path, os.path.getsize(path))
-            groups = [int(g) for g in args.step_groups.split(",") if g.strip()]
+            groups = args.step_groups
             res["pipelined"] = fx.pipelined_step(ctx, args.step_misses, args.repeats, args.layer_ms,
                                                  groups or [0])
             _progress(f"pipelined {res['pipelined']}")

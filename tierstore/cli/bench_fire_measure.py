@@ -140,7 +140,7 @@ def run_source(ctx, source: str, n: int, repeats: int) -> dict:
         if source == "arena":
             store.load_arena(pairs)
         elif source == "cold":
-            ctx.res["evict"] = m.evict(ctx.path)
+            ctx.res["evict"] = m.evict(ctx.path, ctx.drop_caches)
         t, inner, fr = store_fire(torch, device, store, keys, pairs)
         ok = fr.promoted == n and (source != "arena" or fr.sources["arena"] == n)
         if not ok:
@@ -157,7 +157,7 @@ def run_source(ctx, source: str, n: int, repeats: int) -> dict:
         else:
             src, offsets = None, ctx.pack.row_offsets(keys)
             if source == "cold":
-                m.evict(ctx.path)
+                m.evict(ctx.path, ctx.drop_caches)
         te = engine_fire(torch, device, engine, offsets, src, dst, row)
         ctx.check.pool_rows(store.pool, keys, f"engine {source} {n}")
         if rep or source == "cold" or repeats == 0:
@@ -181,7 +181,7 @@ def run_baselines(ctx, source: str, n: int, kvikio_threads: list[int]) -> dict:
     for rep in range(reps + (0 if source == "cold" else 1)):
         keys = ctx.pick(n)
         if source == "cold":
-            m.evict(ctx.path)
+            m.evict(ctx.path, ctx.drop_caches)
         s = m.python_baseline_fire(torch, ctx.path, ctx.pack.row_offsets(keys), row, pool,
                                    stage, side)
         ctx.check.pool_rows(pool, keys, f"plain python {source} {n}")
@@ -207,7 +207,7 @@ def run_baselines(ctx, source: str, n: int, kvikio_threads: list[int]) -> dict:
                 for rep in range(reps + (0 if source == "cold" else 1)):
                     keys = ctx.pick(n)
                     if source == "cold":
-                        m.evict(ctx.path)
+                        m.evict(ctx.path, ctx.drop_caches)
                     s = m.kvikio_fire(kvikio, f, ctx.pack.row_offsets(keys), row, pool)
                     sync(torch, device)
                     ctx.check.pool_rows(pool, keys, f"kvikio {threads}t {source} {n}")
