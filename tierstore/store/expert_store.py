@@ -195,17 +195,10 @@ class ExpertStore:
         return self._prefill
 
     def release(self, fire_result: FireResult) -> None:
-        """Unpin what ``fire_result`` pinned. Releasing twice is a ConfigError."""
-        with self.lock:
-            self._check_open("release")
-            if fire_result.released:
-                raise ConfigError("release: this FireResult was already released")
-        try:  # a pipelined fire's layers nobody waited for are published first
-            fire_result.wait_all()
-        finally:
-            with self.lock:
-                self._pool.unpin(fire_result.keys)
-                fire_result.released = True
+        """Unpin what ``fire_result`` pinned (a pipelined fire's unpublished layers are
+        published first). Releasing twice is a ConfigError."""
+        from tierstore.store.fire import release_fire
+        release_fire(self, fire_result)
 
     def _release_prefill(self) -> None:
         if self._prefill is not None and not self._prefill.released:
@@ -213,22 +206,8 @@ class ExpertStore:
         self._prefill = None
 
     def _fire(self, keys: np.ndarray, cap: int, stream, scan: bool, pipelined=False) -> FireResult:
-        from tierstore.store.fire import run_fire  # the fire's rounds, kept in their own module
-        t0 = time.perf_counter()
-        self._enter("fire")
-        try:
-            result = run_fire(self, keys, cap, self._resolve_stream(stream), scan, pipelined)
-        finally:
-            self._exit()
-        result.latency_s = time.perf_counter() - t0
-        with self.lock:
-            if not scan:
-                c = self.counters
-                c.fires += 1
-                c.fire_promoted += result.promoted
-                c.fire_over_cap += result.over_cap + result.no_slot
-                c.fire_latency.append(result.latency_s)
-        return result
+        from tierstore.store.fire import counted_fire  # the fire's rounds, kept in their own module
+        return counted_fire(self, keys, cap, self._resolve_stream(stream), scan, pipelined)
 
     # -- promote / load_arena / evict -----------------------------------------------------
     def promote(self, keys) -> Ticket:

@@ -17,8 +17,11 @@ itself back). Rounds are not steps: ``step_count`` only moves in ``step()``.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
+from tierstore.errors import ConfigError
 from tierstore.store.stats import FireResult
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -97,6 +100,39 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
             pool.unpin(pinned)
         raise
     return _finish(store, result, pinned, stream)
+
+
+def counted_fire(store, keys, cap: int, stream, scan: bool, pipelined=False) -> FireResult:
+    """run_fire inside the store's activity count, then the fire counters (not for scans)."""
+    t0 = time.perf_counter()
+    store._enter("fire")
+    try:
+        result = run_fire(store, keys, cap, stream, scan, pipelined)
+    finally:
+        store._exit()
+    result.latency_s = time.perf_counter() - t0
+    with store.lock:
+        if not scan:
+            c = store.counters
+            c.fires += 1
+            c.fire_promoted += result.promoted
+            c.fire_over_cap += result.over_cap + result.no_slot
+            c.fire_latency.append(result.latency_s)
+    return result
+
+
+def release_fire(store, fire_result: FireResult) -> None:
+    """store.release: publish a pipelined fire's pending layers, then unpin (always)."""
+    with store.lock:
+        store._check_open("release")
+        if fire_result.released:
+            raise ConfigError("release: this FireResult was already released")
+    try:
+        fire_result.wait_all()
+    finally:
+        with store.lock:
+            store._pool.unpin(fire_result.keys)
+            fire_result.released = True
 
 
 def _finish(store, result: FireResult, pinned: np.ndarray, stream) -> FireResult:
