@@ -282,6 +282,9 @@ SPEC = EnvSpec("TIERSTORE_", (
     _knob("fire_rounds", 3, integer(1),
           "rounds a fire retries keys another thread was loading before giving up"),
     _knob("latency_window", 4096, integer(1), "fire latencies kept for the p50/p99 in stats()"),
+    _knob("verify", "first", choice("always", "first", "off", what="verify mode"),
+          "check each row read from the pack against its sidecar xxh3-64 before it is published: "
+          "always, first (the first time this store reads the row), off"),
     _knob("snapshot_every_s", 10.0, _non_negative,
           "seconds between poolmon snapshots when a snapshot path is set (0: off)"),
 ), family="TIERSTORE_*")

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tierstore import _C
+from tierstore.files.untrusted import open_regular
 from tierstore.errors import ClosedError, ConfigError, TierIOError
 
 log = logging.getLogger("tierstore.engine")
@@ -183,6 +184,10 @@ class Engine:
         self.device = device
         self.device_index = int(device_index)
         self.threads = threads
+        try:
+            os.close(open_regular(self.path, "pack file"))   # a FIFO would block the native open
+        except FileNotFoundError:
+            raise TierIOError(self.path, 0, _errno.ENOENT, what="open") from None
         try:
             self._native = _C.NativeEngine(self.path, threads, direct,
                                            self.device_index if device == "cuda" else -1,
