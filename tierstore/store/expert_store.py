@@ -25,7 +25,6 @@ raises ClosedError.
 """
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -43,8 +42,6 @@ from tierstore.store.stats import Counters, FireResult, StoreStats
 from tierstore.store.jobs import BackgroundJobs
 from tierstore.store.worker import Ticket, Worker
 
-
-log = logging.getLogger("tierstore.store")
 
 
 class ExpertStore(BackgroundJobs):
