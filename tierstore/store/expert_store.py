@@ -43,7 +43,6 @@ from tierstore.store.jobs import BackgroundJobs
 from tierstore.store.worker import Ticket, Worker
 
 
-
 class ExpertStore(BackgroundJobs):
     """Expert rows of one pack in a VRAM pool + RAM arena (contract: README.md "Python API" and docs/INTERNALS.md).
 
