@@ -186,6 +186,7 @@ class StoreConfig:
         arena_pol = policies.make(self.arena_policy[0], n_keys, self.n_rows, **self.arena_policy[1])
         pool = SlotPool(self.n_slots, pack.slot_bytes, pack.n_layers, pack.n_experts,
                         self.device, pool_pol)
+        engine.register_buffer(pool.pool)  # submit then checks every slot row against it
         arena = HostArena(engine, self.n_rows, pack.stride, pack.slot_bytes, n_keys, arena_pol)
         return pool, arena
 
