@@ -40,7 +40,7 @@ def register(sub) -> None:
     p.add_argument("--ticks-per-second", type=positive_float, default=75.0,
                    help="reference: ticks per second for its 5 s half-life")
     p.add_argument("--half-life", type=positive_float, default=None,
-                   help="heat/hybrid half-life in ticks (default: 375)")
+                   help="heat/hybrid half-life in ticks (default: 256, the store's)")
     p.add_argument("--row-bytes", type=non_negative_int, default=0,
                    help="bytes per row, for bytes_read")
     p.add_argument("--split", choices=["all", "first", "second"], default="all",

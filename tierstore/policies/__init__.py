@@ -4,8 +4,8 @@
 instances share no state); ``available()`` lists the names. Parameters:
 
 - ``lru``: none.
-- ``heat``, ``hybrid``: ``half_life`` (decode steps, default 375 = 5 s at
-  75 tok/s) or ``half_life_s`` (seconds of wall clock).
+- ``heat``, ``hybrid``: ``half_life`` (decode steps, default
+  ``tierstore.settings.HEAT_HALF_LIFE_STEPS`` = 256, the store's and the simulator's) or ``half_life_s`` (seconds of wall clock).
 """
 from __future__ import annotations
 
