@@ -49,7 +49,7 @@ def _sim_policy(trace, slots, name, params):
 
 @pytest.mark.parametrize("label, trace", TRACES, ids=[t[0] for t in TRACES])
 @pytest.mark.parametrize("name, params", [("lru", {}), ("heat", {"half_life": 16.0}),
-                                          ("hybrid", {"half_life": 64.0})])
+                                          ("hybrid", {"half_life": 64.0}), ("auto", {})])
 @pytest.mark.parametrize("granularity", ["layer", "tick"])
 def test_store_fires_and_simulator_demand_fill_agree_exactly(tmp_path, label, trace, name,
                                                              params, granularity):
@@ -69,7 +69,7 @@ def test_store_fires_and_simulator_demand_fill_agree_exactly(tmp_path, label, tr
 
 
 @pytest.mark.parametrize("label, trace", TRACES, ids=[t[0] for t in TRACES])
-@pytest.mark.parametrize("name", ["hybrid", "heat"])
+@pytest.mark.parametrize("name", ["hybrid", "heat", "auto"])
 def test_store_lazy_promotions_and_simulator_lazy_model_agree_exactly(tmp_path, label, trace, name):
     prep = Prepared(trace)
     slots = trace.n_keys // 4

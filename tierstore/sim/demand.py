@@ -97,7 +97,8 @@ def replay_demand_fill(prep: Prepared, policy: Policy, slots: int,
     Accesses reach the policy lazily, as one ``on_access`` per run of groups up
     to the next miss (and at each tick end, before ``decay``): no decay or
     decision happens in between, and within a tick later layers have larger
-    keys, so every policy ends in the same state as with one call per group."""
+    keys, so every policy ends in the same state as with one call per group;
+    a policy with ``groups_accesses = False`` (auto) gets one call per group."""
     if granularity not in ("layer", "tick"):
         raise ConfigError(f"granularity must be 'layer' or 'tick', got {granularity!r}")
     adm = for_policy(policy) if admission is None else admission
@@ -110,13 +111,19 @@ def replay_demand_fill(prep: Prepared, policy: Policy, slots: int,
         starts, ends_tick = prep.dstarts, np.ones(prep.n_ticks, dtype=bool)
     bounds = starts.tolist()
     ends = ends_tick.tolist()
+    merge = getattr(policy, "groups_accesses", True)  # False: one on_access per group
     pending = 0  # start of the accesses not yet given to the policy
     for g in range(len(bounds) - 1):
         a, b = bounds[g], bounds[g + 1]
         u = dkeys[a:b]
         r = resident[u]
         hit[a:b] = r
-        if not r.all():
+        if not merge:
+            policy.on_access(u, None if single else dcounts[a:b])
+            pending = b
+            if not r.all():
+                tier.demand(u, r, adm)
+        elif not r.all():
             policy.on_access(dkeys[pending:b], None if single else dcounts[pending:b])
             pending = b
             tier.demand(u, r, adm)
