@@ -64,3 +64,13 @@ def test_bad_trace_file_is_one_line_error(capsys, tmp_path):
     np.save(path, np.array([[1, 0, 0], [0, 0, 0]], dtype=np.int32))
     assert main(["bench", "hits", "--trace", str(path)]) == 1
     assert "bad.npy: row 1: tick 0 after tick 1" in capsys.readouterr().err
+
+
+def test_policies_all_runs_every_model(capsys):
+    from tierstore import sim
+    assert main(["bench", "hits", *SMALL, "--slots", "6", "--policies", "all", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == sim.available_models()
+    lru = next(r for r in rows if r["policy"] == "lru")
+    for r in rows:  # latency share only at no more reads than LRU
+        assert r["latency_gap_closed"] is None or r["reads"] <= lru["reads"]
