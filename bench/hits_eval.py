@@ -5,7 +5,7 @@ against reads for the prefetching models (a budget sweep).
     PYTHONPATH=$PWD python3 bench/hits_eval.py [--out bench/results] [--ticks N]
 
 Traces: the shared FLAME trace (skipped when absent) and the seeded DS4-shaped
-synthetic one. Writes <out>/hits_eval.json, <out>/hits_eval.md and
+synthetic one. Writes <out>/hits_eval_<traces>.json and .md, and
 <out>/hits_eval_<trace>.png. Tuned on nothing: every online model runs with its
 defaults; the hindsight sweep is reported as the bar to beat.
 """
@@ -40,9 +40,12 @@ def run_trace(trace, budgets) -> dict:
             sweep.append({**r.as_dict(), "half_life": h})
     curve = []
     for b in budgets:
-        for r in sim.replay(prep, ["lru", "belady", "predict", "prefetch"], slots, budget=b):
-            if r.policy in ("predict", "prefetch"):
-                curve.append({**r.as_dict(), "budget": b})
+        if b == 8:  # the main table's budget
+            curve += [{**r.as_dict(), "budget": b} for r in main
+                      if r.policy in ("predict", "prefetch")]
+            continue
+        for r in sim.replay(prep, ["predict", "prefetch"], slots, budget=b):
+            curve.append({**r.as_dict(), "budget": b})
     return {"trace": trace.name, "n_keys": trace.n_keys, "ticks": trace.n_ticks,
             "accesses": prep.accesses, "slots": slots,
             "results": [r.as_dict() for r in main], "hindsight": sweep, "curve": curve}
@@ -122,14 +125,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--ticks", type=int, default=1024, help="synthetic trace ticks")
+    ap.add_argument("--traces", default="flame,synthetic", help="which traces, comma-separated")
+    ap.add_argument("--budgets", default="2,8,32", help="prefetch budgets of the reads curve")
     args = ap.parse_args(argv)
+    which = args.traces.split(",")
+    budgets = tuple(int(b) for b in args.budgets.split(","))
     out = Path(args.out)
     t0 = time.perf_counter()
     jobs = []
-    if FLAME.exists():
-        jobs.append((traces.load_trace(FLAME), (2, 4, 8, 16, 32)))
-    jobs.append((synth.synthetic_trace(args.ticks, seed=0, prefill_tokens=256,
-                                       prefill_every=1024), (8, 43)))
+    if FLAME.exists() and "flame" in which:
+        jobs.append((traces.load_trace(FLAME), budgets))
+    if "synthetic" in which:
+        jobs.append((synth.synthetic_trace(args.ticks, seed=0, prefill_tokens=256,
+                                           prefill_every=1024), budgets))
     blocks = []
     for trace, budgets in jobs:
         blk = run_trace(trace, budgets)
@@ -140,10 +148,11 @@ def main(argv=None) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": "PYTHONPATH=$PWD python3 bench/hits_eval.py " + " ".join(argv or sys.argv[1:]),
             "seconds": time.perf_counter() - t0}
+    tag = "_".join(which)
     body = json.dumps({**meta, "traces": blocks}, indent=1)
-    write_atomic_with(out / "hits_eval.json", lambda f: f.write(body.encode()))
+    write_atomic_with(out / f"hits_eval_{tag}.json", lambda f: f.write(body.encode()))
     md = markdown(blocks)
-    write_atomic_with(out / "hits_eval.md", lambda f: f.write(md.encode()))
+    write_atomic_with(out / f"hits_eval_{tag}.md", lambda f: f.write(md.encode()))
     print(md)
     return 0
 
