@@ -26,6 +26,7 @@
 #include "cuda_emu.hpp"
 #include "../src/moe_gemv.cuh"
 #include "../src/moe_mma.cuh"
+#include "../src/moe_route.cuh"
 
 template <typename T>
 std::vector<T> read_bin(const std::string& path, size_t count) {
