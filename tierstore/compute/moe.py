@@ -176,11 +176,11 @@ def fused_moe(x, topk_weights, topk_ids, layer: int, store, base: BaseWeights, *
               out: torch.Tensor | None = None) -> torch.Tensor:
     """Routed-expert MoE output [T, H] in x's dtype (written into ``out`` when given).
 
-    CUDA tensors take the grouped tensor-core kernels at every T (graph-capturable; the
-    v2 decode GEMV when ``DECODE_KERNEL == "gemv"`` and T <= 16, k <= 16); CPU tensors
-    the torch reference. ``store`` needs ``slot_table``, ``pool`` and ``slot_bytes``."""
+    CUDA tensors take the grouped tensor-core kernels, except T <= ``GEMV_MAX_TOKENS``
+    (k <= 16), which takes the v2 decode GEMV; both are graph-capturable. CPU tensors
+    take the torch reference. ``store`` needs ``slot_table``, ``pool`` and ``slot_bytes``."""
     if x.is_cuda and _kernel_available("moe_mma"):
-        if DECODE_KERNEL == "gemv" and x.shape[0] <= DECODE_MAX_TOKENS and topk_ids.shape[-1] <= 16:
+        if x.shape[0] <= min(GEMV_MAX_TOKENS, DECODE_MAX_TOKENS) and topk_ids.shape[-1] <= 16:
             from tierstore.compute.moe_cuda import fused_moe_decode
             return fused_moe_decode(x, topk_weights, topk_ids, layer, store, base, out=out)
         from tierstore.compute.moe_cuda import fused_moe_mma
@@ -189,9 +189,10 @@ def fused_moe(x, topk_weights, topk_ids, layer: int, store, base: BaseWeights, *
     return y if out is None else out.copy_(y)
 
 
-# Which kernel serves CUDA decode batches (T <= 16): "mma" (tensor cores, the default,
-# faster on the H200, bench/results/moe.md) or "gemv" (the v2 FFMA kernel).
-DECODE_KERNEL = "mma"
+# Largest T served by the v2 FFMA GEMV instead of the tensor-core kernels: on the H200
+# (bench/results/moe.md, 2026-12-02) the GEMV is faster at T = 1 (45 vs 50 us bf16, 47 vs
+# 60 us f32: the grouped path's fixed cost of four launches) and 1.3-1.6x slower from T = 4.
+GEMV_MAX_TOKENS = 1
 
 
 def _kernel_available(name: str = "moe_mma") -> bool:

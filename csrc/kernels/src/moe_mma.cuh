@@ -17,8 +17,14 @@
 #pragma once
 #include "moe_mma_common.cuh"
 
+#ifndef TS_MOE_PRELOAD
+#define TS_MOE_PRELOAD 1   // chunks loaded at once by decode tiles (1 = one-chunk prefetch)
+#endif
+
 namespace tierstore {
 namespace {
+
+constexpr int kMmaPreload = TS_MOE_PRELOAD;
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 #ifdef TS_MOE_CPU_EMULATION
@@ -171,24 +177,12 @@ __device__ __forceinline__ void mma_body(const MoeDecodeArgs& a, const MmaPlan& 
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[r][nt][c] = 0.f;
   const int cpw = (nchunks + kWarps - 1) / kWarps, c_lo = warp * cpw, c_hi = min(nchunks, c_lo + cpw);
-  RowBlock nxt[2][2];                                  // chunk c+1's loads fly while c computes
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) nxt[r][h] = load_block<CODEC>(qp[r][h], sp[r][h], 4 * c_lo + t, c_lo < c_hi && 4 * c_lo + t < nb);
-#pragma unroll 1
-  for (int c = c_lo; c < c_hi; ++c) {
-    const int blk = 4 * c + t;
-    const bool has = blk < nb;
-    RowBlock cur[2][2];
+  // one chunk: 8 k-steps of 2 row groups x NT8 n-tiles x NS terms
+  auto chunk = [&](RowBlock (&cur)[2][2], int blk, bool has) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        cur[r][h] = nxt[r][h];
-        nxt[r][h] = load_block<CODEC>(qp[r][h], sp[r][h], blk + 4, c + 1 < c_hi && blk + 4 < nb);
-        decode_scale<CODEC>(cur[r][h], has);
-      }
+      for (int h = 0; h < 2; ++h) decode_scale<CODEC>(cur[r][h], has);
 #pragma unroll
     for (int s8 = 0; s8 < 8; ++s8) {
       uint32_t af[2][4];
@@ -208,6 +202,50 @@ __device__ __forceinline__ void mma_body(const MoeDecodeArgs& a, const MmaPlan& 
 #pragma unroll
           for (int r = 0; r < 2; ++r) mma_bf16(acc[r][nt], af[r], b.x, b.y);
         }
+    }
+  };
+  if (NT8 == 1 && kMmaPreload > 1) {
+    // decode tiles (few registers of accumulators): every load of up to kPre chunks is
+    // issued before the first use, so a warp waits for memory once per kPre chunks
+    constexpr int kPre = kMmaPreload > 1 ? kMmaPreload : 2;
+#pragma unroll 1
+    for (int c0 = c_lo; c0 < c_hi; c0 += kPre) {
+      RowBlock cur[kPre][2][2];
+#pragma unroll
+      for (int u = 0; u < kPre; ++u)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int blk = 4 * (c0 + u) + t;
+            cur[u][r][h] = load_block<CODEC>(qp[r][h], sp[r][h], blk, c0 + u < c_hi && blk < nb);
+          }
+#pragma unroll
+      for (int u = 0; u < kPre; ++u) {
+        if (c0 + u >= c_hi) break;                     // warp-uniform
+        const int blk = 4 * (c0 + u) + t;
+        chunk(cur[u], blk, blk < nb);
+      }
+    }
+  } else {
+    RowBlock nxt[2][2];                                // chunk c+1's loads fly while c computes
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        nxt[r][h] = load_block<CODEC>(qp[r][h], sp[r][h], 4 * c_lo + t, c_lo < c_hi && 4 * c_lo + t < nb);
+#pragma unroll 1
+    for (int c = c_lo; c < c_hi; ++c) {
+      const int blk = 4 * c + t;
+      RowBlock cur[2][2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          cur[r][h] = nxt[r][h];
+          nxt[r][h] = load_block<CODEC>(qp[r][h], sp[r][h], blk + 4, c + 1 < c_hi && blk + 4 < nb);
+        }
+      chunk(cur, blk, blk < nb);
     }
   }
   // sum the 8 warps' K slices (fixed order), then the epilogue per (column, row)
