@@ -1,12 +1,14 @@
 """Benchmarks of the slot-aware fused MoE.
 
-GPU (default when CUDA is present): decode-kernel time at DS4 shapes vs the HBM
-roofline. Bytes = the rows of the distinct routed experts, read once (fp4 rows for
+GPU (default when CUDA is present): kernel time at DS4 shapes vs the HBM roofline, for
+the tensor-core grouped kernels (every T) and the v2 decode GEMV (T <= 16), with the
+dequantise-then-bf16-GEMM baseline (torch reference in bf16) and the bf16 GEMM floor
+(bf16 weights already gathered) beside each row. Bytes = the rows of the distinct routed experts, read once (fp4 rows for
 resident experts, 2-bit rows otherwise); roofline = a device-to-device copy measured in
 the same run (read + write bytes / time). Each timed unit is a CUDA graph of R calls
 with R different routings, so consecutive calls do not hit in L2.
 
-    python bench/bench_moe.py                      # GPU kernel, T = 1, 4, 16
+    python bench/bench_moe.py --baseline           # GPU kernels, T = 1 .. 512, + baselines
     python bench/bench_moe.py --device cpu         # the torch reference (smaller E)
     python bench/bench_moe.py --pool-benefit       # output error: 2-bit base vs FP4 pool
 
@@ -61,47 +63,118 @@ def copy_bandwidth(nbytes=1 << 30, iters=20) -> float:
     return 2 * nbytes * iters / (start.elapsed_time(end) / 1e3) / 1e9
 
 
+def _graph_time(calls, iters) -> float:
+    """Seconds per replay of a CUDA graph of ``calls`` (median of 3 runs of ``iters``)."""
+    calls()                                          # warm-up and module load, eager
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    graph.replay()
+    times = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / iters)
+    return sorted(times)[1]
+
+
+def _event_time(fn, iters=3) -> float:
+    """Seconds per eager call (median), host syncs inside included."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def _bf16_gemm_floor(x, w, ids, W13, W2, iters=5) -> float:
+    """The grouped bf16 GEMMs alone (weights already bf16 and gathered per routed expert,
+    tokens padded per expert): the floor of any dequantise-then-bf16-GEMM path."""
+    T, k = ids.shape
+    I = W2.shape[-1]
+    flat = ids.reshape(-1)
+    experts, inv, counts = torch.unique(flat, return_inverse=True, return_counts=True)
+    order = torch.argsort(inv, stable=True)
+    pos = torch.arange(flat.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[inv[order]]
+    xin = torch.zeros(len(experts), int(counts.max()), x.shape[1], dtype=torch.bfloat16, device=x.device)
+    xin[inv[order], pos] = x.bfloat16()[torch.arange(T, device=x.device).repeat_interleave(k)[order]]
+    w13, w2 = W13[experts], W2[experts]
+
+    def run():
+        g = torch.bmm(xin, w13.transpose(1, 2))
+        torch.bmm(torch.nn.functional.silu(g[..., :I]) * g[..., I:], w2.transpose(1, 2))
+    t = _event_time(run, iters)
+    del w13, w2
+    return t
+
+
 def bench_gpu(args) -> list[dict]:
-    from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode
-    H, I, E, k, R = args.H, args.I, args.E, args.k, args.rounds
+    from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode, fused_moe_mma, mma_workspace
+    import importlib.util
+    H, I, E, k = args.H, args.I, args.E, args.k
     pool = StaticPool(random_expert_rows(E, "fp4", H, I, 0, "cuda").reshape(1, E, -1), E, "cuda")
     base = BaseWeights(random_expert_rows(E, "base", H, I, 1, "cuda").reshape(1, E, -1), H, I, "cuda")
     bw = copy_bandwidth()
+    vllm = importlib.util.find_spec("vllm") is not None
+    print(f"copy roofline {bw:.0f} GB/s (read + write); vLLM {'found' if vllm else 'not installed'}", flush=True)
+    W13 = torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16) if args.baseline else None
+    W2 = torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16) if args.baseline else None
     rows = []
     for resident in args.resident:
         pool.clear()
         chosen = {"none": [], "half": list(range(0, E, 2)), "all": list(range(E))}[resident]
         pool.promote([(0, e) for e in chosen])
         for T in args.T:
+            R = args.rounds if T <= 16 else 2
             w, ids = _routings(R, T, E, k, seed=T, device="cuda")
+            nbytes = _bytes_read(ids, pool.slot_table[0], H, I) / R
+            base_us = floor_us = None
+            if args.baseline:
+                xb = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+                base_us = 1e6 * _event_time(lambda: fused_moe_reference(
+                    xb, w[0], ids[0], 0, pool, base, dtype=torch.bfloat16))
+                floor_us = 1e6 * _bf16_gemm_floor(xb, w[0], ids[0], W13, W2)
             for dtype in [getattr(torch, d) for d in args.dtypes]:
                 xs = torch.randn(R, T, H, device="cuda").to(dtype)
-                outs = torch.empty_like(xs)
-                wss = [decode_workspace(T, k, H, I, "cuda") for _ in range(R)]
-                calls = lambda: [fused_moe_decode(xs[r], w[r], ids[r], 0, pool, base, out=outs[r],
-                                                  workspace=wss[r]) for r in range(R)]
-                calls()                                     # warm-up and module load
-                ref = fused_moe_reference(xs[0], w[0], ids[0], 0, pool, base, dtype=torch.float64)
-                rel = float((outs[0].double() - ref).norm() / ref.norm())
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    calls()
-                graph.replay()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(args.iters):
-                    graph.replay()
-                end.record()
-                torch.cuda.synchronize()
-                t = start.elapsed_time(end) / 1e3 / (args.iters * R)
-                nbytes = _bytes_read(ids, pool.slot_table[0], H, I) / R
-                gbs = nbytes / t / 1e9
-                rows.append({"resident": resident, "T": T, "dtype": str(dtype).split(".")[-1],
-                             "us": t * 1e6, "MB_read": nbytes / 1e6, "GB_s": gbs,
-                             "copy_GB_s": bw, "ratio": gbs / bw, "rel_err_vs_fp64": rel})
-                print(f"resident={resident:4s} T={T:2d} {rows[-1]['dtype']:8s} {t * 1e6:8.1f} us "
-                      f"{nbytes / 1e6:7.1f} MB  {gbs:7.0f} GB/s = {gbs / bw:.2f} x copy ({bw:.0f})"
-                      f"  rel err {rel:.1e}", flush=True)
+                for kernel in (["mma", "gemv"] if T <= 16 else ["mma"]):
+                    if kernel not in args.kernels:
+                        continue
+                    outs = torch.empty_like(xs)
+                    if kernel == "mma":
+                        wss = [mma_workspace(T, k, E, H, I, dtype, "cuda") for _ in range(R)]
+                        fn = fused_moe_mma
+                    else:
+                        wss = [decode_workspace(T, k, H, I, "cuda") for _ in range(R)]
+                        fn = fused_moe_decode
+                    calls = lambda: [fn(xs[r], w[r], ids[r], 0, pool, base, out=outs[r], workspace=wss[r])
+                                     for r in range(R)]
+                    t = _graph_time(calls, args.iters if T <= 64 else max(3, args.iters // 4)) / R
+                    rel = None                   # fp64 oracle only where it is quick (tests cover the rest)
+                    if T <= args.max_check_T:
+                        ref = fused_moe_reference(xs[0], w[0], ids[0], 0, pool, base, dtype=torch.float64)
+                        rel = float((outs[0].double() - ref).norm() / ref.norm())
+                    gbs = nbytes / t / 1e9
+                    tflops = 2 * T * k * 3 * H * I / t / 1e12
+                    rows.append({"resident": resident, "T": T, "dtype": str(dtype).split(".")[-1],
+                                 "kernel": kernel, "us": t * 1e6, "MB_read": nbytes / 1e6, "GB_s": gbs,
+                                 "copy_GB_s": bw, "ratio": gbs / bw, "TFLOP_s": tflops,
+                                 "rel_err_vs_fp64": rel, "baseline_dequant_bf16_gemm_us": base_us,
+                                 "baseline_bf16_gemm_floor_us": floor_us, "vllm_fused_moe": None if not vllm else "not run"})
+                    extra = "" if base_us is None else f"  | dequant+bf16 GEMM {base_us:9.1f} us, bf16 GEMM floor {floor_us:8.1f} us"
+                    print(f"{kernel:4s} resident={resident:4s} T={T:3d} {rows[-1]['dtype']:8s} {t * 1e6:8.1f} us "
+                          f"{nbytes / 1e6:7.1f} MB {gbs:6.0f} GB/s = {gbs / bw:.2f} x copy {tflops:6.1f} TFLOP/s "
+                          f"rel {'-' if rel is None else f'{rel:.1e}'}{extra}", flush=True)
+                    del wss, outs
     if args.kernel_split:
         rows_split = _kernel_split(pool, base, H, I, E, k)
         for r in rows_split:
@@ -183,7 +256,12 @@ def bench_pool_benefit(args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--T", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4, 16])
+    p.add_argument("--T", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4, 16, 32, 64, 128, 256, 512])
+    p.add_argument("--kernels", type=lambda s: s.split(","), default=["mma", "gemv"],
+                   help="mma: tensor-core grouped kernels (any T); gemv: the v2 decode kernel (T <= 16)")
+    p.add_argument("--max-check-T", type=int, default=64, help="largest T checked against fp64")
+    p.add_argument("--baseline", action="store_true",
+                   help="also time dequantise-then-bf16-GEMM (torch) and the bf16 GEMM floor")
     p.add_argument("--H", type=int, default=4096)
     p.add_argument("--I", type=int, default=2048)
     p.add_argument("--E", type=int, default=256)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from moet_surface_helpers import E, L, SLOT, W13, W2, env, moet_env, planes
+from tierstore import settings
 from tierstore.adapters import vllm_moet as vm
 from tierstore.errors import TierIOError
 
@@ -297,7 +298,12 @@ def test_verify_refuses_a_corrupted_row_and_publishes_nothing(monkeypatch, tmp_p
         m.mark_seen(t.seen[1], torch.tensor([1, 3]))
         assert t.force_promote() == 2                        # the good rows still serve
         assert torch.equal(t.pool[int(t.slot_table[1, 3])], torch.cat(p[1], 1)[3])
-    with moet_env(monkeypatch, env(tmp_path, slots=20)) as m:   # without VERIFY: served as is
-        t = _tier(m)
+    with moet_env(monkeypatch, env(tmp_path, slots=20)) as m:   # without VERIFY: the store's
+        t = _tier(m)                                              # default (first read checked)
+        m.mark_seen(t.seen[1], torch.tensor([2]))
+        with pytest.raises(TierIOError, match="layer 1 expert 2"):
+            t.force_promote()
+    with settings.override(verify="off"), moet_env(monkeypatch, env(tmp_path, slots=20)) as m:
+        t = _tier(m)                                              # verify off: served as is
         m.mark_seen(t.seen[1], torch.tensor([2]))
         assert t.force_promote() == 1

@@ -201,7 +201,7 @@ def test_bad_environment_variable_is_one_line_naming_it(monkeypatch):
         monkeypatch.delenv("TIERSTORE_POOL_POLICY")
         settings.reset()
     assert rc == 1 and err.strip() == ("tierstore: error: TIERSTORE_POOL_POLICY=foo: unknown "
-                                       "policy 'foo'; expected one of lru, heat, hybrid")
+                                       "policy 'foo'; expected one of lru, heat, hybrid, auto")
 
 
 def test_expert_store_caps_explicit_sizes_at_the_pack_rows(tmp_path):

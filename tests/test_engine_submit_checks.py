@@ -42,3 +42,43 @@ def test_bad_row_is_refused_with_one_line_naming_the_row(eng, offsets, lengths, 
 def test_good_rows_around_the_checks_still_read(eng):
     buf = eng.alloc_host(2 * PAGE)
     assert eng.submit([0, 15 * PAGE], PAGE, None, buf.data_ptr() + np.array([0, PAGE])).wait()
+
+
+def test_a_length_past_a_known_buffer_is_refused_naming_its_size(eng):
+    # Issue 15: a huge length into a 4 KiB buffer wrote 512 KiB past it.
+    buf = eng.alloc_host(PAGE)
+    with pytest.raises(ConfigError, match=r"row 0: dst 0x[0-9a-f]+ \+ length 16384: the host "
+                                          r"buffer it points into is 4096 B"):
+        eng.submit([0], 4 * PAGE, None, buf.data_ptr())
+    with pytest.raises(ConfigError, match=r"row 1: src .*4096 B"):
+        eng.submit([0, 0], [PAGE, PAGE + 1], [buf.data_ptr(), buf.data_ptr()])
+    with pytest.raises(ConfigError, match=r"row 0: dst"):                  # ends one byte past
+        eng.submit([0], PAGE, None, buf.data_ptr() + 1)
+    assert eng.submit([0], PAGE, None, buf.data_ptr()).wait()             # exactly fits
+
+
+def test_registered_tensors_and_arrays_are_checked_and_leave_when_freed(tmp_path):
+    import torch
+    path = tmp_path / "rows.bin"
+    data = write_random_file(path, 16 * PAGE, seed=2)
+    with Engine(path, threads=2, direct="off", strict_buffers=True) as eng:
+        t = torch.zeros(2 * PAGE, dtype=torch.uint8)
+        a = np.zeros(PAGE, np.uint8)
+        with pytest.raises(ConfigError, match="in no buffer known to this engine"):
+            eng.submit([0], PAGE, None, t.data_ptr())                     # strict: unknown
+        eng.register_buffer(t)
+        eng.register_buffer(a)
+        assert eng.submit([PAGE], 2 * PAGE, None, t.data_ptr()).wait()
+        assert np.array_equal(t.numpy(), data[PAGE:3 * PAGE])
+        with pytest.raises(ConfigError, match="2 \\* PAGE|8192 B"):
+            eng.submit([0], 3 * PAGE, None, t.data_ptr())
+        assert eng.submit([0], PAGE, None, a.ctypes.data).wait()
+        ptr = t.data_ptr()
+        del t                                                              # freed: entry gone
+        with pytest.raises(ConfigError, match="in no buffer known"):
+            eng.submit([0], PAGE, None, ptr)
+        eng.unregister_buffer(a)
+        with pytest.raises(ConfigError, match="in no buffer known"):
+            eng.submit([0], PAGE, None, a.ctypes.data)
+        with pytest.raises(ConfigError, match="C-contiguous"):
+            eng.register_buffer(np.zeros((4, 4), np.uint8)[:, ::2])

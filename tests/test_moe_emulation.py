@@ -11,6 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tierstore.testing.model import random_expert_rows
 from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe_reference
@@ -33,11 +34,11 @@ def emulator(tmp_path_factory):
     return exe
 
 
-def _run(emulator, tmp_path, x, w, ids, layer, pool, base):
+def _run(emulator, tmp_path, x, w, ids, layer, pool, base, kernel=0):
     T, k = ids.shape
     bf16 = x.dtype == torch.bfloat16
     meta = [T, k, base.n_experts, pool.pool.shape[0], base.H, base.I, int(bf16),
-            pool.pool.shape[1], base.rows.shape[-1]]
+            pool.pool.shape[1], base.rows.shape[-1], kernel]
     (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)))
     xb = x.contiguous().view(torch.int16) if bf16 else x.float().contiguous()
     xb.numpy().tofile(tmp_path / "x.bin")
@@ -108,3 +109,84 @@ def test_emulated_kernel_small_t_batches_repeated_ids(emulator, tmp_path, ids):
     got = _run(emulator, tmp_path, x, w, ids, 1, pool, base)
     ref = fused_moe_reference(x, w, ids, 1, pool, base, dtype=torch.float64)
     assert _rel(got, ref) < 1e-5
+
+
+# ---- the tensor-core grouped kernels (kernel=1): routing, tiles, mma fragments ------
+
+def _mma_check(emulator, tmp_path, x, w, ids, layer, pool, base):
+    got = _run(emulator, tmp_path, x, w, ids, layer, pool, base, kernel=1)
+    ref = fused_moe_reference(x, w, ids, layer, pool, base, dtype=torch.float64)
+    rel = _rel(got, ref)
+    if x.dtype == torch.float32:
+        assert rel < 1e-5, rel                  # 3 bf16 terms of x and h: f32-exact weights
+    else:
+        assert 1e-3 < rel < 1e-2, rel
+    return rel
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_emulated_mma_kernel_mixed_residency(emulator, tmp_path, dtype):
+    pool, base = _setup()
+    pool.promote([(1, 4), (1, 0), (0, 3), (1, 2)])
+    ids = torch.tensor([[0, 1, 2], [3, 4, 5], [2, 0, 5], [1, 3, 4], [5, 2, 1]])
+    w = torch.rand(5, 3) + 0.1
+    _mma_check(emulator, tmp_path, torch.randn(5, 128).to(dtype), w, ids, 1, pool, base)
+
+
+def test_emulated_mma_kernel_long_k_invalid_ids_and_multi_tile_groups(emulator, tmp_path):
+    # H = 1088: 34 scale blocks = 8 full chunks + a 2-block tail, split over the 8 warps;
+    # expert 1 takes 17 pairs = 3 tiles of 8; -1 and E + 3 contribute nothing.
+    E, H, I = 4, 1088, 64
+    pool, base = _setup(E=E, H=H, I=I, seed=5)
+    pool.promote([(0, 1), (0, 2)])
+    ids = torch.tensor([[1, 1]] * 8 + [[1, -1], [E + 3, 0]])
+    w = torch.rand(10, 2) + 0.1
+    _mma_check(emulator, tmp_path, torch.randn(10, H), w, ids, 0, pool, base)
+
+
+@pytest.mark.parametrize("T,dtype", [(40, torch.float32), (72, torch.bfloat16)])
+def test_emulated_mma_kernel_wide_tiles(emulator, tmp_path, T, dtype):
+    # E = 3, k = 2: mean pairs per expert 27 (T=40) / 48 (T=72) -> 32-pair tiles (nt8 = 4);
+    # random -1 holes; T=72 bf16 also has groups that span two tiles.
+    E, H, I = 3, 64, 32
+    pool, base = _setup(E=E, H=H, I=I, seed=T)
+    pool.promote([(0, 1)])
+    g = torch.Generator().manual_seed(T)
+    ids = torch.randint(-1, E, (T, 2), generator=g)
+    w = torch.rand(T, 2, generator=g) + 0.1
+    _mma_check(emulator, tmp_path, torch.randn(T, H, generator=g).to(dtype), w, ids, 0, pool, base)
+
+
+def test_emulated_mma_kernel_middle_tiles(emulator, tmp_path):
+    # mean 12 pairs per expert -> 16-pair tiles (nt8 = 2), every expert in the base or the pool
+    E, H, I = 4, 96, 64
+    pool, base = _setup(E=E, H=H, I=I, seed=11)
+    pool.promote([(1, 0), (1, 3)])
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, E, (24, 2), generator=g)
+    w = torch.rand(24, 2, generator=g) + 0.1
+    _mma_check(emulator, tmp_path, torch.randn(24, H, generator=g), w, ids, 1, pool, base)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(T=st.integers(1, 40), k=st.integers(1, 4), n_res=st.integers(0, 6), bf16=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_emulated_mma_property_random_slot_tables(emulator, tmp_path_factory, T, k, n_res, bf16, seed):
+    """Random slot tables (-1 mixes, slots out of expert order, stale slots >= n_slots) and
+    ids with -1 / >= E holes: the grouped kernels match fp64 (the GPU twin of this test is
+    tests/test_moe_mma_gpu.py::test_mma_property_random_slot_tables)."""
+    E, H, I = 6, 64, 32
+    g = torch.Generator().manual_seed(seed)
+    pool, base = _setup(E=E, H=H, I=I, seed=seed % 1000)
+    pool.slot_table.fill_(-1)
+    chosen = torch.randperm(E, generator=g)[:n_res]
+    pool.slot_table[0, chosen] = torch.randint(0, E + 2, (n_res,), generator=g, dtype=torch.int32)
+    ids = torch.randint(-2, E + 2, (T, k), generator=g)
+    w = torch.rand(T, k, generator=g) + 0.1
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16 if bf16 else torch.float32)
+    got = _run(emulator, tmp_path_factory.mktemp("prop"), x, w, ids, 0, pool, base, kernel=1)
+    ref = fused_moe_reference(x, w, ids, 0, pool, base, dtype=torch.float64)
+    if float(ref.norm()) == 0.0:
+        assert torch.equal(got.float(), torch.zeros(T, H))
+        return
+    assert _rel(got, ref) < (1e-2 if bf16 else 1e-5)

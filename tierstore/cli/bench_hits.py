@@ -3,7 +3,12 @@
 Replays a capture-format trace (``--trace T.npy``) or the seeded DS4-shaped
 synthetic one (``--synthetic``) through ``tierstore.sim`` at every pool size
 in ``--slots`` and prints a table (or ``--json``: a list of result objects).
-Belady's MIN and the gap to it are shown whenever ``belady`` is in the list.
+Both views of issue 14 are printed: bandwidth (every read and unserved miss
+counted) with the gap to the MIN that bounds each policy (``belady``, or
+``belady_skip`` for policies that may skip a miss; blank when that ceiling did
+not run) and the share of the LRU -> MIN gap closed; latency (resident when the
+layer read), compared with LRU only at no more reads. ``--policies all`` runs
+every registered policy and simulator model.
 """
 from __future__ import annotations
 
@@ -28,8 +33,9 @@ def register(sub) -> None:
     p.add_argument("--slots", default=[51, 102, 205], type=int_list_of(1),
                    help="pool sizes, comma-separated (default: 51,102,205)")
     p.add_argument("--policies", default=policy_list(DEFAULT_POLICIES), type=policy_list,
-                   help="comma-separated: lru, heat, hybrid, reference, belady, unbounded, "
-                        f"predict, prefetch (default: {DEFAULT_POLICIES})")
+                   help="comma-separated: lru, heat, hybrid, auto, lazy, reference, belady, "
+                        "belady_skip, unbounded, predict, prefetch, or all "
+                        f"(default: {DEFAULT_POLICIES})")
     p.add_argument("--budget", type=non_negative_int, default=8,
                    help="predict/prefetch: prefetch rows per tick")
     p.add_argument("--threshold", type=float_in(0.0, 1.0), default=0.2,
@@ -40,7 +46,7 @@ def register(sub) -> None:
     p.add_argument("--ticks-per-second", type=positive_float, default=75.0,
                    help="reference: ticks per second for its 5 s half-life")
     p.add_argument("--half-life", type=positive_float, default=None,
-                   help="heat/hybrid half-life in ticks (default: 375)")
+                   help="heat/hybrid half-life in ticks (default: 256, the store's)")
     p.add_argument("--row-bytes", type=non_negative_int, default=0,
                    help="bytes per row, for bytes_read")
     p.add_argument("--split", choices=["all", "first", "second"], default="all",
@@ -140,39 +146,49 @@ def print_table(results, trace) -> None:
     from rich.table import Table
     table = Table(title=f"{trace.name}: {trace.n_keys} keys, {trace.n_ticks} ticks, "
                         f"{trace.n_rows} accesses")
-    for col in ("policy", "slots", "hit rate", "distinct", "gap to MIN", "reads/tick",
-                "prefetched", "wasted", "M acc/s"):
+    for col in ("policy", "slots", "hit rate", "bandwidth", "gap to MIN", "BW gap closed",
+                "latency gap closed", "reads/tick", "unserved", "prefetched", "wasted", "M acc/s"):
         table.add_column(col, justify="left" if col == "policy" else "right")
+    opt = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
     for r in results:
-        gap = "" if r.gap_to_min is None else f"{r.gap_to_min:+.3f}"
-        table.add_row(r.policy, str(r.slots), f"{r.hit_rate:.3f}", f"{r.distinct_hit_rate:.3f}",
-                      gap, f"{r.reads_per_tick:.1f}", str(r.prefetched), str(r.wasted_prefetch),
+        table.add_row(r.policy, str(r.slots), f"{r.hit_rate:.3f}", f"{r.bandwidth_hit_rate:.3f}",
+                      opt(r.gap_to_min, "+.3f"), opt(r.gap_closed, ".2f"),
+                      opt(r.latency_gap_closed, ".2f"), f"{r.reads_per_tick:.1f}",
+                      str(r.unserved), str(r.prefetched), str(r.wasted_prefetch),
                       f"{r.accesses_per_s / 1e6:.2f}")
-    Console(width=None if sys.stdout.isatty() else 120).print(table)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 def plot_hits(results, path: str, title: str = "") -> None:
-    """PNG: token-weighted hit rate vs pool size, one line per policy."""
+    """PNG, two panels: bandwidth-view hit rate vs pool size, and latency-view hit
+    rate vs reads per tick (every read counted), one line per policy."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from tierstore.files.atomic import write_atomic_with
     from pathlib import Path
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for name in dict.fromkeys(r.policy for r in results):
-        pts = sorted((r.slots, r.hit_rate) for r in results if r.policy == name)
-        style = "--" if name in ("belady", "unbounded") else "-"
+        mine = [r for r in results if r.policy == name]
+        style = "--" if name.startswith("belady") or name == "unbounded" else "-"
+        pts = sorted((r.slots, r.bandwidth_hit_rate) for r in mine)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name)
+        pts = sorted((r.reads_per_tick, r.latency_hit_rate) for r in mine)
+        ax2.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name)
     ax.set_xscale("log")
     ticks = sorted({r.slots for r in results})
     ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.minorticks_off()
     ax.set_xlabel("pool slots")
-    ax.set_ylabel("hit rate (token-weighted)")
-    ax.set_ylim(0, 1)
-    ax.grid(True, alpha=0.3)
+    ax.set_ylabel("bandwidth view: 1 - (reads + unserved) / accesses")
+    ax2.set_xscale("log")
+    ax2.set_xlabel("reads per tick (demand + lazy + prefetch)")
+    ax2.set_ylabel("latency view: resident when read")
+    for a in (ax, ax2):
+        a.set_ylim(0, 1)
+        a.grid(True, alpha=0.3)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax2.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     write_atomic_with(Path(path), lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tierstore.errors import ConfigError
 from tierstore.format import layouts
 
-DECODE_MAX_TOKENS = 16   # the decode kernel's largest batch; larger T takes the grouped path
+DECODE_MAX_TOKENS = 16   # the v2 decode kernel's largest batch (the grouped kernels take any T)
 
 
 def check_moe_args(x, topk_weights, topk_ids, layer, store, base) -> None:

@@ -5,11 +5,14 @@ when ``store.slot_table[layer, e] >= 0``, else the expert's 2-bit base row.
 
 Two paths, same numbers:
 * a torch reference (dequantise, then batched matmuls, tokens grouped by expert: one
-  Python step per chunk of distinct experts, never per token); runs anywhere;
-* the CUDA decode kernel (``tierstore._C.moe_decode``) for T <= 16 on CUDA tensors:
-  reads the slot table on the device, dequantises MXFP4 / 2-bit on the fly, reads each
-  routed expert once for all its tokens; launched on torch's current stream with no
-  host sync, so it can be captured in a CUDA graph.
+  Python step per chunk of distinct experts, never per token); runs anywhere; the CPU
+  path and the oracle of the tests;
+* on CUDA tensors, any T: the tensor-core grouped kernels (``tierstore._C.moe_mma``,
+  see ``tierstore.compute.moe_cuda``): pairs sorted by expert on the device into
+  fixed-size buffers, the slot table read on the device, MXFP4 / 2-bit dequantised in
+  registers into bf16 mma fragments, each routed expert read once per tile of its
+  pairs; launched on torch's current stream with no host sync and no data-dependent
+  shape, so a call can be captured in a CUDA graph at every T (1..512 and beyond).
 
 Routed ids outside ``[0, E)`` (e.g. -1, vLLM's "skip") contribute nothing on both paths.
 Pool rows must be ``fp4`` rows in linear nibble order (the pack's default layout).
@@ -173,19 +176,28 @@ def fused_moe(x, topk_weights, topk_ids, layer: int, store, base: BaseWeights, *
               out: torch.Tensor | None = None) -> torch.Tensor:
     """Routed-expert MoE output [T, H] in x's dtype (written into ``out`` when given).
 
-    CUDA tensors with T <= 16 and k <= 16 take the decode kernel; everything else the
-    torch reference. ``store`` needs ``slot_table``, ``pool`` and ``slot_bytes``."""
-    if x.is_cuda and x.shape[0] <= DECODE_MAX_TOKENS and topk_ids.shape[-1] <= 16 \
-            and _kernel_available():
-        from tierstore.compute.moe_cuda import fused_moe_decode
-        return fused_moe_decode(x, topk_weights, topk_ids, layer, store, base, out=out)
+    CUDA tensors take the grouped tensor-core kernels, except T <= ``GEMV_MAX_TOKENS``
+    (k <= 16), which takes the v2 decode GEMV; both are graph-capturable. CPU tensors
+    take the torch reference. ``store`` needs ``slot_table``, ``pool`` and ``slot_bytes``."""
+    if x.is_cuda and _kernel_available("moe_mma"):
+        if x.shape[0] <= min(GEMV_MAX_TOKENS, DECODE_MAX_TOKENS) and topk_ids.shape[-1] <= 16:
+            from tierstore.compute.moe_cuda import fused_moe_decode
+            return fused_moe_decode(x, topk_weights, topk_ids, layer, store, base, out=out)
+        from tierstore.compute.moe_cuda import fused_moe_mma
+        return fused_moe_mma(x, topk_weights, topk_ids, layer, store, base, out=out)
     y = fused_moe_reference(x, topk_weights, topk_ids, layer, store, base).to(x.dtype)
     return y if out is None else out.copy_(y)
 
 
-def _kernel_available() -> bool:
+# Largest T served by the v2 FFMA GEMV instead of the tensor-core kernels: on the H200
+# (bench/results/moe.md, 2026-12-02) the GEMV is faster at T = 1 (45 vs 50 us bf16, 47 vs
+# 60 us f32: the grouped path's fixed cost of four launches) and 1.3-1.6x slower from T = 4.
+GEMV_MAX_TOKENS = 1
+
+
+def _kernel_available(name: str = "moe_mma") -> bool:
     try:
         from tierstore import _C
     except ImportError:
         return False
-    return hasattr(_C, "moe_decode") and bool(_C.built_with_cuda())
+    return hasattr(_C, name) and bool(_C.built_with_cuda())

@@ -14,6 +14,7 @@ import numpy as np
 import xxhash
 
 from tierstore.errors import ConfigError, FormatError, TierIOError
+from tierstore.files.untrusted import open_regular
 from tierstore.format.sidecar import (DEFAULT_CHECKSUM, PackName, RowLayout, RowSection, Sidecar,
                                       key20_of, load_sidecar, sidecar_path_of)
 
@@ -82,6 +83,9 @@ class Pack:
         self.checksum_algo = sidecar.checksum
         self._checksums = {l: np.asarray(v, dtype=np.uint64)
                            for l, v in (sidecar.checksums or {}).items()}
+        self._sum_table: np.ndarray | None = None   # dense [n_layers * E], built on first use
+        st = os.fstat(fd)
+        self._opened_as = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     # -- opening ---------------------------------------------------------------------
     @classmethod
@@ -100,7 +104,7 @@ class Pack:
             raise FormatError(f"{path}: sidecar tag {sidecar.tag!r} does not match the name's "
                               f"tag {name.tag!r}")
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = open_regular(path, "pack file")   # a FIFO or device never blocks here
         except FileNotFoundError:
             raise FormatError(f"{path}: pack file is missing (sidecar "
                               f"{os.path.basename(sidecar_path_of(path))} exists)") from None
@@ -206,6 +210,38 @@ class Pack:
         out = np.empty(self.slot_bytes, dtype=np.uint8)
         self._pread_into(memoryview(out), (layer * self.n_experts + expert) * self.stride)
         return out
+
+    @property
+    def has_checksums(self) -> bool:
+        return self.checksum_algo is not None and bool(self._checksums)
+
+    def row_checksums(self, dense_ids: np.ndarray) -> np.ndarray:
+        """Recorded xxh3-64 of rows given as dense ids ``layer * E + expert`` (np.uint64[N],
+        0 for a row of a layer without checksums). Vectorised; the table is built once."""
+        if self._sum_table is None:
+            table = np.zeros(self.n_layers * self.n_experts, dtype=np.uint64)
+            for layer, sums in self._checksums.items():
+                table[layer * self.n_experts:(layer + 1) * self.n_experts] = sums
+            self._sum_table = table
+        return self._sum_table[np.asarray(dense_ids, dtype=np.int64)]
+
+    def check_unchanged(self) -> None:
+        """FormatError unless the file at ``path`` is still the one this Pack validated:
+        same device and inode, same size and modification time. A reader that keeps
+        serving a replaced, resized or rewritten pack would serve wrong bytes."""
+        try:
+            now = os.stat(self.path)
+            mine = os.fstat(self._fd)
+        except OSError as exc:
+            raise FormatError(f"{self.path}: pack file is gone since Pack.open ({exc.strerror}); "
+                              f"reopen it") from None
+        dev, ino, size, mtime = self._opened_as
+        if (now.st_dev, now.st_ino) != (dev, ino):
+            raise FormatError(f"{self.path}: pack file was replaced since Pack.open (inode "
+                              f"{ino} -> {now.st_ino}); reopen it with Pack.open")
+        if (mine.st_size, mine.st_mtime_ns) != (size, mtime):
+            raise FormatError(f"{self.path}: pack file was modified since Pack.open (size "
+                              f"{size} -> {mine.st_size}, mtime changed); reopen it with Pack.open")
 
     def row_checksum(self, layer: int, expert: int) -> int | None:
         """The recorded checksum of a written row, or None (old sidecar / unwritten layer)."""

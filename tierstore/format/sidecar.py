@@ -26,6 +26,7 @@ SIDECAR_MAX_BYTES = 64 << 20          # a DS4 sidecar with checksums is ~200 KiB
 MAX_FILE_BYTES = 1 << 62              # keeps every offset inside int64 for the C++ reader
 MAX_LAYERS = MAX_EXPERTS = 1 << 16    # per-layer/per-expert tables stay small for hostile input
 MAX_SLOT_BYTES = 1 << 36
+MAX_KEYS = 1 << 22   # n_layers x E: the store keeps a few bytes per key (DS4 has 11,008)
 CHECKSUM_ALGOS = ("xxh3_64",)
 DEFAULT_CHECKSUM = "xxh3_64"
 ORDERS = ("linear", "fragmajor")
@@ -180,6 +181,9 @@ def validate_sidecar(sc: Sidecar, path: str) -> None:
     for name, cap in (("E", MAX_EXPERTS), ("n_layers", MAX_LAYERS), ("slot_bytes", MAX_SLOT_BYTES)):
         if getattr(sc, name) > cap:
             bad(f"field `{name}`: {getattr(sc, name)} is over the cap {cap}")
+    if sc.n_layers * sc.E > MAX_KEYS:
+        bad(f"geometry {sc.n_layers} layers x {sc.E} experts = {sc.n_layers * sc.E} rows, over "
+            f"the limit of {MAX_KEYS} rows (per-row tables would not fit in bounded memory)")
     if sc.stride != round_up(sc.slot_bytes):
         bad(f"field `stride`: expected {round_up(sc.slot_bytes)} (slot_bytes {sc.slot_bytes} "
             f"rounded up to {PAGE}), found {sc.stride}")

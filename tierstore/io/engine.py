@@ -30,7 +30,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from tierstore import _C
+from tierstore.files.untrusted import open_regular
 from tierstore.errors import ClosedError, ConfigError, TierIOError
+from tierstore.io.buffers import BufferTable
 
 log = logging.getLogger("tierstore.engine")
 _fallback_logged: set[str] = set()
@@ -154,13 +156,20 @@ class Engine:
     read; ``stage_bytes`` x ``stage_count``: the pinned staging ring used for
     rows read without a caller buffer. A failed row may leave part of its bytes
     in its destination; the caller must not publish it.
+
+    Memory: every src/dst row that points into a buffer the engine knows
+    (``alloc_host`` results, ``register_buffer``) must fit inside it
+    (tierstore/io/buffers.py); ``strict_buffers=True`` also refuses addresses
+    in no known buffer, so no length can write past a buffer.
     """
 
     def __init__(self, path: str | os.PathLike, *, threads: int = 8, direct: str = "auto",
                  device: str = "cpu", device_index: int = 0, chunk_bytes: int = 4 << 20,
                  stage_bytes: int = 16 << 20, stage_count: int = 8, probe_cache: bool = True,
-                 chunk_ramp: bool = True):
+                 chunk_ramp: bool = True, strict_buffers: bool = False):
         self.path = os.fspath(path)
+        self.strict_buffers = bool(strict_buffers)
+        self._buffers = BufferTable()
         problems = []
         if not isinstance(threads, int) or not 1 <= threads <= 512:
             problems.append(f"threads={threads!r} (expected 1..512)")
@@ -183,6 +192,10 @@ class Engine:
         self.device = device
         self.device_index = int(device_index)
         self.threads = threads
+        try:
+            os.close(open_regular(self.path, "pack file"))   # a FIFO would block the native open
+        except FileNotFoundError:
+            raise TierIOError(self.path, 0, _errno.ENOENT, what="open") from None
         try:
             self._native = _C.NativeEngine(self.path, threads, direct,
                                            self.device_index if device == "cuda" else -1,
@@ -221,7 +234,19 @@ class Engine:
         if not isinstance(nbytes, (int, np.integer)) or nbytes <= 0:
             raise ConfigError(f"alloc_host: nbytes must be a positive int, got {nbytes!r}")
         array, _pinned = _C.alloc_host(int(nbytes), True)
+        self._buffers.add(array)  # the tensor keeps the array (and so the entry) alive
         return torch.from_numpy(array)
+
+    def register_buffer(self, buffer) -> None:
+        """Make a contiguous torch tensor (host or CUDA) or numpy array known to submit.
+
+        Rows pointing into it are then checked to end inside it. Held by weak
+        reference: it leaves the table when it is freed (or unregister_buffer).
+        """
+        self._buffers.add(buffer)
+
+    def unregister_buffer(self, buffer) -> None:
+        self._buffers.remove(buffer)
 
     # -- I/O -----------------------------------------------------------------
     def submit(self, file_offsets, lengths, src_ptrs=None, dst_ptrs=None, *,
@@ -261,6 +286,10 @@ class Engine:
         if checksum != "xxh3_64":
             raise ConfigError(f"submit: checksum={checksum!r} (expected 'xxh3_64')")
         sums = None if checksums is None else _column(checksums, n, np.uint64, "checksums")
+        table, strict = self._buffers, self.strict_buffers
+        if len(table) or strict:
+            table.check(src, lens, False, "src", strict, self.path)
+            table.check(dst, lens, bool(dst_device), "dst", strict, self.path)
         try:
             native = self._native.submit(offsets, lens, src, dst, bool(dst_device), sums)
         except ValueError as exc:

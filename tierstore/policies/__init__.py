@@ -3,13 +3,15 @@
 ``make(name, n_keys, capacity, **params)`` builds one instance (one per tier:
 instances share no state); ``available()`` lists the names. Parameters:
 
-- ``lru``: none.
-- ``heat``, ``hybrid``: ``half_life`` (decode steps, default 375 = 5 s at
-  75 tok/s) or ``half_life_s`` (seconds of wall clock).
+- ``lru``, ``auto`` (self-tuning: follows the best of nine shadowed fixed
+  policies, see policies/auto.py): none.
+- ``heat``, ``hybrid``: ``half_life`` (decode steps, default
+  ``tierstore.settings.HEAT_HALF_LIFE_STEPS`` = 256, the store's and the simulator's) or ``half_life_s`` (seconds of wall clock).
 """
 from __future__ import annotations
 
 from tierstore.errors import ConfigError
+from tierstore.policies.auto import AutoPolicy
 from tierstore.policies.base import NO_KEY, Policy
 from tierstore.policies.heat import HeatPolicy
 from tierstore.policies.hybrid import HybridPolicy
@@ -19,6 +21,7 @@ _REGISTRY: dict[str, type[Policy]] = {
     "lru": LRUPolicy,
     "heat": HeatPolicy,
     "hybrid": HybridPolicy,
+    "auto": AutoPolicy,
 }
 
 
@@ -37,4 +40,4 @@ def make(name: str, n_keys: int, capacity: int, **params) -> Policy:
     return cls(n_keys, capacity, **params)
 
 
-__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "make", "available"]
+__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "AutoPolicy", "make", "available"]

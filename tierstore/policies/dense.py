@@ -94,6 +94,25 @@ class DensePolicy(Policy):
             return np.flatnonzero(self._resident)
         return np.flatnonzero(self._resident & ~np.asarray(pinned, dtype=bool))
 
+    # -- orderings ---------------------------------------------------------
+    def _order(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(primary, secondary) arrays [n_keys], larger = hotter; secondary breaks ties."""
+        raise NotImplementedError
+
+    def coldest_of(self, cand: np.ndarray, n: int) -> np.ndarray:
+        """The ``n`` coldest of ``cand`` by this policy's order, coldest first (any
+        keys, resident here or not: the self-tuning policy orders its real resident
+        set by a shadow's order)."""
+        primary, secondary = self._order()
+        return coldest(cand, primary, secondary, int(n))
+
+    def victims(self, n: int, pinned=None) -> np.ndarray:
+        return self.coldest_of(self._candidates(pinned), n)
+
+    def rank(self, keys) -> np.ndarray:
+        primary, secondary = self._order()
+        return hottest_order(self._checked(keys, "rank"), primary, secondary)
+
     # -- residency --------------------------------------------------------
     def on_admit(self, keys) -> None:
         arr = self._checked(keys, "on_admit")

@@ -22,9 +22,11 @@ import time
 import numpy as np
 
 from tierstore.errors import ConfigError
-from tierstore.policies.dense import DensePolicy, coldest, hottest_order
+from tierstore.settings import HEAT_HALF_LIFE_STEPS
+from tierstore.policies.dense import DensePolicy
 
-DEFAULT_HALF_LIFE_STEPS = 375.0  # 5 s (the reference manager's halving) at 75 tok/s
+# One default for the store and the simulator (why 256: see tierstore.settings).
+DEFAULT_HALF_LIFE_STEPS = HEAT_HALF_LIFE_STEPS
 _RENORM_EXPONENT = 256.0
 
 
@@ -86,11 +88,8 @@ class HeatPolicy(DensePolicy):
             self._raise_out_of_range(arr, "on_access")
 
     # -- decisions --------------------------------------------------------------
-    def victims(self, n: int, pinned=None) -> np.ndarray:
-        return coldest(self._candidates(pinned), self._raw, None, int(n))
-
-    def rank(self, keys) -> np.ndarray:
-        return hottest_order(self._checked(keys, "rank"), self._raw, None)
+    def _order(self):
+        return self._raw, None
 
     def heat_of(self, keys) -> np.ndarray:
         """float64 heat of ``keys`` now."""

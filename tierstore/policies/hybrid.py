@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from tierstore.policies.dense import coldest, hottest_order
 from tierstore.policies.heat import HeatPolicy
 
 
@@ -47,11 +46,8 @@ class HybridPolicy(HeatPolicy):
         self._add_heat(arr, weights)    # raises on a key >= n_keys before the stamp
         self._last[arr] = self._clock
 
-    def victims(self, n: int, pinned=None) -> np.ndarray:
-        return coldest(self._candidates(pinned), self._raw, self._last, int(n))
-
-    def rank(self, keys) -> np.ndarray:
-        return hottest_order(self._checked(keys, "rank"), self._raw, self._last)
+    def _order(self):
+        return self._raw, self._last
 
     def admit(self, candidate, victim):
         """True where heat(candidate) > heat(victim); scalars or equal-length arrays."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tierstore.policies.dense import DensePolicy, coldest, hottest_order
+from tierstore.policies.dense import DensePolicy
 
 NEVER = -1
 
@@ -38,11 +38,8 @@ class LRUPolicy(DensePolicy):
         self._clock += 1
         self._last[keys] = self._clock
 
-    def victims(self, n: int, pinned=None) -> np.ndarray:
-        return coldest(self._candidates(pinned), self._last, None, int(n))
-
-    def rank(self, keys) -> np.ndarray:
-        return hottest_order(self._checked(keys, "rank"), self._last, None)
+    def _order(self):
+        return self._last, None
 
     def decay(self, now=None, steps: int = 1) -> None:
         """Recency needs no decay: the clock advances with accesses."""

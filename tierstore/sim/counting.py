@@ -32,7 +32,17 @@ class Result:
     ticks: int
     seconds: float
     accesses_per_s: float
-    gap_to_min: float | None = None  # belady hit_rate - hit_rate at the same slots
+    unserved: int = 0         # token-weighted misses not read at all (served elsewhere:
+                              # the lazy, reference and prefetch models)
+    bandwidth_hit_rate: float = 0.0  # 1 - (reads + unserved) / accesses
+    latency_hit_rate: float = 0.0    # accesses resident when their layer read (= hit_rate
+                                     # under the one-layer lead-time model, see runner)
+    ceiling: str | None = None       # the MIN that bounds this policy: "belady" (forced
+                                     # admission) or "belady_skip" (may skip a miss)
+    gap_to_min: float | None = None  # ceiling's bandwidth_hit_rate - this one's, same slots
+    gap_closed: float | None = None  # bandwidth view: (this - lru) / (ceiling - lru)
+    latency_gap_closed: float | None = None  # latency view: (this - lru) / (belady - lru),
+                                     # only when reads <= lru's reads
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -78,14 +88,18 @@ class Counters:
     def __init__(self, prep: Prepared):
         self.hit = np.zeros(prep.dkeys.size, dtype=bool)  # per distinct occurrence
         self.demand_reads = self.prefetched = self.prefetch_hits = 0
-        self.wasted = self.evictions = self.rejected = 0
+        self.wasted = self.evictions = self.rejected = self.unserved = 0
 
     def result(self, name, slots, prep: Prepared, row_bytes: int, seconds: float) -> Result:
         token_hits = int(prep.dcounts[self.hit].sum())
         reads = self.demand_reads + self.prefetched
-        return Result(name, int(slots), token_hits / max(prep.accesses, 1),
+        bandwidth = 1.0 - (reads + self.unserved) / max(prep.accesses, 1)
+        hit_rate = token_hits / max(prep.accesses, 1)
+        return Result(name, int(slots), hit_rate,
                       float(self.hit.mean()) if self.hit.size else 0.0, reads,
                       reads / max(prep.n_ticks, 1), self.demand_reads, self.prefetched,
                       self.prefetch_hits, self.wasted, self.evictions, self.rejected,
                       reads * int(row_bytes), prep.accesses, prep.n_ticks, seconds,
-                      prep.accesses / seconds if seconds > 0 else float("inf"))
+                      prep.accesses / seconds if seconds > 0 else float("inf"),
+                      unserved=int(self.unserved), bandwidth_hit_rate=bandwidth,
+                      latency_hit_rate=hit_rate)

@@ -32,8 +32,10 @@ import numpy as np
 
 from tierstore import policies as _policies
 from tierstore.errors import ConfigError
+from tierstore.policies.admission import ADMIT_ALL, PolicyFilter, for_policy
 from tierstore.policies.base import Policy
-from tierstore.sim.counting import Counters
+from tierstore.policies.fill import plan_lazy
+from tierstore.sim.demand import Filler, hottest_nonresident
 
 _RENORM_EXPONENT = 256.0
 LAZY_PER_TICK = 8  # the reference manager's promotions per pass
@@ -134,29 +136,22 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     L, E = trace.n_layers, trace.n_experts
     policy: Policy = _policies.make(base, prep.n_keys, slots, **base_params)
     pred = CoRoutingPredictor(L, E, half_life, prior_weight)
-    cnt = Counters(prep)
-    resident = np.zeros(prep.n_keys, dtype=bool)
-    pinned = np.zeros(prep.n_keys, dtype=bool)
     prefetched = np.zeros(prep.n_keys, dtype=bool)  # admitted by prefetch, not yet read
-    filters = type(policy).admit is not Policy.admit
+
+    def wasted(v):
+        tier.cnt.wasted += int(np.count_nonzero(prefetched[v]))
+        prefetched[v] = False
+
+    tier = Filler(prep, policy, slots, on_evict=wasted)
+    cnt, resident, pinned = tier.cnt, tier.resident, tier.pinned
+    adm = for_policy(policy)
     dkeys, dcounts, single = prep.dkeys, prep.dcounts, prep.all_single
     gstarts, tick_end, dlayer, dtick = prep.gstarts, prep.g_tick_end, prep.dlayer, prep.dtick
     prev_tick_experts: list[np.ndarray | None] = [None] * L  # layer -> experts at t-1
     this_tick_experts: list[np.ndarray | None] = [None] * L
     top_k = max(int(np.median(np.diff(gstarts))) if gstarts.size > 1 else 1, 1)
-    n_res, allowance, per_layer = 0, 0.0, budget / max(L, 1)
+    allowance, per_layer = 0.0, budget / max(L, 1)
     pending_pred = None  # (layer, p_cross, p_temp) predicted for the next group
-
-    def evict(v):
-        nonlocal n_res
-        if v.size:
-            resident[v] = False
-            cnt.wasted += int(np.count_nonzero(prefetched[v]))
-            prefetched[v] = False
-            policy.on_evict(v)
-            cnt.evictions += v.size
-            n_res -= v.size
-
     tick_reads = 0
 
     def lazy_promote(t: int, n: int) -> None:
@@ -164,29 +159,14 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
         non-resident keys by the base policy's scores, into free slots or over
         victims not used this tick when ``policy.admit`` agrees (counted as
         demand reads: they are not predictions)."""
-        nonlocal n_res
-        score = policy.scores()
-        score[resident] = -np.inf
-        top = np.argpartition(-score, n)[:n] if score.size > n else np.arange(score.size)
-        cand = top[score[top] > 0]
-        if cand.size == 0:
-            return
-        cand = cand[np.argsort(-score[cand], kind="stable")]
-        free = max(slots - n_res, 0)
-        fill, rest = cand[:free], cand[free:]
-        if rest.size:
-            used = dkeys[prep.dstarts[t]:prep.dstarts[t + 1]]
-            pinned[used] = True
-            v = policy.victims(rest.size, pinned)
-            pinned[used] = False
-            ok = np.asarray(policy.admit(rest[:v.size], v), dtype=bool)
-            evict(v[ok])
-            fill = np.concatenate((fill, rest[:v.size][ok]))
-        if fill.size:
-            resident[fill] = True
-            policy.on_admit(fill)
-            cnt.demand_reads += fill.size
-            n_res += fill.size
+        used = dkeys[prep.dstarts[t]:prep.dstarts[t + 1]]
+        pinned[used] = True
+        fill = plan_lazy(policy, hottest_nonresident(policy.scores(), resident, n), n,
+                         tier.n_free, pinned, PolicyFilter(policy))
+        pinned[used] = False
+        tier.evict(fill.victims)
+        tier.admit(fill.keys)
+        cnt.demand_reads += len(fill.keys)
 
     for g in range(gstarts.size - 1):
         a, b = gstarts[g], gstarts[g + 1]
@@ -208,30 +188,13 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
             pred.learn(layer, prev_tick_experts[layer], experts, temporal=True)
         this_tick_experts[layer] = experts
         pred.observe(layer, experts)
-        # 2. demand fill (as sim.replay_demand_fill, one access call per group)
+        # 2. demand fill (the Filler of replay_demand_fill, one access call per group)
         policy.on_access(u, None if single else dcounts[a:b])
-        miss = u[~r] if demand_fill else u[:0]
-        if miss.size:
-            cnt.demand_reads += miss.size
-            free = max(slots - n_res, 0)
-            if miss.size > free:
-                if filters:
-                    miss = policy.rank(miss)
-                pinned[u] = True
-                v = policy.victims(miss.size - free, pinned)
-                pinned[u] = False
-                contenders = miss[free:free + v.size]
-                cnt.rejected += miss.size - free - v.size
-                if filters and v.size:
-                    ok = np.asarray(policy.admit(contenders, v), dtype=bool)
-                    cnt.rejected += int(ok.size - np.count_nonzero(ok))
-                    v, contenders = v[ok], contenders[ok]
-                miss = np.concatenate((miss[:free], contenders))
-                evict(v)
-            if miss.size:
-                resident[miss] = True
-                policy.on_admit(miss)
-                n_res += miss.size
+        if demand_fill:
+            if not r.all():
+                tier.demand(u, r, adm)
+        else:
+            cnt.unserved += int(dcounts[a:b][~r].sum())
         # 3. predict layer+1 at this tick and prefetch within the budget
         pending_pred = None
         allowance = min(allowance + per_layer, float(max(budget, 0)))
@@ -250,23 +213,13 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
                     want = keys[~resident[keys]]
                     if want.size:
                         want = want[np.argsort(-p[want - nxt * E], kind="stable")][:n_take]
-                        free = max(slots - n_res, 0)
-                        if want.size > free:
-                            pinned[u] = True
-                            pinned[keys] = True
-                            v = policy.victims(want.size - free, pinned)
-                            pinned[u] = False
-                            pinned[keys] = False
-                            want = want[:free + v.size]
-                            evict(v)
-                        if want.size:
-                            resident[want] = True
-                            prefetched[want] = True
-                            policy.on_admit(want)
-                            n_res += want.size
-                            cnt.prefetched += want.size
-                            tick_reads += want.size
-                            allowance -= want.size
+                        pinned[keys] = True  # the next layer's predicted keys stay
+                        want = tier.place(want, u, ADMIT_ALL, count_rejected=False)
+                        pinned[keys] = False
+                        prefetched[want] = True
+                        cnt.prefetched += want.size
+                        tick_reads += want.size
+                        allowance -= want.size
         if tick_end[g]:
             if not demand_fill and budget > tick_reads:
                 lazy_promote(t, min(budget - tick_reads, LAZY_PER_TICK))

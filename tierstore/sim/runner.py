@@ -1,31 +1,47 @@
 """Trace simulator: replay a routing trace through the policies the live store
-runs (``tierstore.policies``), the reference manager's behaviour, Belady's MIN
-and the unbounded cache. Imports policies only (never torch or the C++ core).
+runs (``tierstore.policies``), the store's own fill paths, the reference
+manager's behaviour, Belady's MIN and the unbounded cache. Imports policies
+only (never torch or the C++ core).
 
 How a tick is counted (the way the forward sees it): every (layer, expert) of
 the tick reads the slot table, and is a hit when resident *before* that tick's
 promotions. Token-weighted hit rate counts every access (a key routed by 5
 tokens of a batch counts 5); distinct hit rate counts each (tick, key) once.
 
-Models, by name:
-- ``lru``, ``heat``, ``hybrid``: demand fill. Every miss is read (one row) and
-  admitted; when the pool is full the policy picks victims among keys not used
-  this tick; a policy with an admission filter (``admit``) may reject a
-  candidate, which is then read for this tick only (bypass).
+Models, by name (``available_models()``; ``"all"`` expands to every one):
+- every registered policy (``lru``, ``heat``, ``hybrid``, ``auto``): demand
+  fill (``tierstore.sim.demand``). Every miss is read (one row) and offered a
+  slot; victims are keys not used by the reading group; a policy with an
+  admission filter may reject a candidate, which is then read for this use only.
+- ``lazy``: the live store's ``step()`` path with no fires (``hybrid``, at most
+  8 promotions a tick, each hotter than its victim); misses are unserved.
 - ``reference``: vLLM-Moet's background manager (COMPAT.md): misses are not
-  promoted on demand; once per tick (a decode step outlasts its 5 ms pass) up
-  to 8 of the hottest non-resident keys are promoted, ranked by decayed
-  frequency halved every 5 s (``ticks_per_second``, default 75 = the authors'
-  single-stream tok/s), first into free slots, then displacing the coldest
-  resident key not used this tick when hotter than it.
-- ``belady``: MIN, the offline optimum of demand fill (evict the key used
-  farthest in the future); the ceiling for every online demand-fill policy.
+  promoted on demand; once per tick up to 8 of the hottest non-resident keys are
+  promoted, ranked by decayed frequency halved every 5 s
+  (``ticks_per_second``, default 75), into free slots, then over the coldest key
+  not used this tick when hotter than it.
+- ``belady``: MIN, the optimum of demand fill with forced admission (evict the
+  key used farthest in the future); ``belady_skip``: MIN that may skip caching
+  a miss used later than every victim (the optimum when skipping is allowed).
 - ``unbounded``: no evictions; only first uses miss.
-- ``predict``: demand fill under ``hybrid`` plus prefetch learned online, see
-  ``tierstore.sim_predict``; prefetch budget per tick in ``budget``.
-- ``prefetch``: the same predictor with no demand fill (misses served from the
-  base weights, as in the reference): exactly ``budget`` reads per tick at
-  most, so it compares with ``reference`` at an equal read budget.
+- ``predict``: demand fill under ``hybrid`` plus prefetch learned online
+  (``tierstore.sim.predict``), at most ``budget`` prefetches per tick;
+  ``prefetch``: the same predictor with no demand fill (misses unserved).
+
+Two views of every result (``Result``):
+- bandwidth: ``1 - (reads + unserved) / accesses``, every row read counted
+  (demand, lazy, prefetch) and every access served from elsewhere counted as a
+  miss. Ceiling: ``belady`` for forced-admission demand fill, ``belady_skip``
+  for everything else (a prefetch never needs fewer reads than fetching on
+  demand, so MIN-that-may-skip bounds prefetching models too); ``gap_to_min``
+  is to that ceiling; ``gap_closed`` is the share of the LRU -> ``belady`` gap.
+- latency: the share of accesses resident when their layer reads. Lead-time
+  model: a prefetch is issued after layer l has read and is usable from layer
+  l + 1 (one layer of lead), i.e. it assumes a row lands within one layer's
+  compute (row_bytes / read bandwidth <= layer time); a demand read blocks.
+  Compared only between models whose reads are <= LRU's at the same slots
+  (``latency_gap_closed`` is None otherwise): a model cannot buy latency hits
+  with reads LRU does not spend.
 """
 from __future__ import annotations
 
@@ -35,196 +51,115 @@ import numpy as np
 
 from tierstore import policies as _policies
 from tierstore.errors import ConfigError
-from tierstore.policies.base import Policy
-from tierstore.policies.dense import DensePolicy, coldest
-from tierstore.sim.counting import NEVER, Counters, Prepared, Result
+from tierstore.policies.admission import ADMIT_ALL, filters_misses
+from tierstore.sim.belady import BeladyPolicy, BeladySkipPolicy
+from tierstore.sim.counting import Counters, Prepared, Result
+from tierstore.sim.demand import replay_demand_fill, replay_lazy
 from tierstore.sim.traces import Trace
 
-SIM_MODELS = ("reference", "belady", "unbounded", "predict", "prefetch")
+SIM_MODELS = ("lazy", "reference", "belady", "belady_skip", "unbounded", "predict", "prefetch")
 DEFAULT_TICKS_PER_SECOND = 75.0
 REFERENCE_PROMOTE_PER_TICK = 8
 REFERENCE_HALF_LIFE_S = 5.0
 
 
-class BeladyPolicy(DensePolicy):
-    """MIN as a Policy: the simulator feeds each tick's distinct keys in
-    ``Prepared`` order, and the policy reads their next-use ticks from the
-    oracle array by position. Victims: farthest next use first."""
-
-    name = "belady"
-
-    def __init__(self, n_keys: int, capacity: int, *, next_use: np.ndarray):
-        super().__init__(n_keys, capacity)
-        self._oracle = next_use
-        self._cursor = 0
-        self._next = np.full(self.n_keys, NEVER, dtype=np.int64)
-        self._neg = np.zeros(self.n_keys, dtype=np.int64)  # -next use: larger = hotter
-
-    def on_access(self, keys, weights=None, now=None) -> None:
-        arr = np.asarray(keys, dtype=np.int64)
-        nu = self._oracle[self._cursor:self._cursor + arr.size]
-        self._cursor += arr.size
-        self._next[arr] = nu
-        self._neg[arr] = -nu
-
-    def victims(self, n: int, pinned=None) -> np.ndarray:
-        return coldest(self._candidates(pinned), self._neg, None, int(n))
-
-    def rank(self, keys) -> np.ndarray:
-        arr = np.asarray(keys, dtype=np.int64)
-        return arr[np.argsort(self._next[arr], kind="stable")]
-
-    def decay(self, now=None, steps: int = 1) -> None:
-        pass
-
-    def scores(self) -> np.ndarray:
-        return -self._next.astype(np.float64) / float(NEVER)
-
-    def reset(self) -> None:
-        super().reset()
-        self._cursor = 0
-        self._next[:] = NEVER
-        self._neg[:] = 0
+LAZY_POLICY = "hybrid"       # the store's lazy path as shipped (pool_policy default)
+LAZY_PER_TICK = 8            # the store's lazy_per_step default
 
 
-def replay_demand_fill(prep: Prepared, policy: Policy, slots: int,
-                       granularity: str = "layer") -> Counters:
-    """Demand fill through ``policy`` (see module doc). The simulator keeps its
-    own resident mask and tells the policy every admission and eviction.
+def available_models() -> list[str]:
+    """Every name ``replay`` accepts (registered policies, then the sim's models)."""
+    return _policies.available() + list(SIM_MODELS)
 
-    ``granularity="layer"`` (default): each (tick, layer) reads the slot table
-    in turn; its misses are filled before the next layer reads, evicting any key
-    but the layer's own (what a layer-by-layer forward that blocks on a miss
-    sees; no knowledge of later layers' routing). ``"tick"``: a tick's keys are
-    all known first and all pinned while its misses are filled (a fire: the
-    step ran once, so every routed expert of the step is known).
 
-    Accesses are passed to the policy lazily, as one ``on_access`` per run of
-    groups up to the next miss (and at each tick end, before ``decay``): no
-    decay or decision happens in between, and within a tick later layers have
-    larger keys, so every policy ends in the same state as with one call per
-    group."""
-    if granularity not in ("layer", "tick"):
-        raise ConfigError(f"granularity must be 'layer' or 'tick', got {granularity!r}")
-    cnt = Counters(prep)
-    resident = np.zeros(prep.n_keys, dtype=bool)
-    pinned = np.zeros(prep.n_keys, dtype=bool)
-    filters = type(policy).admit is not Policy.admit
-    dkeys, dcounts, single = prep.dkeys, prep.dcounts, prep.all_single
-    if granularity == "layer":
-        starts, ends_tick = prep.gstarts, prep.g_tick_end
-    else:
-        starts, ends_tick = prep.dstarts, np.ones(prep.n_ticks, dtype=bool)
-    hit = cnt.hit
-    n_res = 0
-    pending = 0  # start of the accesses not yet given to the policy
-    for g in range(starts.size - 1):
-        a, b = starts[g], starts[g + 1]
-        u = dkeys[a:b]
-        r = resident[u]
-        hit[a:b] = r
-        n_miss = r.size - int(np.count_nonzero(r))
-        if n_miss:
-            policy.on_access(dkeys[pending:b], None if single else dcounts[pending:b])
-            pending = b
-            miss = u[~r] if n_miss < r.size else u
-            cnt.demand_reads += n_miss
-            free = max(slots - n_res, 0)
-            if n_miss > free:
-                if filters:
-                    miss = policy.rank(miss)  # the hottest misses take the free slots
-                if n_miss < r.size:
-                    pinned[u] = True
-                    v = policy.victims(n_miss - free, pinned)
-                    pinned[u] = False
-                else:
-                    v = policy.victims(n_miss - free)
-                contenders = miss[free:free + v.size]
-                cnt.rejected += n_miss - free - v.size  # no unpinned victim: bypass
-                if filters and v.size:
-                    ok = np.asarray(policy.admit(contenders, v), dtype=bool)
-                    cnt.rejected += int(ok.size - np.count_nonzero(ok))
-                    v, contenders = v[ok], contenders[ok]
-                miss = np.concatenate((miss[:free], contenders)) if free else contenders
-                if v.size:
-                    resident[v] = False
-                    policy.on_evict(v)
-                    cnt.evictions += v.size
-                    n_res -= v.size
-            if miss.size:
-                resident[miss] = True
-                policy.on_admit(miss)
-                n_res += miss.size
-        if ends_tick[g]:
-            if pending < b:
-                policy.on_access(dkeys[pending:b], None if single else dcounts[pending:b])
-                pending = b
-            policy.decay()
-    return cnt
+def expand_names(names) -> list[str]:
+    """``names`` with ``"all"`` replaced by every model, duplicates dropped."""
+    out: list[str] = []
+    for n in names:
+        out.extend(available_models() if n == "all" else [n])
+    return list(dict.fromkeys(out))
 
 
 def replay_reference(prep: Prepared, slots: int, ticks_per_second: float) -> Counters:
     """vLLM-Moet's lazy manager (see module doc)."""
-    cnt = Counters(prep)
     heat = _policies.make("heat", prep.n_keys, slots,
                           half_life=REFERENCE_HALF_LIFE_S * ticks_per_second)
-    resident = np.zeros(prep.n_keys, dtype=bool)
-    pinned = np.zeros(prep.n_keys, dtype=bool)
-    dkeys, dstarts, n_res = prep.dkeys, prep.dstarts, 0
-    k = REFERENCE_PROMOTE_PER_TICK
-    for i in range(prep.n_ticks):
-        a, b = dstarts[i], dstarts[i + 1]
-        u = dkeys[a:b]
-        cnt.hit[a:b] = resident[u]
-        heat.on_access(u, None if prep.all_single else prep.dcounts[a:b])
-        score = heat.scores()
-        score[resident] = 0.0
-        top = np.argpartition(-score, k)[:k] if score.size > k else np.arange(score.size)
-        cand = top[score[top] > 0]
-        cand = cand[np.argsort(-score[cand], kind="stable")]
-        free = max(slots - n_res, 0)
-        fill, rest = cand[:free], cand[free:]
-        if rest.size:
-            pinned[u] = True
-            v = heat.victims(rest.size, pinned)
-            pinned[u] = False
-            heat_now = heat.scores()
-            ok = heat_now[rest[:v.size]] > heat_now[v]
-            v, swap_in = v[ok], rest[:v.size][ok]
-            if v.size:
-                resident[v] = False
-                heat.on_evict(v)
-                cnt.evictions += v.size
-                n_res -= v.size
-            fill = np.concatenate((fill, swap_in))
-        if fill.size:
-            resident[fill] = True
-            heat.on_admit(fill)
-            n_res += fill.size
-            cnt.demand_reads += fill.size  # lazy promotions are the only reads
-        heat.decay()
-    return cnt
+    return replay_lazy(prep, heat, slots, REFERENCE_PROMOTE_PER_TICK, candidates="hottest")
 
 
 def check_policy_names(names, raise_: bool = True) -> str:
     """'' when every name is a policy or sim model, else the message (raised as
     ConfigError unless ``raise_`` is False)."""
-    unknown = [p for p in names if p not in _policies.available() and p not in SIM_MODELS]
+    unknown = [p for p in names if p not in available_models() and p != "all"]
     if not unknown:
         return ""
     msg = (f"unknown policy {', '.join(map(repr, unknown))} (available: "
-           f"{', '.join(_policies.available() + list(SIM_MODELS))})")
+           f"{', '.join(available_models())}, or all)")
     if raise_:
         raise ConfigError(msg)
     return msg
+
+
+def _ceiling(name: str, params: dict) -> str | None:
+    if name in ("belady", "unbounded", "belady_skip"):
+        return None
+    if name in _policies.available():
+        probe = _policies.make(name, 1, 1, **params.get(name, {}))
+        return "belady_skip" if filters_misses(probe) else "belady"
+    return "belady_skip"
+
+
+def run_one(prep: Prepared, name: str, slots: int, *, budget: int, ticks_per_second: float,
+            granularity: str, params: dict) -> Counters:
+    """Counters of model ``name`` at ``slots`` (see module doc)."""
+    if name == "reference":
+        return replay_reference(prep, slots, ticks_per_second)
+    if name == "lazy":
+        return replay_lazy(prep, _policies.make(LAZY_POLICY, prep.n_keys, slots,
+                                                **params.get("lazy", {})),
+                           slots, LAZY_PER_TICK)
+    if name in ("belady", "belady_skip"):
+        cls = BeladyPolicy if name == "belady" else BeladySkipPolicy
+        return replay_demand_fill(prep, cls(prep.n_keys, slots, next_use=prep.next_use),
+                                  slots, granularity)
+    if name == "unbounded":
+        return replay_demand_fill(prep, _policies.make("lru", prep.n_keys, prep.n_keys),
+                                  prep.n_keys, granularity, ADMIT_ALL)
+    if name in ("predict", "prefetch"):
+        from tierstore.sim.predict import replay_predict
+        kw = {**params.get("predict", {}), **params.get(name, {})}
+        return replay_predict(prep, slots, budget=budget, granularity=granularity,
+                              demand_fill=name == "predict", **kw)
+    return replay_demand_fill(prep, _policies.make(name, prep.n_keys, slots,
+                                                   **params.get(name, {})), slots, granularity)
+
+
+def compare(results: list[Result]) -> None:
+    """Fill each result's ceiling, gap_to_min and gap-closed shares (module doc)."""
+    by = {(r.policy, r.slots): r for r in results}
+    for r in results:
+        ceil = by.get((r.ceiling, r.slots)) if r.ceiling else None
+        if ceil is None and r.ceiling == "belady_skip":
+            ceil = None  # no skip ceiling ran: no gap rather than a wrong one
+        r.gap_to_min = None if ceil is None else ceil.bandwidth_hit_rate - r.bandwidth_hit_rate
+        lru, mn = by.get(("lru", r.slots)), by.get(("belady", r.slots))
+        if lru is None or mn is None or r.policy in ("belady", "belady_skip", "unbounded"):
+            continue
+        span = mn.bandwidth_hit_rate - lru.bandwidth_hit_rate
+        if span > 0:
+            r.gap_closed = (r.bandwidth_hit_rate - lru.bandwidth_hit_rate) / span
+        span = mn.latency_hit_rate - lru.latency_hit_rate
+        if span > 0 and r.reads <= lru.reads:
+            r.latency_gap_closed = (r.latency_hit_rate - lru.latency_hit_rate) / span
 
 
 def replay(trace: Trace | Prepared, policies=("lru", "heat", "hybrid", "reference", "belady"),
            slots=(51, 102, 205), *, budget: int = 8, row_bytes: int = 0,
            ticks_per_second: float = DEFAULT_TICKS_PER_SECOND,
            granularity: str = "layer", policy_params: dict | None = None) -> list[Result]:
-    """Replay ``trace`` through every (policy, slots) pair -> list[Result], with
-    ``gap_to_min`` filled when ``belady`` ran at the same slots. ``row_bytes``
+    """Replay ``trace`` through every (policy, slots) pair -> list[Result]
+    (``"all"`` in ``policies``: every model), with the gaps of ``compare``
+    filled where their ceiling ran at the same slots. ``row_bytes``
     turns reads into bytes; ``policy_params`` (name -> kwargs) reaches
     ``policies.make`` and the predictor."""
     bad_slots = [s for s in slots if int(s) <= 0]
@@ -234,31 +169,16 @@ def replay(trace: Trace | Prepared, policies=("lru", "heat", "hybrid", "referenc
         raise ConfigError("; ".join(filter(None, problems)))
     prep = trace if isinstance(trace, Prepared) else Prepared(trace)
     params = policy_params or {}
+    names = expand_names(policies)
     results = []
     for s in slots:
         s = int(s)
-        for name in policies:
+        for name in names:
             t0 = time.perf_counter()
-            if name == "reference":
-                cnt = replay_reference(prep, s, ticks_per_second)
-            elif name == "belady":
-                cnt = replay_demand_fill(prep, BeladyPolicy(prep.n_keys, s, next_use=prep.next_use),
-                                         s, granularity)
-            elif name == "unbounded":
-                cnt = replay_demand_fill(prep, _policies.make("lru", prep.n_keys, prep.n_keys),
-                                         prep.n_keys, granularity)
-            elif name in ("predict", "prefetch"):
-                from tierstore.sim.predict import replay_predict
-                kw = {**params.get("predict", {}), **params.get(name, {})}
-                cnt = replay_predict(prep, s, budget=budget, granularity=granularity,
-                                     demand_fill=name == "predict", **kw)
-            else:
-                cnt = replay_demand_fill(prep, _policies.make(name, prep.n_keys, s,
-                                                              **params.get(name, {})),
-                                         s, granularity)
-            results.append(cnt.result(name, s, prep, row_bytes, time.perf_counter() - t0))
-    best = {r.slots: r.hit_rate for r in results if r.policy == "belady"}
-    for r in results:
-        if r.slots in best:
-            r.gap_to_min = best[r.slots] - r.hit_rate
+            cnt = run_one(prep, name, s, budget=budget, ticks_per_second=ticks_per_second,
+                          granularity=granularity, params=params)
+            r = cnt.result(name, s, prep, row_bytes, time.perf_counter() - t0)
+            r.ceiling = _ceiling(name, params)
+            results.append(r)
+    compare(results)
     return results

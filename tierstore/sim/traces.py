@@ -26,7 +26,7 @@ import numpy as np
 
 from tierstore.errors import FormatError
 from tierstore.files.atomic import write_atomic_with
-from tierstore.files.untrusted import read_json
+from tierstore.files.untrusted import open_regular, read_json
 
 MAX_META_BYTES = 16 << 20   # a trace's .meta.json is a few hundred bytes
 
@@ -112,6 +112,7 @@ def load_trace(path: str | os.PathLike, *, n_experts: int | None = None) -> Trac
     vectorised pass). ``n_experts`` defaults to meta.json's ``num_experts``,
     else max(expert)+1. Raises FormatError naming the file and first bad row."""
     path = Path(path)
+    os.close(open_regular(path, "routing trace"))   # a FIFO must not block np.load
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as exc:

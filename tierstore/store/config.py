@@ -24,7 +24,8 @@ from tierstore.errors import ConfigError
 
 _OPTIONS = ("threads", "direct", "lazy_per_step", "half_life", "half_life_s", "arena_policy",
             "reserve_gb", "max_gb", "scan_keep", "fire_rounds", "latency_window", "engine",
-            "stream", "snapshot", "snapshot_every_s", "gate_fp_max")
+            "stream", "snapshot", "snapshot_every_s", "gate_fp_max", "verify")
+VERIFY_MODES = ("always", "first", "off")
 _HEAT_LIKE = ("heat", "hybrid")
 
 
@@ -65,6 +66,7 @@ class StoreConfig:
     latency_window: int
     snapshot: Any = None
     snapshot_every_s: float = 10.0
+    verify: str = "first"
     engine: Any = None
     stream: Any = None
     floor: int | None = None
@@ -128,6 +130,9 @@ class StoreConfig:
         direct = str(get("direct")).lower()
         if direct not in ("auto", "on", "off"):
             problems.append(f"direct must be 'auto', 'on' or 'off', found {direct!r}")
+        verify = str(get("verify")).lower()
+        if verify not in VERIFY_MODES:
+            problems.append(f"verify must be one of {', '.join(VERIFY_MODES)}, found {get('verify')!r}")
         lazy = number("lazy_per_step", get("lazy_per_step"), int, 0)
         scan_keep = number("scan_keep", get("scan_keep"), float, 0.0, 1.0)
         rounds = number("fire_rounds", get("fire_rounds"), int, 1)
@@ -162,7 +167,7 @@ class StoreConfig:
                    pool_policy=pool_spec, arena_policy=arena_spec, threads=threads, direct=direct,
                    lazy_per_step=lazy, scan_keep=scan_keep, fire_rounds=rounds,
                    latency_window=window, snapshot=opt("snapshot"), snapshot_every_s=snap_every,
-                   engine=opt("engine"), stream=opt("stream"), floor=floor)
+                   engine=opt("engine"), stream=opt("stream"), floor=floor, verify=verify)
 
     # -- building the parts ------------------------------------------------------------
     def open_engine(self, pack):
@@ -181,6 +186,7 @@ class StoreConfig:
         arena_pol = policies.make(self.arena_policy[0], n_keys, self.n_rows, **self.arena_policy[1])
         pool = SlotPool(self.n_slots, pack.slot_bytes, pack.n_layers, pack.n_experts,
                         self.device, pool_pol)
+        engine.register_buffer(pool.pool)  # submit then checks every slot row against it
         arena = HostArena(engine, self.n_rows, pack.stride, pack.slot_bytes, n_keys, arena_pol)
         return pool, arena
 

@@ -25,7 +25,6 @@ raises ClosedError.
 """
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -38,14 +37,13 @@ from tierstore.store.config import StoreConfig
 from tierstore.store.keys import dense_keys
 from tierstore.store.mover import Mover
 from tierstore.store.recorder import RoutingRecorder
+from tierstore.store.verify import RowVerifier
 from tierstore.store.stats import Counters, FireResult, StoreStats
+from tierstore.store.jobs import BackgroundJobs
 from tierstore.store.worker import Ticket, Worker
 
 
-log = logging.getLogger("tierstore.store")
-
-
-class ExpertStore:
+class ExpertStore(BackgroundJobs):
     """Expert rows of one pack in a VRAM pool + RAM arena (contract: README.md "Python API" and docs/INTERNALS.md).
 
     pack        a Pack (or a path for Pack.open); the store reads it through its engine
@@ -72,6 +70,10 @@ class ExpertStore:
     def __init__(self, pack, vram_slots=None, vram_gb=None, ram_gb=0.0, policy=None,
                  device="cuda", max_promote=None, top_k=None, n_spec=0, max_seqs=1,
                  force=False, warm_start=None, **options):
+        if warm_start is not None and not isinstance(warm_start, (str, os.PathLike)) \
+                and type(warm_start).__name__ != "WarmFile":
+            raise ConfigError(f"ExpertStore: warm_start must be a path (poolmon, pool-heat or "
+                              f"arena heat file), found {type(warm_start).__name__}")
         if isinstance(pack, (str, os.PathLike)):
             from tierstore.format.pack import Pack
             pack = Pack.open(pack)
@@ -96,6 +98,12 @@ class ExpertStore:
         self.counters = Counters(cfg.latency_window)
         self.engine, self._owns_engine = cfg.open_engine(pack)
         try:
+            pack.check_unchanged()   # the engine opened the path: still the validated file?
+        except BaseException:
+            if self._owns_engine:
+                self.engine.close()
+            raise
+        try:
             self._pool, self._arena = cfg.allocate_tiers(pack, self.engine)
         except BaseException:
             if self._owns_engine:
@@ -103,8 +111,10 @@ class ExpertStore:
             raise
         self.pool_policy, self.arena_policy = self._pool.policy, self._arena.policy
         self._stream = cfg.consumer_stream()
+        self.verifier = RowVerifier(pack, cfg.verify)
         self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
-                            self.counters, cfg.scan_keep, default_stream=self._stream)
+                            self.counters, cfg.scan_keep, default_stream=self._stream,
+                            verifier=self.verifier)
         self._recorder = RoutingRecorder(pack, self.counters, self.lock, self.device)
         self._fold = self._recorder._fold  # record()'s fast path (the native fold)
         self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
@@ -179,8 +189,11 @@ class ExpertStore:
         ``stream`` (default: the store's consumer stream). ``pipelined``: returns once
         the reads are queued; call ``result.wait_layer(l)`` before enqueueing layer l
         (an int: least bytes per engine submission, consecutive layers grouped)."""
-        cap = self.max_promote if max_promote is None else int(max_promote)
-        return self._fire(self._dense(routed), cap, stream, scan=False, pipelined=pipelined)
+        cap = self.max_promote if max_promote is None else max_promote
+        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
+            raise ConfigError(f"{self.pack.path}: fire: max_promote must be an int >= 0, "
+                              f"found {max_promote!r}")
+        return self._fire(self._dense(routed), int(cap), stream, scan=False, pipelined=pipelined)
 
     def ensure_resident(self, layer: int, topk_ids, stream=None) -> FireResult:
         """Prefill: make one layer's routed experts resident as a scan (fills free
@@ -191,8 +204,12 @@ class ExpertStore:
         ids = ids[ids >= 0]
         keys = self._dense(np.stack([np.full(len(ids), int(layer)), ids], axis=1))
         self._release_prefill()
-        self._prefill = self._fire(keys, self.n_slots, stream, scan=True)
-        return self._prefill
+        result = self._fire(keys, self.n_slots, stream, scan=True)
+        with self.lock:   # swap atomically: a concurrent prefill's pins are released, not lost
+            old, self._prefill = self._prefill, result
+            if old is not None and not old.released:
+                self.release(old)
+        return result
 
     def release(self, fire_result: FireResult) -> None:
         """Unpin what ``fire_result`` pinned (a pipelined fire's unpublished layers are
@@ -201,24 +218,16 @@ class ExpertStore:
         release_fire(self, fire_result)
 
     def _release_prefill(self) -> None:
-        if self._prefill is not None and not self._prefill.released:
-            self.release(self._prefill)
-        self._prefill = None
+        with self.lock:
+            old, self._prefill = self._prefill, None
+            if old is not None and not old.released:
+                self.release(old)
 
     def _fire(self, keys: np.ndarray, cap: int, stream, scan: bool, pipelined=False) -> FireResult:
         from tierstore.store.fire import counted_fire  # the fire's rounds, kept in their own module
         return counted_fire(self, keys, cap, self._resolve_stream(stream), scan, pipelined)
 
     # -- promote / load_arena / evict -----------------------------------------------------
-    def promote(self, keys) -> Ticket:
-        """Queue keys for the background worker (evicting cold unpinned keys); returns a
-        Ticket. Bad keys raise here; I/O errors surface at ``ticket.wait()``."""
-        dense = self._dense(keys)
-        self._check_open("promote")
-        ticket = Ticket(len(dense))
-        self._submit_job(("promote", dense, ticket, False))
-        return ticket
-
     def load_arena(self, keys) -> int:
         """Read ``keys`` into arena rows (no pool copy), synchronously; rows loaded."""
         dense = self._dense(keys)
@@ -246,7 +255,7 @@ class ExpertStore:
         self._enter("read_rows")
         try:
             return read_rows(self.pack, self.engine, self._arena, self.lock, dense, out, scan,
-                             verify)
+                             self.verifier, verify)
         finally:
             self._exit()
 
@@ -371,51 +380,3 @@ class ExpertStore:
         with self.lock:
             self._active -= 1
             self._idle.notify_all()
-
-    def _run_job(self, job) -> None:
-        kind = job[0]
-        if kind == "promote":
-            _, keys, ticket, lazy = job
-            try:
-                if self._closed:
-                    raise ClosedError(f"{self.pack.path}: store closed before this "
-                                      f"promotion of {len(keys)} keys ran")
-                ticket._finish(self._promote_now(keys))
-            except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
-                ticket._finish(error=exc)
-                if lazy and not isinstance(exc, ClosedError):
-                    log.warning("lazy promotion failed: %s", exc)
-            finally:
-                if lazy:
-                    self._lazy_busy = False
-        elif kind == "sources":
-            try:
-                self._mover.finish_sources(job[1])
-            except BaseException as exc:  # noqa: BLE001
-                log.warning("copy completion failed: %s", exc)
-        elif kind == "snapshot" and not self._closed:
-            try:
-                self.save_poolmon(job[1])
-            except Exception as exc:  # noqa: BLE001 - a snapshot is a hint
-                log.warning("%s: poolmon snapshot failed: %s", job[1], exc)
-
-    def _promote_now(self, keys: np.ndarray) -> int:
-        with self.lock:
-            keys = keys[self._pool.slot_of[keys] < 0]
-            batch = self._mover.plan(keys, to_pool=True, stream=self._stream) if len(keys) else None
-        if batch is None:
-            return 0
-        self._mover.run(batch)  # the worker may block on the copies itself
-        return len(batch.keys)
-
-    def _defer_sources(self, batch) -> None:
-        self._submit_job(("sources", batch))
-
-    def _submit_job(self, job) -> None:
-        self._worker.submit(job)
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until the background worker has nothing queued or running (lazy
-        promotions, promote() tickets, snapshots); False on timeout. The runner calls
-        this at a step boundary when it needs a settled pool (tests, snapshots)."""
-        return self._worker.wait_idle(timeout)

@@ -22,6 +22,8 @@ import time
 import numpy as np
 
 from tierstore.errors import ConfigError
+from tierstore.policies.admission import HotterThanVictim
+from tierstore.policies.fill import plan_lazy
 from tierstore.store.stats import FireResult
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -154,16 +156,6 @@ def lazy_candidates(store, seen: np.ndarray) -> tuple[np.ndarray, int]:
     cand = seen[(pool.slot_of[seen] < 0) & store._written[seen]]
     if not len(cand):
         return _EMPTY, 0
-    cand = pool.policy.rank(cand)[:store.config.lazy_per_step]
-    n_free = pool.n_free
-    if len(cand) <= n_free:
-        return cand, 0
-    need = cand[n_free:]
-    victims = np.asarray(pool.policy.victims(len(need), pool.key_pins > 0), dtype=np.int64)
-    scores = pool.policy.scores()
-    keep = np.zeros(len(need), dtype=bool)
-    n = min(len(need), len(victims))
-    keep[:n] = scores[need[:n]] > scores[victims[:n]]
-    for i in np.flatnonzero(keep):  # at most lazy_per_step pairs
-        keep[i] = bool(pool.policy.admit(int(need[i]), int(victims[i])))
-    return np.concatenate([cand[:n_free], need[keep]]), int(np.count_nonzero(~keep))
+    fill = plan_lazy(pool.policy, cand, store.config.lazy_per_step, pool.n_free,
+                     pool.key_pins > 0, HotterThanVictim(pool.policy))
+    return fill.keys, fill.rejected

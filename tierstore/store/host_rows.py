@@ -42,23 +42,16 @@ def _annotate(exc: BaseException, pack) -> BaseException:
     return out
 
 
-def _expected_sums(pack, keys: np.ndarray) -> np.ndarray | None:
-    """The sidecar's XXH3-64 of each row, or None when any row has none (old sidecar)."""
-    E = int(pack.n_experts)
-    sums = [pack.row_checksum(int(k) // E, int(k) % E) for k in keys]
-    return None if any(s is None for s in sums) else np.asarray(sums, dtype=np.uint64)
-
-
 def read_rows(pack, engine, arena, lock, keys: np.ndarray, out: torch.Tensor, scan: bool,
-              verify: bool = False) -> int:
+              verifier=None, verify: bool = False) -> int:
     """Copy rows ``keys`` (unique dense ids) into ``out[i, :slot_bytes]``; see the module doc.
-    ``verify``: rows read from the file are checked against the sidecar's checksums by
-    the engine (a mismatch is a TierIOError, EBADMSG). Returns how many came from the arena."""
+    Rows read from the file are checked against the sidecar's checksums by the engine as
+    the store's ``verifier`` says (store/verify.py), every one when ``verify``; a mismatch
+    is a TierIOError (EBADMSG). Returns how many came from the arena."""
     n, sb = len(keys), int(pack.slot_bytes)
     if n == 0:
         return 0
     dst = _destinations(out, n, sb, f"{pack.path}: read_rows")
-    sums = _expected_sums(pack, keys) if verify else None
     with lock:
         a_slot = arena.resident_slot[keys].astype(np.int64)
         hit = a_slot >= 0
@@ -80,9 +73,14 @@ def read_rows(pack, engine, arena, lock, keys: np.ndarray, out: torch.Tensor, sc
             arena.policy.on_access(keys[hit])
         offsets = pack.row_offsets(keys).astype(np.int64)
         offsets[hit] = -1
+    if verify and pack.has_checksums:
+        sums = pack.row_checksums(keys)
+    else:
+        sums = None if verifier is None else verifier.checksums(keys, offsets)
     try:
         engine.submit(offsets, np.full(n, sb, np.int64), src, dst, dst_device=False,
                       checksums=sums).wait()
+        pack.check_unchanged()
     except BaseException as exc:
         with lock:
             if len(new_rows):
@@ -96,4 +94,6 @@ def read_rows(pack, engine, arena, lock, keys: np.ndarray, out: torch.Tensor, sc
         if len(new_rows):
             arena.commit(new_rows)
         arena.unpin(pinned)
+    if sums is not None:
+        verifier.passed(keys, offsets)
     return int(hit.sum())

@@ -56,8 +56,9 @@ class Mover:
     """Plans and runs load batches for one store (see the module docstring)."""
 
     def __init__(self, pack, engine, pool, arena, lock, counters, scan_keep: float,
-                 default_stream=None):
+                 default_stream=None, verifier=None):
         self.pack, self.engine, self.pool, self.arena = pack, engine, pool, arena
+        self.verifier = verifier   # RowVerifier: which rows the engine hashes (store/verify.py)
         self.lock, self.counters, self.scan_keep = lock, counters, float(scan_keep)
         self.default_stream = default_stream  # the store's consumer stream (CUDA)
         self.inflight: dict[int, LoadBatch] = {}
@@ -130,10 +131,15 @@ class Mover:
         try:
             self.order_after_unpublish(batch)
             lengths = np.full(len(batch.keys), self.pack.slot_bytes, dtype=np.int64)
+            sums = None if self.verifier is None else self.verifier.checksums(batch.keys,
+                                                                               batch.offsets)
             batch.completion = self.engine.submit(
                 batch.offsets, lengths, batch.src, batch.dst,
-                dst_device=bool(batch.to_pool and self.pool.is_cuda))
+                dst_device=bool(batch.to_pool and self.pool.is_cuda), checksums=sums)
             batch.completion.wait()
+            self.pack.check_unchanged()   # a replaced or rewritten file: publish nothing
+            if sums is not None:
+                self.verifier.passed(batch.keys, batch.offsets)
         except BaseException as exc:
             err = self._annotate(exc, batch)
             self._rollback(batch)

@@ -59,6 +59,11 @@ class RoutingRecorder:
         self._dev_counts = torch.zeros(self.n_keys + 1, dtype=torch.int32, device=device)
 
     def record(self, layer: int, topk_ids) -> None:
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
+            raise ConfigError(f"record: layer must be an int, found {layer!r}")
+        if not isinstance(topk_ids, (np.ndarray, torch.Tensor, list, tuple)):
+            raise ConfigError(f"record: topk_ids must be an int array or tensor, found "
+                              f"{type(topk_ids).__name__}")
         if not 0 <= layer < self.n_layers:
             raise ConfigError(f"record: layer {layer} out of range [0, {self.n_layers})")
         fold = self._fold

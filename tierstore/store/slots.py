@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tierstore.policies.fill import plan_fill
+
 FREE, LOADING, RESIDENT, EVICTING = 0, 1, 2, 3
 STATE_NAMES = ("FREE", "LOADING", "RESIDENT", "EVICTING")
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -115,7 +117,8 @@ class SlotStates:
             blocked = self.key_pins > 0
             if protect is not None:
                 blocked |= protect
-            victims = np.asarray(self.policy.victims(n - len(free), blocked), dtype=np.int64)
+            # The one fill decision (no admission here: a take is an order).
+            victims = plan_fill(self.policy, keys, len(free), blocked).victims
             # Defensive: a policy may only name RESIDENT, unpinned keys.
             victims = victims[(self.resident_slot[victims] >= 0) & ~blocked[victims]]
             reused = self.resident_slot[victims].astype(np.int64)

@@ -19,14 +19,19 @@ class Worker:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._cv = threading.Condition()
         self._open = 0                     # queued or running jobs
+        self._stopping = False
         self.thread = threading.Thread(target=_loop, args=(weakref.ref(owner), self),
                                        name=name, daemon=True)
         self.thread.start()
 
-    def submit(self, job) -> None:
+    def submit(self, job) -> bool:
+        """Queue ``job``; False (not queued) once ``stop`` has begun."""
         with self._cv:
+            if self._stopping:
+                return False
             self._open += 1
-        self._jobs.put(job)
+            self._jobs.put(job)   # under the condition: never after stop()'s sentinel
+        return True
 
     def _done_one(self) -> None:
         with self._cv:
@@ -39,7 +44,9 @@ class Worker:
 
     def stop(self) -> None:
         """Run what is queued, then end the thread (joined unless called from it)."""
-        self._jobs.put(None)
+        with self._cv:
+            self._stopping = True
+            self._jobs.put(None)
         if threading.current_thread() is not self.thread:
             self.thread.join()
 

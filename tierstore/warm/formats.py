@@ -140,6 +140,15 @@ def rank_heat(n: int) -> np.ndarray:
     return (n - np.arange(n, dtype=np.float64)) / max(n, 1)
 
 
+MAX_WALL_TIME = 1e11   # seconds since 1970 (year 5138): later is not a time, it is hostile
+
+
+def _check_wall_time(t, path: str) -> None:
+    if t is not None and not (np.isfinite(t) and 0 <= t <= MAX_WALL_TIME):
+        raise FormatError(f"{path}: wall_time {t!r} is not a time (expected seconds since "
+                          f"1970, 0 .. {MAX_WALL_TIME:.0e})")
+
+
 def _pairs(rows, path: str, where: str) -> np.ndarray:
     try:
         keys = np.asarray(rows, dtype=np.int64).reshape(-1, 2) if rows else np.zeros((0, 2), np.int64)
@@ -203,9 +212,10 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
                 raise FormatError(f"{path}: poolmon version {obj.get('version')!r}, "
                                   f"expected {POOLMON_VERSION!r}")
             pm = msgspec.convert(obj, Poolmon, strict=True)
-            return WarmFile(path, kind, pm.pack,
-                            _tier_from_owners(pm.tiers.pool, path, "tiers.pool.owners"),
-                            _tier_from_owners(pm.tiers.arena, path, "tiers.arena.owners"),
+            _check_wall_time(pm.wall_time, path)
+            pool = _tier_from_owners(pm.tiers.pool, path, "tiers.pool.owners")
+            arena = _tier_from_owners(pm.tiers.arena, path, "tiers.arena.owners")
+            return WarmFile(path, kind, pm.pack, pool, arena,
                             pm.counters, pm.wall_time, pm.steps, pm.policy)
         if kind == "pool-heat":
             meta = obj.get("meta")

@@ -106,7 +106,14 @@ def _tier_summary(tier: WarmTier, n_layers: Optional[int], top_n: int) -> dict:
     out = {"entries": n, "capacity": tier.capacity, "ranked": tier.ranked}
     if not n:
         return out
-    layers = np.bincount(tier.keys[:, 0], minlength=n_layers or 0)
+    # Count per layer by the layers present (np.unique), not a bincount as long as the
+    # largest layer id: a hint naming layer 2e8 must not cost gigabytes.
+    ids, counts = np.unique(tier.keys[:, 0], return_counts=True)
+    width = int(n_layers) if n_layers else (int(ids[-1]) + 1 if ids.size and ids[-1] < 1 << 16
+                                            else 0)
+    layers = np.zeros(width, dtype=np.int64)
+    inside = ids < width
+    layers[ids[inside]] = counts[inside]
     heat = np.sort(tier.heat)[::-1]
     total = float(heat.sum()) or 1.0
     n10 = max(1, int(np.ceil(0.10 * n)))

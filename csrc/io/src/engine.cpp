@@ -366,6 +366,7 @@ void Engine::close() {
   for (auto& t : workers_) if (t.joinable()) t.join();
   workers_.clear();
   if (stream_) stream_->synchronize();
+  reader_->release_files();   // nothing reads any more: a closed engine holds no fd
 }
 
 }  // namespace tierstore

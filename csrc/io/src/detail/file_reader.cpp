@@ -56,9 +56,12 @@ FileReader::FileReader(std::string path, DirectMode mode, bool probe_cache)
   fallback_reason_ = path_ + ": O_DIRECT refused (" + errno_text(err) + "); using buffered reads";
 }
 
-FileReader::~FileReader() {
+FileReader::~FileReader() { release_files_impl(); }
+
+void FileReader::release_files_impl() noexcept {
   if (fd_direct_ >= 0) ::close(fd_direct_);
   if (fd_buffered_ >= 0) ::close(fd_buffered_);
+  fd_direct_ = fd_buffered_ = -1;
 }
 
 // How a whole read_exact() call reads, decided on its first attempt.

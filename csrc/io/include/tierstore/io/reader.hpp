@@ -48,6 +48,11 @@ class Reader {
     return read_some_impl(buf, len, offset, state);
   }
 
+  // Closes the backend's file descriptors. Only after the last read has
+  // returned (the engine calls it from close(), once its workers are joined);
+  // path() and the other accessors stay valid.
+  void release_files() noexcept { release_files_impl(); }
+
   const std::string& path() const noexcept { return path_; }
   bool direct_active() const noexcept { return direct_active_; }
   // Why O_DIRECT is not in use although it was asked for ("" otherwise).
@@ -58,6 +63,7 @@ class Reader {
   Reader() = default;
   virtual ssize_t read_some_impl(uint8_t* buf, size_t len, int64_t offset,
                                  ReadAttempt& state) noexcept = 0;
+  virtual void release_files_impl() noexcept {}
 
   std::string path_;
   bool direct_active_ = false;

@@ -30,6 +30,7 @@ class FileReader final : public Reader {
  protected:
   ssize_t read_some_impl(uint8_t* buf, size_t len, int64_t offset,
                          ReadAttempt& state) noexcept override;
+  void release_files_impl() noexcept override;
 
  private:
   // ReadAttempt::mode values: how the rest of one read_exact() call reads.

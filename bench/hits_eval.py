@@ -1,0 +1,161 @@
+"""Issue 14's evaluation: every model at 10/20/40% pools, both views, the share of
+the LRU -> MIN gap closed, the best fixed policy in hindsight, and hit rate
+against reads for the prefetching models (a budget sweep).
+
+    PYTHONPATH=$PWD python3 bench/hits_eval.py [--out bench/results] [--ticks N]
+
+Traces: the shared FLAME trace (skipped when absent) and the seeded DS4-shaped
+synthetic one. Writes <out>/hits_eval_<traces>.json and .md, and
+<out>/hits_eval_<trace>.png. Tuned on nothing: every online model runs with its
+defaults; the hindsight sweep is reported as the bar to beat.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from tierstore import sim
+from tierstore.files.atomic import write_atomic_with
+from tierstore.sim import synth, traces
+
+FLAME = Path("/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy")
+SWEEP = (16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0)
+FIXED = ("lru", "heat", "hybrid")
+MODELS = ("lru", "heat", "hybrid", "auto", "lazy", "reference", "belady", "belady_skip",
+          "unbounded", "predict", "prefetch")
+
+
+def run_trace(trace, budgets) -> dict:
+    prep = sim.Prepared(trace)
+    slots = [max(1, round(trace.n_keys * f)) for f in (0.1, 0.2, 0.4)]
+    main = sim.replay(prep, MODELS, slots, budget=8)
+    sweep = []
+    for h in SWEEP:
+        params = {"heat": {"half_life": h}, "hybrid": {"half_life": h}}
+        for r in sim.replay(prep, ["heat", "hybrid"], slots, policy_params=params):
+            sweep.append({**r.as_dict(), "half_life": h})
+    curve = []
+    for b in budgets:
+        if b == 8:  # the main table's budget
+            curve += [{**r.as_dict(), "budget": b} for r in main
+                      if r.policy in ("predict", "prefetch")]
+            continue
+        for r in sim.replay(prep, ["predict", "prefetch"], slots, budget=b):
+            curve.append({**r.as_dict(), "budget": b})
+    return {"trace": trace.name, "n_keys": trace.n_keys, "ticks": trace.n_ticks,
+            "accesses": prep.accesses, "slots": slots,
+            "results": [r.as_dict() for r in main], "hindsight": sweep, "curve": curve}
+
+
+def _best_fixed(block, s, view):
+    cands = [r for r in block["hindsight"] if r["slots"] == s]
+    cands += [r for r in block["results"] if r["slots"] == s and r["policy"] == "lru"]
+    return max(cands, key=lambda r: r[view])
+
+
+def markdown(blocks) -> str:
+    out = []
+    for blk in blocks:
+        out += [f"### {blk['trace']}: {blk['n_keys']} keys, {blk['ticks']} ticks, "
+                f"{blk['accesses']} accesses", "",
+                "| policy | slots | bandwidth hit | latency hit | reads/tick | unserved | "
+                "gap to ceiling | ceiling | BW gap closed | latency gap closed | M acc/s |",
+                "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+        f = lambda v, d=3: "" if v is None else f"{v:+.{d}f}" if d == 3 else f"{v:.{d}f}"  # noqa: E731
+        for r in blk["results"]:
+            out.append(f"| {r['policy']} | {r['slots']} | {r['bandwidth_hit_rate']:.3f} | "
+                       f"{r['latency_hit_rate']:.3f} | {r['reads_per_tick']:.1f} | {r['unserved']} | "
+                       f"{f(r['gap_to_min'])} | {r['ceiling'] or ''} | "
+                       f"{'' if r['gap_closed'] is None else format(r['gap_closed'], '.2f')} | "
+                       f"{'' if r['latency_gap_closed'] is None else format(r['latency_gap_closed'], '.2f')} | "
+                       f"{r['accesses_per_s'] / 1e6:.3f} |")
+        out += ["", "Best fixed policy in hindsight (heat/hybrid half-life sweep "
+                f"{', '.join(f'{h:g}' for h in SWEEP)}, and lru) vs auto, bandwidth view:", "",
+                "| slots | best fixed | its bandwidth hit | auto | auto - best |",
+                "|---:|---|---:|---:|---:|"]
+        for s in blk["slots"]:
+            best = _best_fixed(blk, s, "bandwidth_hit_rate")
+            auto = next(r for r in blk["results"] if r["slots"] == s and r["policy"] == "auto")
+            label = best["policy"] + (f"(h={best['half_life']:g})" if "half_life" in best else "")
+            out.append(f"| {s} | {label} | {best['bandwidth_hit_rate']:.3f} | "
+                       f"{auto['bandwidth_hit_rate']:.3f} | "
+                       f"{auto['bandwidth_hit_rate'] - best['bandwidth_hit_rate']:+.3f} |")
+        out += ["", "Hit rate against reads (prefetch budget sweep):", "",
+                "| model | slots | budget | reads/tick | bandwidth hit | latency hit |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for r in blk["curve"]:
+            out.append(f"| {r['policy']} | {r['slots']} | {r['budget']} | {r['reads_per_tick']:.1f} | "
+                       f"{r['bandwidth_hit_rate']:.3f} | {r['latency_hit_rate']:.3f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(blk, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, view in zip(axes, ("bandwidth_hit_rate", "latency_hit_rate")):
+        for name in dict.fromkeys(r["policy"] for r in blk["results"]):
+            pts = sorted((r["reads_per_tick"], r[view]) for r in blk["results"] if r["policy"] == name)
+            style = "--" if name.startswith("belady") or name == "unbounded" else "-"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name)
+        for name in ("predict", "prefetch"):
+            pts = sorted((r["reads_per_tick"], r[view]) for r in blk["curve"] if r["policy"] == name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ":", marker="x",
+                    label=f"{name} (budget sweep)")
+        ax.set_xscale("log")
+        ax.set_xlabel("reads per tick (all reads: demand + lazy + prefetch)")
+        ax.set_ylabel(view.replace("_", " "))
+        ax.set_ylim(0, 1)
+        ax.grid(True, alpha=0.3)
+        ax.set_title(f"{blk['trace']}: {view.split('_')[0]} view, pools "
+                     f"{'/'.join(map(str, blk['slots']))}", fontsize=9)
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    write_atomic_with(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--ticks", type=int, default=1024, help="synthetic trace ticks")
+    ap.add_argument("--traces", default="flame,synthetic", help="which traces, comma-separated")
+    ap.add_argument("--budgets", default="2,8,32", help="prefetch budgets of the reads curve")
+    args = ap.parse_args(argv)
+    which = args.traces.split(",")
+    budgets = tuple(int(b) for b in args.budgets.split(","))
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    jobs = []
+    if FLAME.exists() and "flame" in which:
+        jobs.append((traces.load_trace(FLAME), budgets))
+    if "synthetic" in which:
+        jobs.append((synth.synthetic_trace(args.ticks, seed=0, prefill_tokens=256,
+                                           prefill_every=1024), budgets))
+    blocks = []
+    for trace, budgets in jobs:
+        blk = run_trace(trace, budgets)
+        blocks.append(blk)
+        plot(blk, out / f"hits_eval_{blk['trace'].split('[')[0]}.png")
+        print(f"{blk['trace']} done at {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    meta = {"machine": platform.platform(), "python": sys.version.split()[0],
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": "PYTHONPATH=$PWD python3 bench/hits_eval.py " + " ".join(argv or sys.argv[1:]),
+            "seconds": time.perf_counter() - t0}
+    tag = "_".join(which)
+    body = json.dumps({**meta, "traces": blocks}, indent=1)
+    write_atomic_with(out / f"hits_eval_{tag}.json", lambda f: f.write(body.encode()))
+    md = markdown(blocks)
+    write_atomic_with(out / f"hits_eval_{tag}.md", lambda f: f.write(md.encode()))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

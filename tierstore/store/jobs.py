@@ -1,0 +1,83 @@
+"""The store's background jobs (a mixin of ExpertStore): promote() tickets, lazy
+promotions queued by step(), deferred unpins of copy sources and poolmon snapshots, all run
+by the store's Worker thread so the forward thread never waits on the disk.
+
+Every queued promotion finishes its Ticket: with the rows promoted, with the read's
+TierIOError, or with ClosedError when close() came first (also when close() races the
+submit itself: the worker refuses jobs once it is stopping)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from tierstore.errors import ClosedError
+from tierstore.store.worker import Ticket
+
+log = logging.getLogger("tierstore.store")
+
+
+class BackgroundJobs:
+    def promote(self, keys) -> Ticket:
+        """Queue keys for the background worker (evicting cold unpinned keys); returns a
+        Ticket. Bad keys raise here; I/O errors surface at ``ticket.wait()``."""
+        dense = self._dense(keys)
+        self._check_open("promote")
+        ticket = Ticket(len(dense))
+        self._submit_job(("promote", dense, ticket, False))
+        return ticket
+
+    def _run_job(self, job) -> None:
+        kind = job[0]
+        if kind == "promote":
+            _, keys, ticket, lazy = job
+            try:
+                if self._closed:
+                    raise ClosedError(f"{self.pack.path}: store closed before this "
+                                      f"promotion of {len(keys)} keys ran")
+                ticket._finish(self._promote_now(keys))
+            except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
+                ticket._finish(error=exc)
+                if lazy and not isinstance(exc, ClosedError):
+                    log.warning("lazy promotion failed: %s", exc)
+            finally:
+                if lazy:
+                    self._lazy_busy = False
+        elif kind == "sources":
+            try:
+                self._mover.finish_sources(job[1])
+            except BaseException as exc:  # noqa: BLE001
+                log.warning("copy completion failed: %s", exc)
+        elif kind == "snapshot" and not self._closed:
+            try:
+                self.save_poolmon(job[1])
+            except Exception as exc:  # noqa: BLE001 - a snapshot is a hint
+                log.warning("%s: poolmon snapshot failed: %s", job[1], exc)
+
+    def _promote_now(self, keys: np.ndarray) -> int:
+        with self.lock:
+            keys = keys[self._pool.slot_of[keys] < 0]
+            batch = self._mover.plan(keys, to_pool=True, stream=self._stream) if len(keys) else None
+        if batch is None:
+            return 0
+        self._mover.run(batch)  # the worker may block on the copies itself
+        return len(batch.keys)
+
+    def _defer_sources(self, batch) -> None:
+        self._submit_job(("sources", batch))
+
+    def _submit_job(self, job) -> bool:
+        """Queue a job; False when the worker has stopped (the store is closing). A promote
+        job refused so finishes its ticket with ClosedError: no ticket is ever left waiting."""
+        if self._worker.submit(job):
+            return True
+        if job[0] == "promote":
+            job[2]._finish(error=ClosedError(f"{self.pack.path}: store closed before this "
+                                             f"promotion of {len(job[1])} keys ran"))
+        return False
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until the background worker has nothing queued or running (lazy
+        promotions, promote() tickets, snapshots); False on timeout. The runner calls
+        this at a step boundary when it needs a settled pool (tests, snapshots)."""
+        return self._worker.wait_idle(timeout)
