@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The lead's verification call on the H200 machine: build sm_90, every `gpu` test, the
+# checksum-on-load cost and vLLM-Moet's force_promote bench. Logs and JSON land in $OUT.
+# Usage (device tool, carry .whl):  bash bench/final_h200.sh
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+t0=$(date +%s); stamp() { echo "[final +$(( $(date +%s) - t0 ))s] $*"; }
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$OUT/pip.log" 2>&1
+export PYTHONPATH=/tmp/site:$PWD
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; uname -r; nproc;
+  python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__)"; git log -1 --oneline 2>/dev/null; } > "$OUT/machine.txt"
+stamp build
+cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(which python3) \
+  -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 && cmake --build build/dev -j16 >> "$OUT/build.log" 2>&1 \
+  && cp build/dev/_C*.so tierstore/ || { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
+python3 -c "import tierstore as t; print('cuda_available', t.cuda_available())" | tee -a "$OUT/machine.txt"
+stamp "gpu tests"
+timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -25
+stamp "verify cost"
+timeout 100 python3 bench/bench_verify.py --dir /tmp/bv --device cuda --json "$OUT/verify_h200.json" > "$OUT/verify.log" 2>&1
+echo "verify rc=$?"; python3 -c "
+import json; d=json.load(open('$OUT/verify_h200.json'))
+for m, v in d['modes'].items(): print(m, [(round(r['median_ms'],2), round(r['ratio_to_off'],3), r['verified_rows']) for r in v])" 2>&1 | tail -6
+stamp "moet promote"
+timeout 120 python3 bench/bench_moet_promote.py --json "$OUT/moet_promote_h200.json" > "$OUT/moet_promote.log" 2>&1
+echo "moet rc=$?"; tail -15 "$OUT/moet_promote.log"
+stamp done
