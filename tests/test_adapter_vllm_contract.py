@@ -29,7 +29,7 @@ EXPECTED = {
 @pytest.mark.parametrize("qualname", sorted(EXPECTED))
 def test_vllm_signature_matches_the_pinned_contract(qualname):
     need_vllm()
-    names = hook._vllm_names()
+    names = hook.vllm_names()
     cls_name, meth = qualname.split(".")
     params = list(inspect.signature(getattr(names[cls_name], meth)).parameters)
     assert params == EXPECTED[qualname], f"vLLM {qualname} changed (hook targets {hook.VLLM_VERSION})"

@@ -61,7 +61,7 @@ def require_vllm(what: str = "this hook"):
                           f"({exc}); install vllm=={VLLM_VERSION}") from None
 
 
-def _vllm_names() -> dict[str, Any]:
+def vllm_names() -> dict[str, Any]:
     require_vllm()
     fm = "vllm.model_executor.layers.fused_moe"
     base = importlib.import_module(f"{fm}.fused_moe_method_base")
@@ -183,7 +183,7 @@ def routed_forward(tier, layer_index: int, x: torch.Tensor, topk_weights: torch.
 @functools.lru_cache(maxsize=1)
 def method_class() -> type:
     """``TierstoreFusedMoEMethod``: our logic on vLLM's ``FusedMoEMethodBase``."""
-    base = _vllm_names()["FusedMoEMethodBase"]
+    base = vllm_names()["FusedMoEMethodBase"]
 
     class TierstoreFusedMoEMethod(TierstoreMoEMethodLogic, base):
         def __init__(self, moe, tier, layer_index: int, prefill_tokens: int = 16):
@@ -208,7 +208,7 @@ def install(model: torch.nn.Module, tier, *, layer_index_of=None,
     own expert tensors (the pack serves them). Call in the worker process, before
     CUDA-graph capture. Returns the number of layers hooked.
     """
-    names = _vllm_names()
+    names = vllm_names()
     cls = method_class()
     hooked = 0
     for module in model.modules():

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from tierstore import settings
-from tierstore.adapters.vllm import TierstoreMoEMethodLogic, _vllm_names, require_vllm
+from tierstore.adapters.vllm import TierstoreMoEMethodLogic, vllm_names, require_vllm
 from tierstore.adapters.vllm_pack import ExpertCapture, checkpoint_identity, suffix_of
 from tierstore.errors import ConfigError
 
@@ -192,7 +192,7 @@ def _drop(param=None, loaded_weight=None, weight_name=None, shard_id=None, exper
 
 @functools.lru_cache(maxsize=1)
 def method_class() -> type:
-    base = _vllm_names()["FusedMoEMethodBase"]
+    base = vllm_names()["FusedMoEMethodBase"]
 
     class TierstoreVllmMoEMethod(TierstoreMethodMixin, base):
         def __init__(self, moe, runtime: Runtime, layer_index: int, param_names: list[str]):
@@ -211,7 +211,7 @@ def config_class() -> type:
     require_vllm("--quantization tierstore")
     from vllm.model_executor.layers.quantization import get_quantization_config
     from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
-    routed_experts = _vllm_names()["RoutedExperts"]
+    routed_experts = vllm_names()["RoutedExperts"]
 
     class TierstoreConfig(QuantizationConfig):
         """Routed experts from tierstore; every other layer through ``inner`` (the

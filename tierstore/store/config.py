@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from tierstore import policies, settings
-from tierstore.store import sizing
+import tierstore.store.sizing as sizing
 from tierstore.errors import ConfigError
 
 _OPTIONS = ("threads", "direct", "lazy_per_step", "half_life", "half_life_s", "arena_policy",
