@@ -292,3 +292,27 @@ def test_ensure_resident_from_two_threads_leaks_no_pins(pack):
         store.step()                                  # releases the prefill pins
         assert int(store._pool.key_pins.sum()) == 0
         assert_store_consistent(store)
+
+
+# -- Ctrl-C in the publish block never leaves the tables apart -------------------------------------
+def test_ctrl_c_inside_publish_is_deferred_until_the_tables_agree(pack, monkeypatch):
+    import signal
+    with ts.ExpertStore(pack, vram_slots=8, ram_gb=0, device="cpu", lazy_per_step=0) as store:
+        real = store._pool.publish
+        calls = []
+
+        def publish_then_interrupted(slots, stream):
+            out = real(slots, stream)
+            signal.raise_signal(signal.SIGINT)     # lands mid-section, after the table write
+            calls.append(len(slots))
+            return out
+        monkeypatch.setattr(store._pool, "publish", publish_then_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            store.fire([(0, 1), (2, 3)])
+        assert calls == [2]                        # the section ran to its end first
+        monkeypatch.setattr(store._pool, "publish", real)
+        assert_store_consistent(store)             # device table, mirror, states, pins agree
+        fr = store.fire([(0, 1), (2, 3)])          # and the store keeps serving
+        assert fr.promoted == 0 or int(store.slot_table[0, 1]) >= 0
+        store.release(fr)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from tierstore.store.interrupts import no_interrupts
 from tierstore.errors import TierIOError
 
 _ids = itertools.count(1)
@@ -148,7 +149,7 @@ class Mover:
             if err is exc:
                 raise
             raise err from exc
-        with self.lock:
+        with no_interrupts(), self.lock:   # the tables are written whole or not at all
             if batch.to_pool:
                 if self.pool.is_cuda:
                     batch.completion.stream_wait(batch.stream)

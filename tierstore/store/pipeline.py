@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from tierstore.store.interrupts import no_interrupts
 from tierstore.errors import TierIOError
 
 
@@ -120,7 +121,7 @@ class LayerLoad:
             raise self.error from exc if self.error is not exc else exc
         mover, batch = self.mover, self.batch
         s, e = self.spans[layer]
-        with mover.lock:
+        with no_interrupts(), mover.lock:   # the tables are written whole or not at all
             if layer not in self.pending:  # another thread published it meanwhile
                 return
             if mover.pool.is_cuda:
