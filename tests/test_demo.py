@@ -8,6 +8,8 @@ import json
 import os
 import tempfile
 
+import pytest
+
 from tierstore.cli import main
 
 SHORT = ["demo", "--steps", "16", "--warm-steps", "8", "--device", "cpu", "--rows", "small"]
@@ -19,6 +21,15 @@ def _demo(*extra, cwd=None):
         rc = main([*SHORT, *extra])
     assert rc == 0, err.getvalue()
     return out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def private_tmp(tmp_path_factory, monkeypatch):
+    """A temp root of our own: other demo runs on a shared machine must not count."""
+    root = tmp_path_factory.mktemp("tmproot")
+    monkeypatch.setenv("TMPDIR", str(root))
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
 
 
 def _demo_dirs():

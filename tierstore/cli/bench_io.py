@@ -344,7 +344,7 @@ def main(args) -> int:
     res: dict = {}
     try:
         run(args, res)
-    except BaseException:
+    except Exception:   # not on Ctrl-C / SIGTERM: an interrupted run writes nothing
         if args.out and res:
             res["incomplete"] = True
             _write_json(args.out, res)  # keep what was measured
