@@ -29,3 +29,14 @@ def pytest_collection_modifyitems(config, items):
 def device(request):
     """Every store/pool test runs on the CPU pool, and on a CUDA pool when present."""
     return request.param
+
+
+def private_temp_root(tmp_path_factory, monkeypatch):
+    """A temp root of the test's own (TMPDIR and tempfile): demo runs of other processes on
+    a shared machine must not count. Modules that check for leftover temp directories
+    make it autouse: ``private_tmp = pytest.fixture(autouse=True)(private_temp_root)``."""
+    import tempfile
+    root = tmp_path_factory.mktemp("tmproot")
+    monkeypatch.setenv("TMPDIR", str(root))
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root

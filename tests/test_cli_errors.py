@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from conftest import private_temp_root
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from tierstore.cli import main
@@ -40,13 +42,7 @@ def demo_dirs() -> set:
     return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("tierstore-demo-")}
 
 
-@pytest.fixture(autouse=True)
-def private_tmp(tmp_path_factory, monkeypatch):
-    """A temp root of our own: other demo runs on a shared machine must not count."""
-    root = tmp_path_factory.mktemp("tmproot")
-    monkeypatch.setenv("TMPDIR", str(root))
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    return root
+private_tmp = pytest.fixture(autouse=True)(private_temp_root)  # conftest: own TMPDIR
 
 
 def assert_clean_failure(rc, out, err, before, root, demos):

@@ -10,6 +10,8 @@ import tempfile
 
 import pytest
 
+from conftest import private_temp_root
+
 from tierstore.cli import main
 
 SHORT = ["demo", "--steps", "16", "--warm-steps", "8", "--device", "cpu", "--rows", "small"]
@@ -23,13 +25,7 @@ def _demo(*extra, cwd=None):
     return out.getvalue(), err.getvalue()
 
 
-@pytest.fixture(autouse=True)
-def private_tmp(tmp_path_factory, monkeypatch):
-    """A temp root of our own: other demo runs on a shared machine must not count."""
-    root = tmp_path_factory.mktemp("tmproot")
-    monkeypatch.setenv("TMPDIR", str(root))
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    return root
+private_tmp = pytest.fixture(autouse=True)(private_temp_root)  # conftest: own TMPDIR
 
 
 def _demo_dirs():

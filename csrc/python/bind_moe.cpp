@@ -13,6 +13,31 @@ using namespace nb::literals;
 
 namespace tierstore::python {
 
+// The arguments both launches share (device pointers arrive from Python as ints).
+static MoeDecodeArgs common_args(uintptr_t x, uintptr_t out, int dtype, uintptr_t topk_ids,
+                          uintptr_t topk_w, int T, int k, uintptr_t slot_row, int E,
+                          int64_t n_slots, uintptr_t pool, int64_t pool_slot_bytes,
+                          uintptr_t base_rows, int64_t base_slot_bytes, int H, int I) {
+  MoeDecodeArgs a;
+  a.x = reinterpret_cast<const void*>(x);
+  a.out = reinterpret_cast<void*>(out);
+  a.dtype = static_cast<MoeActDtype>(dtype);
+  a.topk_ids = reinterpret_cast<const int32_t*>(topk_ids);
+  a.topk_w = reinterpret_cast<const float*>(topk_w);
+  a.T = T;
+  a.k = k;
+  a.slot_row = reinterpret_cast<const int32_t*>(slot_row);
+  a.E = E;
+  a.n_slots = n_slots;
+  a.pool = reinterpret_cast<const uint8_t*>(pool);
+  a.pool_slot_bytes = pool_slot_bytes;
+  a.base_rows = reinterpret_cast<const uint8_t*>(base_rows);
+  a.base_slot_bytes = base_slot_bytes;
+  a.H = H;
+  a.I = I;
+  return a;
+}
+
 void bind_moe(nb::module_& m) {
 #if TIERSTORE_WITH_CUDA
   m.def(
@@ -21,23 +46,8 @@ void bind_moe(nb::module_& m) {
          uintptr_t slot_row, int E, int64_t n_slots, uintptr_t pool, int64_t pool_slot_bytes,
          uintptr_t base_rows, int64_t base_slot_bytes, int H, int I, uintptr_t h, uintptr_t y,
          int device, uintptr_t stream) {
-        MoeDecodeArgs a;
-        a.x = reinterpret_cast<const void*>(x);
-        a.out = reinterpret_cast<void*>(out);
-        a.dtype = static_cast<MoeActDtype>(dtype);
-        a.topk_ids = reinterpret_cast<const int32_t*>(topk_ids);
-        a.topk_w = reinterpret_cast<const float*>(topk_w);
-        a.T = T;
-        a.k = k;
-        a.slot_row = reinterpret_cast<const int32_t*>(slot_row);
-        a.E = E;
-        a.n_slots = n_slots;
-        a.pool = reinterpret_cast<const uint8_t*>(pool);
-        a.pool_slot_bytes = pool_slot_bytes;
-        a.base_rows = reinterpret_cast<const uint8_t*>(base_rows);
-        a.base_slot_bytes = base_slot_bytes;
-        a.H = H;
-        a.I = I;
+        MoeDecodeArgs a = common_args(x, out, dtype, topk_ids, topk_w, T, k, slot_row, E, n_slots,
+                                      pool, pool_slot_bytes, base_rows, base_slot_bytes, H, I);
         a.h = reinterpret_cast<float*>(h);
         a.y = reinterpret_cast<float*>(y);
         a.device = device;
@@ -58,23 +68,8 @@ void bind_moe(nb::module_& m) {
          uintptr_t slot_row, int E, int64_t n_slots, uintptr_t pool, int64_t pool_slot_bytes,
          uintptr_t base_rows, int64_t base_slot_bytes, int H, int I, uintptr_t workspace,
          int64_t workspace_bytes, int device, uintptr_t stream) {
-        MoeDecodeArgs a;
-        a.x = reinterpret_cast<const void*>(x);
-        a.out = reinterpret_cast<void*>(out);
-        a.dtype = static_cast<MoeActDtype>(dtype);
-        a.topk_ids = reinterpret_cast<const int32_t*>(topk_ids);
-        a.topk_w = reinterpret_cast<const float*>(topk_w);
-        a.T = T;
-        a.k = k;
-        a.slot_row = reinterpret_cast<const int32_t*>(slot_row);
-        a.E = E;
-        a.n_slots = n_slots;
-        a.pool = reinterpret_cast<const uint8_t*>(pool);
-        a.pool_slot_bytes = pool_slot_bytes;
-        a.base_rows = reinterpret_cast<const uint8_t*>(base_rows);
-        a.base_slot_bytes = base_slot_bytes;
-        a.H = H;
-        a.I = I;
+        MoeDecodeArgs a = common_args(x, out, dtype, topk_ids, topk_w, T, k, slot_row, E, n_slots,
+                                      pool, pool_slot_bytes, base_rows, base_slot_bytes, H, I);
         a.workspace = reinterpret_cast<void*>(workspace);
         a.workspace_bytes = workspace_bytes;
         a.device = device;

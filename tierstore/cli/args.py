@@ -148,28 +148,29 @@ def existing_file(what: str = "file") -> Callable[[str], str]:
     return parse
 
 
-def existing_dir(what: str = "directory") -> Callable[[str], str]:
+def _existing(what: str, check: Callable[[str], None] | None) -> Callable[[str], str]:
     def parse(text: str) -> str:
         path = os.fspath(text)
         if not os.path.exists(path):
             _fail(f"{path}: no such {what}")
+        if check is not None:
+            check(path)
+        return path
+    parse.__name__ = what
+    return parse
+
+
+def existing_dir(what: str = "directory") -> Callable[[str], str]:
+    def check(path: str) -> None:
         if not os.path.isdir(path):
             _fail(f"{path}: is not a directory, expected a {what}")
         if not os.access(path, os.R_OK | os.X_OK):
             _fail(f"{path}: not readable")
-        return path
-    parse.__name__ = what
-    return parse
+    return _existing(what, check)
 
 
 def existing_path(what: str = "file or directory") -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        path = os.fspath(text)
-        if not os.path.exists(path):
-            _fail(f"{path}: no such {what}")
-        return path
-    parse.__name__ = what
-    return parse
+    return _existing(what, None)
 
 
 def _writable_dir(path: str, label: str) -> None:
