@@ -74,9 +74,37 @@ class ExpertStore(BackgroundJobs):
                 and type(warm_start).__name__ != "WarmFile":
             raise ConfigError(f"ExpertStore: warm_start must be a path (poolmon, pool-heat or "
                               f"arena heat file), found {type(warm_start).__name__}")
-        if isinstance(pack, (str, os.PathLike)):
+        self._owns_pack = isinstance(pack, (str, os.PathLike))
+        if self._owns_pack:   # opened here, so closed by close() (its fd must not outlive us)
             from tierstore.format.pack import Pack
             pack = Pack.open(pack)
+        try:
+            self._open_tiers(pack, vram_slots, vram_gb, ram_gb, policy, device, max_promote,
+                             top_k, n_spec, max_seqs, force, options)
+        except BaseException:
+            if self._owns_pack:
+                pack.close()
+            raise
+        cfg = self.config
+        self.pool_policy, self.arena_policy = self._pool.policy, self._arena.policy
+        self._stream = cfg.consumer_stream()
+        self.verifier = RowVerifier(pack, cfg.verify)
+        self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
+                            self.counters, cfg.scan_keep, default_stream=self._stream,
+                            verifier=self.verifier)
+        self._recorder = RoutingRecorder(pack, self.counters, self.lock, self.device)
+        self._fold = self._recorder._fold  # record()'s fast path (the native fold)
+        self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
+        self._prefill: FireResult | None = None
+        self._lazy_busy = False
+        self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
+        self._worker = Worker(self, "tierstore-store")  # promotions, unpins, snapshots
+        if warm_start is not None:
+            self.preheat(warm_start)
+
+    def _open_tiers(self, pack, vram_slots, vram_gb, ram_gb, policy, device, max_promote,
+                    top_k, n_spec, max_seqs, force, options) -> None:
+        """Config, engine and the two tiers; on failure the engine is closed again."""
         cfg = StoreConfig.build(pack, vram_slots=vram_slots, vram_gb=vram_gb, ram_gb=ram_gb,
                                 policy=policy, device=device, max_promote=max_promote,
                                 top_k=top_k, n_spec=n_spec, max_seqs=max_seqs, force=force,
@@ -99,31 +127,11 @@ class ExpertStore(BackgroundJobs):
         self.engine, self._owns_engine = cfg.open_engine(pack)
         try:
             pack.check_unchanged()   # the engine opened the path: still the validated file?
-        except BaseException:
-            if self._owns_engine:
-                self.engine.close()
-            raise
-        try:
             self._pool, self._arena = cfg.allocate_tiers(pack, self.engine)
         except BaseException:
             if self._owns_engine:
                 self.engine.close()
             raise
-        self.pool_policy, self.arena_policy = self._pool.policy, self._arena.policy
-        self._stream = cfg.consumer_stream()
-        self.verifier = RowVerifier(pack, cfg.verify)
-        self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
-                            self.counters, cfg.scan_keep, default_stream=self._stream,
-                            verifier=self.verifier)
-        self._recorder = RoutingRecorder(pack, self.counters, self.lock, self.device)
-        self._fold = self._recorder._fold  # record()'s fast path (the native fold)
-        self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
-        self._prefill: FireResult | None = None
-        self._lazy_busy = False
-        self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
-        self._worker = Worker(self, "tierstore-store")  # promotions, unpins, snapshots
-        if warm_start is not None:
-            self.preheat(warm_start)
 
     # -- views -------------------------------------------------------------------------
     @property
@@ -341,6 +349,8 @@ class ExpertStore(BackgroundJobs):
         self._worker.stop()
         if self._owns_engine:
             self.engine.close()
+        if self._owns_pack:
+            self.pack.close()
 
     def __del__(self):
         try:

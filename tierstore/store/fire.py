@@ -63,6 +63,9 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
                     new, over = missing, _EMPTY
                 batch = (mover.plan(new, to_pool=True, stream=stream, scan=scan)
                          if len(new) else None)
+                if batch is not None and pipelined:   # visible to other fires as pipelined
+                    mover.layer_load(batch, store._defer_sources,
+                                     0 if pipelined is True else int(pipelined))
                 placed = batch.keys if batch is not None else _EMPTY
                 unplaced = _drop(new, placed)
                 result.no_slot += len(unplaced)
@@ -74,9 +77,7 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
                     pool.unpin(gone)
                     pinned = _drop(pinned, gone)
             if batch is not None and pipelined:
-                result.pending = mover.start_layers(
-                    batch, defer_sources=store._defer_sources,
-                    group_bytes=0 if pipelined is True else int(pipelined))
+                result.pending = mover.start_layers(batch)
                 result.pending_stream, own = stream, batch.keys
             elif batch is not None:
                 mover.run(batch, defer_sources=store._defer_sources)
@@ -85,7 +86,10 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
                 result.sources["arena"] += batch.n_arena_hits
                 result.sources["read"] += len(placed) - batch.n_arena_hits
             for other in others:
-                other.done.wait()
+                if other.layer_load is not None:   # pipelined: publish it ourselves
+                    other.layer_load.settle(stream)
+                else:
+                    other.done.wait()
                 if other.ok and other.publish_event is not None and stream is not None:
                     stream.wait_event(other.publish_event)
             result.rounds = rnd + 1

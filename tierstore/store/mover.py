@@ -51,6 +51,7 @@ class LoadBatch:
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.sources_released = False
+        self.layer_load = None   # a pipelined batch's LayerLoad (store/pipeline.py)
 
 
 class Mover:
@@ -168,11 +169,17 @@ class Mover:
     def start_layers(self, batch: LoadBatch, defer_sources=None, group_bytes: int = 0):
         """Submit a planned pool batch layer by layer (or in groups of consecutive layers
         of at least ``group_bytes``) and return its LayerLoad at once
-        (tierstore/store/pipeline.py); the caller publishes each layer with wait_layer."""
-        from tierstore.store.pipeline import LayerLoad
-        load = LayerLoad(self, batch, self.pack.n_experts, defer_sources, group_bytes)
+        (tierstore/store/pipeline.py); the caller publishes each layer with wait_layer.
+        A fire builds the LayerLoad under the lock right after ``plan`` (``layer_load``),
+        so no other fire ever sees the batch without it, then calls ``submit``."""
+        load = batch.layer_load or self.layer_load(batch, defer_sources, group_bytes)
         load.submit()
         return load
+
+    def layer_load(self, batch: LoadBatch, defer_sources=None, group_bytes: int = 0):
+        """The LayerLoad of a planned pool batch, not yet submitted (no I/O)."""
+        from tierstore.store.pipeline import LayerLoad
+        return LayerLoad(self, batch, self.pack.n_experts, defer_sources, group_bytes)
 
     def order_after_unpublish(self, batch: LoadBatch) -> None:
         """Victims' slots may be overwritten only after their readers are done. On CUDA

@@ -16,6 +16,7 @@ layers already published stay resident. ``wait_all`` publishes whatever is left
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -74,12 +75,15 @@ class LayerLoad:
                 self.spans[g0] = (self.spans[g0][0], e_)
             self.group_of[layer] = g0
         self.comps: dict[int, object] = {}
+        self.events: dict[int, object] = {}  # group -> its table-write event (CUDA)
         self.pending = set(self.spans)
         self.failed: set[int] = set()  # layers rolled back after an error: never published
         self.error: BaseException | None = None
         self.reported = False  # the error was raised to the caller once
         self.t0 = time.perf_counter()
         batch.completion = Completions()
+        batch.layer_load = self   # a fire that needs these keys settles it (settle())
+        self.submitted = threading.Event()   # submit() has queued (or failed) every layer
 
     def submit(self) -> None:
         """Queue every layer's rows (layer order); no waiting. On a refused submit the
@@ -89,14 +93,19 @@ class LayerLoad:
         device = bool(mover.pool.is_cuda)
         try:
             mover.order_after_unpublish(batch)
+            verifier = mover.verifier
             for layer, (s, e) in self.spans.items():
+                sums = (None if verifier is None
+                        else verifier.checksums(batch.keys[s:e], batch.offsets[s:e]))
                 comp = mover.engine.submit(batch.offsets[s:e], lengths[s:e], batch.src[s:e],
-                                           batch.dst[s:e], dst_device=device)
+                                           batch.dst[s:e], dst_device=device, checksums=sums)
                 self.comps[layer] = comp
                 batch.completion.parts.append(comp)
         except BaseException as exc:
+            self.submitted.set()
             self._fail(exc)
             raise self.error from exc if self.error is not exc else exc
+        self.submitted.set()
 
     @property
     def done(self) -> bool:
@@ -105,28 +114,52 @@ class LayerLoad:
     def wait_layer(self, layer: int, stream) -> None:
         """Publish ``layer``'s slots on ``stream`` once its reads landed (host waits for
         those reads only). A layer with nothing in flight returns at once."""
-        layer = self.group_of.get(layer, -1)  # from here on: the layer's group
-        if layer in self.failed:
-            self.reported = True
-            raise self.error
-        if layer not in self.pending:
-            return
-        comp = self.comps[layer]
+        self._publish(self.group_of.get(layer, -1), stream, report=True)
+
+    def settle(self, stream) -> None:
+        """Another fire needs keys this batch is loading: publish every layer whose reads
+        land (on that fire's ``stream``), from its own thread. Waiting for the owner's
+        wait_layer instead would hang: the owner may be that very thread, a fire waiting
+        on this thread's batch, or a caller whose release() close() refused. Never raises:
+        a failed layer is rolled back here and reported to the owner; the waiting fire
+        sees ``batch.ok`` False and retries."""
+        for layer in sorted(self.pending):
+            try:
+                self._publish(layer, stream, report=False)
+            except BaseException:  # noqa: BLE001 - the owner reports it (wait_layer / release)
+                break
+        self.batch.done.wait()
+
+    def _publish(self, layer: int, stream, report: bool) -> None:
+        """wait_layer / settle of one group (``layer`` = the group's first layer)."""
+        if layer not in self.pending and layer not in self.failed:
+            return self._wait_published(layer, stream)
+        self.submitted.wait()   # settle() from another fire may come before submit() ends
+        comp = self.comps.get(layer)
         try:
+            if comp is None or layer in self.failed:
+                raise self._failure()
             comp.wait()
+            self.mover.pack.check_unchanged()   # a replaced or rewritten file: publish nothing
         except BaseException as exc:
-            self.batch.completion.failed = comp
-            self._fail(exc)
-            self.reported = True
-            raise self.error from exc if self.error is not exc else exc
+            self._fail(exc, comp)
+            if report:
+                self.reported = True
+            err = self._failure()
+            raise err from exc if err is not exc else exc
         mover, batch = self.mover, self.batch
         s, e = self.spans[layer]
         with no_interrupts(), mover.lock:   # the tables are written whole or not at all
-            if layer not in self.pending:  # another thread published it meanwhile
-                return
+            if layer in self.failed:        # another thread's layer failed meanwhile
+                raise self._failure()
+            if layer not in self.pending:   # another thread published it meanwhile
+                return self._wait_published(layer, stream)
             if mover.pool.is_cuda:
                 comp.stream_wait(stream)
             batch.publish_event = mover.pool.publish(batch.pool_slots[s:e], stream)
+            self.events[layer] = batch.publish_event
+            if mover.verifier is not None:
+                mover.verifier.passed(batch.keys[s:e], batch.offsets[s:e])
             self.pending.discard(layer)
             if not self.pending:
                 self._complete()
@@ -134,6 +167,16 @@ class LayerLoad:
             batch.done.set()
             if not batch.sources_released:
                 self.defer_sources(batch)  # the worker waits for the copies, then unpins
+
+    def _wait_published(self, layer: int, stream) -> None:
+        """The group is published (maybe by another thread's settle, on its stream):
+        ``stream`` waits on that table write before work on it is enqueued."""
+        event = self.events.get(layer)
+        if event is not None and stream is not None:
+            stream.wait_event(event)
+
+    def _failure(self) -> BaseException:
+        return self.error if self.error is not None else RuntimeError("layer load failed")
 
     def wait_all(self, stream) -> None:
         """Publish every layer still pending (in layer order)."""
@@ -155,19 +198,30 @@ class LayerLoad:
         if not mover.pool.is_cuda:
             mover._unpin_sources(batch)  # CPU copies are complete
 
-    def _fail(self, exc: BaseException) -> None:
-        """Cancel and drain every unpublished layer, roll back its slots; keep published ones."""
+    def _fail(self, exc: BaseException, comp=None) -> None:
+        """Cancel and drain every unpublished layer, roll back its slots; keep published
+        ones. Any thread may get here (owner or settle); the first one does the work."""
         mover, batch = self.mover, self.batch
-        self.error = mover._annotate(exc, batch) if isinstance(exc, TierIOError) else exc
-        left = sorted(self.pending)
-        for layer in left:
+        with mover.lock:   # claim the unpublished layers: no one publishes them from now on
+            if self.error is not None:
+                claimed = None
+            else:
+                self.error = mover._annotate(exc, batch) if isinstance(exc, TierIOError) else exc
+                batch.completion.failed = comp
+                claimed = sorted(self.pending)
+                self.failed.update(claimed)
+                self.pending.clear()
+        if claimed is None:
+            batch.done.wait()   # the first failing thread is rolling back
+            return
+        for layer in claimed:
             if layer in self.comps:
                 self.comps[layer].cancel()
         try:  # nothing may still land in a slot we give back or read an arena row we free
             batch.completion.synchronize()
         except BaseException:  # noqa: BLE001 - its own error or a cancellation
             pass
-        slots = [batch.pool_slots[slice(*self.spans[l])] for l in left]
+        slots = [batch.pool_slots[slice(*self.spans[l])] for l in claimed]
         with mover.lock:
             if slots:
                 mover.pool.rollback(np.concatenate(slots))
@@ -176,7 +230,5 @@ class LayerLoad:
             mover._unpin_sources(batch)
             mover.counters.failed_reads += 1
             mover.inflight.pop(batch.id, None)
-            self.failed.update(left)
-            self.pending.clear()
         batch.error = self.error
         batch.done.set()
