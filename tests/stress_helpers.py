@@ -108,6 +108,22 @@ def _check_published_bytes(store, rows):
     return n
 
 
+def try_rewrite(pack_path: str, layer: int, rows: np.ndarray) -> bool:
+    """Rewrite ``layer`` of the pack in place with PackWriter (its own identity read from
+    the sidecar). False when the writer is refused (PackBusyError: a live store)."""
+    from tierstore.format import Pack, PackBusyError, PackWriter
+    with Pack.open(pack_path) as p:
+        ident = dict(tag=p.tag, n_layers=p.n_layers, n_experts=p.n_experts,
+                     slot_bytes=p.slot_bytes, ckpt_id=p.ckpt_id,
+                     quantizer_abi=p.sidecar.quantizer_abi)
+    try:
+        with PackWriter(pack_path, **ident) as w:
+            w.write_layer(layer, rows)
+    except PackBusyError:
+        return False
+    return True
+
+
 def open_fds() -> set[str]:
     """This process's open fds and what they name (a leak shows as a new pack path)."""
     out = set()
@@ -126,4 +142,4 @@ def leaked_pack_fds(pack_path: str) -> list[str]:
 
 
 __all__ = ["Crew", "all_stacks", "check_published_bytes", "leaked_pack_fds", "open_fds",
-           "stress_seconds", "wait_ticket"]
+           "stress_seconds", "try_rewrite", "wait_ticket"]

@@ -22,7 +22,7 @@ import tierstore as ts
 from tierstore.testing.packs import make_random_pack, random_layer_rows
 
 from stress_helpers import (Crew, check_published_bytes, leaked_pack_fds, stress_seconds,
-                            wait_ticket)
+                            try_rewrite, wait_ticket)
 
 L, E, SLOT, SEED = 4, 32, 2000, 23
 N_SLOTS, ARENA_ROWS = 24, 40
@@ -131,9 +131,19 @@ def _run_round(pack_path, rows, warm, device, seed, close_midway, counts):
         except closed:
             return
 
+    def rewriter():      # PackWriter vs the live store: refused (reader lock), never torn
+        rng = np.random.default_rng([seed, 12])
+        while not crew.stop.is_set() and not store.closed:
+            layer = int(rng.integers(L))
+            if try_rewrite(pack_path, layer, rows[layer * E:(layer + 1) * E]):
+                assert store.closed, "a PackWriter rewrote the pack under a live store"
+                return
+            counts["rewrites_refused"] += 1
+            time.sleep(0.01)
+
     for tid in range(3):
         crew.spawn(forward, tid, name=f"forward{tid}")
-    for fn in (promoter, prefill, preheater, stats_reader):
+    for fn in (promoter, prefill, preheater, stats_reader, rewriter):
         crew.spawn(fn)
     rng = np.random.default_rng([seed, 99])
     if close_midway:
@@ -164,7 +174,8 @@ def _run_round(pack_path, rows, warm, device, seed, close_midway, counts):
 def _stress(stress_pack, device, budget):
     pack_path, rows, d = stress_pack
     warm = _warm_file(pack_path, d, device)
-    counts = dict.fromkeys(("fires", "promotes", "prefills", "preheats", "checked", "rounds"), 0)
+    counts = dict.fromkeys(("fires", "promotes", "prefills", "preheats", "checked",
+                            "rewrites_refused", "rounds"), 0)
     faulthandler.dump_traceback_later(budget + 120, exit=False)   # last resort: stacks on stderr
     try:
         t0 = time.monotonic()
@@ -178,6 +189,7 @@ def _stress(stress_pack, device, budget):
     TOTAL["fires"] += counts["fires"]
     print(f"\nstress {device}: {counts} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     assert counts["rounds"] >= 2 and counts["fires"] > 0 and counts["checked"] > 0
+    assert counts["rewrites_refused"] > 0
     return counts
 
 

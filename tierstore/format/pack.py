@@ -86,6 +86,7 @@ class Pack:
         self._sum_table: np.ndarray | None = None   # dense [n_layers * E], built on first use
         st = os.fstat(fd)
         self._opened_as = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        self._sidecar_as = _file_id(self.sidecar_path)
 
     # -- opening ---------------------------------------------------------------------
     @classmethod
@@ -99,7 +100,12 @@ class Pack:
         elif path.endswith(".json"):
             path = path[: -len(".json")] + ".pack"
         name = PackName.parse(path)
-        sidecar, unknown = load_sidecar(sidecar_path_of(path), key20_in_name=bool(name.key20))
+        side = sidecar_path_of(path)
+        before = _file_id(side)
+        sidecar, unknown = load_sidecar(side, key20_in_name=bool(name.key20))
+        if _file_id(side) != before:   # a writer republished it while we read it
+            raise FormatError(f"{side}: sidecar changed while it was read (a writer is "
+                              f"publishing); open the pack again")
         if sidecar.tag != name.tag:
             raise FormatError(f"{path}: sidecar tag {sidecar.tag!r} does not match the name's "
                               f"tag {name.tag!r}")
@@ -120,7 +126,9 @@ class Pack:
                 if want != name.key20:
                     raise FormatError(f"{path}: key20 in the name is {name.key20}, the sidecar's "
                                       f"identity hashes to {want} (another checkpoint or geometry)")
-            return cls(path, sidecar, name, fd, unknown)
+            pack = cls(path, sidecar, name, fd, unknown)
+            pack._sidecar_as = before
+            return pack
         except BaseException:
             os.close(fd)
             raise
@@ -242,6 +250,11 @@ class Pack:
         if (mine.st_size, mine.st_mtime_ns) != (size, mtime):
             raise FormatError(f"{self.path}: pack file was modified since Pack.open (size "
                               f"{size} -> {mine.st_size}, mtime changed); reopen it with Pack.open")
+        # A PackWriter publishes a new sidecar (a new inode) before and after every layer
+        # it writes: this catches a rewrite even within the pack mtime's clock tick.
+        if _file_id(self.sidecar_path) != self._sidecar_as:
+            raise FormatError(f"{self.path}: its sidecar was republished since Pack.open "
+                              f"(a writer changed the pack); reopen it with Pack.open")
 
     def row_checksum(self, layer: int, expert: int) -> int | None:
         """The recorded checksum of a written row, or None (old sidecar / unwritten layer)."""
@@ -293,6 +306,15 @@ class Pack:
             self._pread_into(view[:length], (layer * self.n_experts + e0) * self.stride)
             for i in range(n):
                 on_row(e0 + i, view[i * self.stride: i * self.stride + self.slot_bytes])
+
+
+def _file_id(path: str) -> tuple | None:
+    """(dev, inode, size, mtime_ns) of ``path``, None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _progress(progress, total: int, label: str) -> Callable[[int | None], None]:

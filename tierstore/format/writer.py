@@ -1,7 +1,8 @@
 """PackWriter: crash-safe, resumable writing of a pack, one layer at a time.
 
-Protocol (docs/FORMAT.md, "Crash safety"): flock on `.lock` for the writer's
-lifetime; the empty sidecar is published first, then the full-size sparse pack
+Protocol (docs/FORMAT.md, "Crash safety"): flock(LOCK_EX) on `.lock` for the writer's
+lifetime (a live ExpertStore holds LOCK_SH on it: no rewrite under a reader, see
+format/packlock.py); the empty sidecar is published first, then the full-size sparse pack
 file appears by rename; each ``write_layer`` does pwrite + fdatasync, then
 republishes the sidecar (temp + fsync + rename + dir fsync) listing the layer.
 A crash at any point leaves a pack whose listed layers are fully written.
@@ -9,13 +10,13 @@ A crash at any point leaves a pack whose listed layers are fully written.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 
 import numpy as np
 import xxhash
 
 from tierstore.errors import ConfigError, FormatError, TierIOError
+from tierstore.format.packlock import PackBusyError, lock_for_writing
 from tierstore.files.atomic import (create_sized_atomic, remove_quietly, stale_temps,
                                     write_atomic)
 from tierstore.format.sidecar import (DEFAULT_CHECKSUM, TAG_RE, PackName, RowLayout, Sidecar,
@@ -24,14 +25,6 @@ from tierstore.format.sidecar import (DEFAULT_CHECKSUM, TAG_RE, PackName, RowLay
                                       validate_sidecar)
 
 DEFAULT_QUANTIZER_ABI = "tierstore-opaque-v1"
-
-
-class PackBusyError(TierIOError):
-    """Another process (or another PackWriter) holds the pack's `.lock`."""
-
-    def __init__(self, lock_path: str):
-        super().__init__(lock_path, 0, errno.EWOULDBLOCK, what="lock")
-        self.args = (errno.EWOULDBLOCK, f"{lock_path}: another writer holds this pack's lock")
 
 
 class PackReplacedError(TierIOError):
@@ -96,13 +89,9 @@ class PackWriter:
         return out
 
     def _take_lock(self) -> None:
-        self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-            raise PackBusyError(self.lock_path) from None
+        """LOCK_EX on the lock file: refused while another writer or a live store holds
+        it (tierstore/format/packlock.py)."""
+        self._lock_fd = lock_for_writing(self.lock_path)
 
     def _remove_stale_temps(self) -> None:
         """Temp files a killed writer left; safe to remove: we hold the lock."""

@@ -33,6 +33,9 @@ import numpy as np
 import torch
 
 from tierstore.errors import ClosedError, ConfigError
+from tierstore.format.pack import Pack
+from tierstore.format.packlock import lock_for_reading
+from tierstore.format.sidecar import lock_path_of
 from tierstore.store.config import StoreConfig
 from tierstore.store.keys import dense_keys
 from tierstore.store.mover import Mover
@@ -76,14 +79,14 @@ class ExpertStore(BackgroundJobs):
                               f"arena heat file), found {type(warm_start).__name__}")
         self._owns_pack = isinstance(pack, (str, os.PathLike))
         if self._owns_pack:   # opened here, so closed by close() (its fd must not outlive us)
-            from tierstore.format.pack import Pack
             pack = Pack.open(pack)
-        try:
+        self.pack, self._pack_lock = pack, -1
+        try:   # LOCK_SH on the pack's .lock for our lifetime: no PackWriter rewrites under us
+            self._pack_lock = lock_for_reading(pack.path, lock_path_of(pack.path))
             self._open_tiers(pack, vram_slots, vram_gb, ram_gb, policy, device, max_promote,
                              top_k, n_spec, max_seqs, force, options)
         except BaseException:
-            if self._owns_pack:
-                pack.close()
+            self._drop_pack()
             raise
         cfg = self.config
         self.pool_policy, self.arena_policy = self._pool.policy, self._arena.policy
@@ -110,7 +113,6 @@ class ExpertStore(BackgroundJobs):
                                 top_k=top_k, n_spec=n_spec, max_seqs=max_seqs, force=force,
                                 options=options)
         self.config = cfg
-        self.pack = pack
         self.device = cfg.device
         self.n_slots, self.slot_bytes = cfg.n_slots, int(pack.slot_bytes)
         self.max_promote = cfg.max_promote
@@ -349,14 +351,20 @@ class ExpertStore(BackgroundJobs):
         self._worker.stop()
         if self._owns_engine:
             self.engine.close()
+        self._drop_pack()
+
+    def _drop_pack(self) -> None:
+        """Release the reader lock (writers may start) and close a pack we opened."""
+        fd, self._pack_lock = self._pack_lock, -1
+        if fd >= 0:
+            os.close(fd)
         if self._owns_pack:
             self.pack.close()
 
     def __del__(self):
         try:
-            if not self._closed:
-                self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown, half-built store
             pass
 
     def __enter__(self) -> "ExpertStore":
