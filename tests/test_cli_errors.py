@@ -125,10 +125,12 @@ def cases(root: Path, pack: str, trunc: str):
         (io_base + ["--out", "{v}"], None, p["dir"] + p["file_as_dir"] + p["unwritable"]),
         (io_base[:3] + ["{v}"] + io_base[4:], None,
          [trunc, str(root / "nope.bin")] + p["dir"]),
-        (["demo", "--quick", "--steps", "{v}"], None, BAD_INTS),
-        (["demo", "--quick", "--out", "{v}"], None, p["file"] + p["file_as_dir"] + ["/proc/x"]),
-        (["demo", "--quick", "--plot", "{v}"], None, p["dir"] + p["unwritable"]),
-        (["demo", "--quick", "--seed", "{v}"], None, ["-1", "x"]),
+        # --device cpu everywhere: no case may depend on whether this host has a GPU
+        (["demo", "--quick", "--device", "cpu", "--steps", "{v}"], None, BAD_INTS),
+        (["demo", "--quick", "--device", "cpu", "--out", "{v}"], None,
+         p["file"] + p["file_as_dir"] + ["/proc/x"]),
+        (["demo", "--quick", "--device", "cpu", "--plot", "{v}"], None, p["dir"] + p["unwritable"]),
+        (["demo", "--quick", "--device", "cpu", "--seed", "{v}"], None, ["-1", "x"]),
         (["warm", "inspect", warm, "--top", "{v}"], None, ["-3", "0", "x"]),
         (["warm", "inspect", "{v}"], None, p["missing"] + p["dir"]),
         (["warm", "inspect", warm, "--pack", "{v}"], None, p["missing"]),
@@ -219,7 +221,8 @@ def test_expert_store_caps_explicit_sizes_at_the_pack_rows(tmp_path):
 
 # -- real processes: exit status, signals, nothing left behind ----------------------------
 def _env():
-    return {**os.environ, "PYTHONPATH": str(ROOT)}   # TMPDIR: private_tmp
+    extra = os.environ.get("PYTHONPATH")     # TMPDIR: private_tmp
+    return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + extra if extra else "")}
 
 
 @pytest.mark.parametrize("argv", [
@@ -263,10 +266,36 @@ def test_interrupted_create_leaves_no_temp_file(tmp_path, sig):
     assert os.listdir(tmp_path) == []
 
 
-def test_interrupted_fresh_pack_build_removes_what_it_wrote(tmp_path):
-    rc, _, err = _interrupt(["pack", "build", "out", "--synthetic", "400,64,65536"],
-                            tmp_path, signal.SIGTERM, ".pack")
-    assert rc == 128 + signal.SIGTERM and "Traceback" not in err, err
+def _interrupt_after_line(argv, cwd, sig, line: str, timeout=120):
+    """Run the command and send ``sig`` the moment its stderr shows ``line``: a point in
+    the run that does not depend on how fast this machine is (or whether it has a GPU)."""
+    p = subprocess.Popen([sys.executable, "-m", "tierstore", *argv], cwd=cwd, env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        deadline = time.monotonic() + timeout
+        for text in p.stderr:
+            seen.append(text)
+            if line in text or time.monotonic() > deadline:
+                break
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return p.returncode, out, "".join(seen) + err, any(line in t for t in seen)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupted_fresh_pack_build_removes_what_it_wrote(tmp_path, sig):
+    # The first progress line comes after layer 1 of 2000 is on disk; the other 1999
+    # layers (each a pwrite, an fdatasync and a sidecar publish) cannot all be written
+    # before the signal lands, on any machine.
+    rc, out, err, seen = _interrupt_after_line(
+        ["pack", "build", "out", "--synthetic", "2000,4,65536"], tmp_path, sig, "layer 1/2000")
+    assert seen, f"no progress line: {err}"
+    assert rc == 128 + sig and "Traceback" not in err and "nothing partial" in err, err
+    assert out == ""                      # the path of a finished pack is never printed
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
 
 

@@ -243,7 +243,8 @@ def test_warm_inspect_of_a_huge_layer_id_is_small_and_fast(tmp_path, capsys):
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30));"
             "from tierstore.cli import main; sys.exit(main(['warm', 'inspect', sys.argv[1]]))")
     r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+                       timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))})
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr and "out of range" in r.stdout
     del resource

@@ -67,7 +67,7 @@ def layouts(draw, slot_bytes):
     cuts = sorted(draw(st.sets(st.integers(1, slot_bytes - 1), max_size=4))) if slot_bytes > 1 else []
     edges = [0] + cuts + [slot_bytes]
     sections = [RowSection(name=f"s{i}", offset=a, bytes=b - a, dtype="uint8", shape=[b - a],
-                           codec=draw(st.sampled_from(["raw", "mxfp4", "e8m0"])))
+                           codec=draw(st.sampled_from(["raw", "e2m1", "e8m0"])))
                 for i, (a, b) in enumerate(zip(edges, edges[1:]))]
     return RowLayout(kind=draw(st.sampled_from(["fp4", "base", "opaque"])), sections=sections,
                      order=draw(st.sampled_from(["linear", "fragmajor"])),

@@ -10,8 +10,20 @@ import errno as _errno
 import os
 
 
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped: a message names
+    files, and a file name may hold a newline; the message must stay one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 class TierstoreError(Exception):
-    """Base class of every error tierstore raises on purpose."""
+    """Base class of every error tierstore raises on purpose. Its message is one line
+    whatever the names in it hold (``one_line``)."""
+
+    def __str__(self) -> str:
+        return one_line(super().__str__())
 
 
 class FormatError(TierstoreError, ValueError):
@@ -38,7 +50,7 @@ class TierIOError(TierstoreError, OSError):
         self.filename = self.path
 
     def __str__(self) -> str:  # OSError's default adds "[Errno n]" noise
-        return self.args[1]
+        return one_line(self.args[1])
 
 
 class ClosedError(TierstoreError, RuntimeError):

@@ -111,14 +111,17 @@ class MoetTier:
         from tierstore.store.expert_store import ExpertStore
         cfg = self.config
         ram_gb = cfg.ts_ram_gb
+        policy = POLICY_MAP.get(cfg.policy, "lru")
         options = {"threads": cfg.store_threads, "direct": cfg.ts_direct,
-                   "half_life_s": cfg.half_life_s or None,
+                   # DECAY/DECAY_S is a half-life only for the heat-like policies; the
+                   # store refuses one given to lru
+                   "half_life_s": (cfg.half_life_s or None) if policy in ("heat", "hybrid") else None,
                    "lazy_per_step": 0 if cfg.policy == "need" else cfg.promote_per_pass,
                    # a prefill keeps the hottest half of the pool (vLLM-Moet's ensure_resident)
                    "scan_keep": 0.5}
         options.update(self._store_options)
         self.store = ExpertStore(self.pack, vram_slots=int(n_slots), ram_gb=ram_gb,
-                                 policy=POLICY_MAP.get(cfg.policy, "lru"), device=str(self.device),
+                                 policy=policy, device=str(self.device),
                                  max_promote=self._cap(cfg.gate_max_promote, n_slots), **options)
         if ram_gb > 0:
             from tierstore.warm import arena_heat_path

@@ -18,7 +18,7 @@ import threading
 import warnings
 
 from tierstore.cli.args import Parser, RawHelpFormatter
-from tierstore.errors import TierstoreError
+from tierstore.errors import TierstoreError, one_line
 
 DESCRIPTION = """\
 tierstore keeps the expert weights of a mixture-of-experts model in three tiers: a
@@ -92,7 +92,7 @@ def _signals_and_warnings():
 
 
 def _error(text: str) -> int:
-    print(f"tierstore: error: {text}", file=sys.stderr)
+    print(f"tierstore: error: {one_line(str(text))}", file=sys.stderr)
     return 1
 
 

@@ -30,6 +30,8 @@ MAX_KEYS = 1 << 22   # n_layers x E: the store keeps a few bytes per key (DS4 ha
 CHECKSUM_ALGOS = ("xxh3_64",)
 DEFAULT_CHECKSUM = "xxh3_64"
 ORDERS = ("linear", "fragmajor")
+CODECS = ("e2m1", "e2m1.fragmajor", "e8m0", "base2", "raw")   # FORMAT.md, "RowLayout"
+MAX_PARAM = 1 << 62    # layout params are sizes (H, I, blocks): far below this
 # dtype name -> bytes per element; "e2m1x2" is two FP4 nibbles per byte.
 DTYPE_BYTES = {"uint8": 1, "int8": 1, "e2m1x2": 1, "e8m0": 1, "float8_e4m3fn": 1,
                "uint16": 2, "bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
@@ -38,10 +40,12 @@ IDENTITY_FIELDS = ("ckpt_id", "zero_mode", "quantizer_abi", "tag", "n_layers", "
 TIERSTORE_ONLY_FIELDS = frozenset({"layout", "checksum", "checksums"})
 
 _TAG = r"[A-Za-z0-9_\-]+"
+# [0-9], not \d: \d matches any Unicode digit ("rank\u0660of1"), which no other
+# reader of these names would parse as 0; \Z, not $, which matches before a newline.
 _NAME_RE = re.compile(
     rf"^(?P<tag>{_TAG})(?:\.v2\.(?P<key20>[0-9a-f]{{20}}))?"
-    r"\.rank(?P<rank>\d+)of(?P<world>\d+)(?:\.pp(?P<p>\d+)of(?P<q>\d+))?\.pack$")
-TAG_RE = re.compile(rf"^{_TAG}$")
+    r"\.rank(?P<rank>[0-9]+)of(?P<world>[0-9]+)(?:\.pp(?P<p>[0-9]+)of(?P<q>[0-9]+))?\.pack\Z")
+TAG_RE = re.compile(rf"^{_TAG}\Z")   # \Z: "$" would let a trailing newline through
 
 
 def round_up(n: int, align: int = PAGE) -> int:
@@ -220,6 +224,11 @@ def validate_layout(layout: RowLayout, slot_bytes: int, path: str) -> None:
 
     if layout.order not in ORDERS:
         bad(f"order {layout.order!r}, expected one of {ORDERS}")
+    if not TAG_RE.match(layout.kind):
+        bad(f"kind {layout.kind!r} is not a row tag ([A-Za-z0-9_-]+, or opaque)")
+    for key, value in layout.params.items():
+        if not 0 <= value < MAX_PARAM:
+            bad(f"params `{key}`: {value} is outside [0, {MAX_PARAM})")
     if not layout.sections:
         bad("no sections")
     names: set[str] = set()
@@ -230,6 +239,8 @@ def validate_layout(layout: RowLayout, slot_bytes: int, path: str) -> None:
         names.add(s.name)
         if s.dtype not in DTYPE_BYTES:
             bad(f"section `{s.name}`: unknown dtype {s.dtype!r}")
+        if s.codec not in CODECS:
+            bad(f"section `{s.name}`: unknown codec {s.codec!r}, expected one of {CODECS}")
         n = DTYPE_BYTES[s.dtype]
         for d in s.shape:
             if d <= 0:

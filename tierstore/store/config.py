@@ -13,9 +13,13 @@ the ``half_life_steps`` / ``half_life_s`` settings.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from tierstore import policies, settings
@@ -37,6 +41,20 @@ def _spec(spec, tier: str, problems: list[str]) -> tuple[str, dict]:
         return spec["name"].lower(), params
     problems.append(f"{tier} policy must be a name or {{'name': ..., **params}}, found {spec!r}")
     return "lru", {}
+
+
+def _check_half_life(half_life, half_life_s, problems: list) -> None:
+    """The half_life / half_life_s options: one of them, a finite number > 0 (0 or
+    True must not silently mean "the default" or 1)."""
+    if half_life is not None and half_life_s is not None:
+        problems.append(f"give half_life (steps) or half_life_s (seconds), not both "
+                        f"({half_life!r}, {half_life_s!r})")
+    for name, value in (("half_life", half_life), ("half_life_s", half_life_s)):
+        if value is None:
+            continue
+        ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+        if not ok or not math.isfinite(value) or value <= 0:
+            problems.append(f"{name} must be a finite number > 0, found {value!r}")
 
 
 def _default_params(name: str, half_life=None, half_life_s=None) -> dict:
@@ -106,8 +124,19 @@ class StoreConfig:
         for (name, params), tier in ((pool_spec, "pool"), (arena_spec, "arena")):
             if name not in policies.available():
                 problems.append(f"{tier} policy {name!r} unknown (available: {', '.join(policies.available())})")
+        n_problems = len(problems)
+        _check_half_life(opt("half_life"), opt("half_life_s"), problems)
+        half_lives = (opt("half_life"), opt("half_life_s")) if len(problems) == n_problems \
+            else (None, None)
+        if (opt("half_life") is not None or opt("half_life_s") is not None) \
+                and pool_spec[0] not in _HEAT_LIKE:
+            # lru/auto have no half-life: taking the option silently would hide a typo'd
+            # policy or a config that does not do what its author thinks
+            given = "half_life" if opt("half_life") is not None else "half_life_s"
+            problems.append(f"{given}={opt(given)!r} given, but the pool policy "
+                            f"{pool_spec[0]!r} has no half-life (only {', '.join(_HEAT_LIKE)} do)")
         if not pool_spec[1]:
-            pool_spec = (pool_spec[0], _default_params(pool_spec[0], opt("half_life"), opt("half_life_s")))
+            pool_spec = (pool_spec[0], _default_params(pool_spec[0], *half_lives))
         elif opt("half_life") is not None or opt("half_life_s") is not None:
             problems.append("half_life given both as an option and in the pool policy's parameters")
         if not arena_spec[1]:
