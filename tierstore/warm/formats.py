@@ -149,6 +149,18 @@ def _check_wall_time(t, path: str) -> None:
                           f"1970, 0 .. {MAX_WALL_TIME:.0e})")
 
 
+def _check_geometry(ident: "PackIdentity", path: str, where: str) -> None:
+    """The identity's geometry within a pack's caps, before any table is sized by it
+    (``warm inspect`` builds per-layer counts: n_layers 2^70 or -1 must not get there)."""
+    from tierstore.format.sidecar import MAX_EXPERTS, MAX_LAYERS, MAX_SLOT_BYTES
+    for name, value, cap in (("n_layers", ident.n_layers, MAX_LAYERS),
+                             ("n_experts", ident.n_experts, MAX_EXPERTS),
+                             ("slot_bytes", ident.slot_bytes, MAX_SLOT_BYTES),
+                             ("stride", ident.stride, MAX_SLOT_BYTES + 4096)):
+        if value is not None and not 1 <= value <= cap:
+            raise FormatError(f"{path}: {where}.{name} {value} is outside [1, {cap}]")
+
+
 def _pairs(rows, path: str, where: str) -> np.ndarray:
     try:
         keys = np.asarray(rows, dtype=np.int64).reshape(-1, 2) if rows else np.zeros((0, 2), np.int64)
@@ -213,6 +225,7 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
                                   f"expected {POOLMON_VERSION!r}")
             pm = msgspec.convert(obj, Poolmon, strict=True)
             _check_wall_time(pm.wall_time, path)
+            _check_geometry(pm.pack, path, "pack")
             pool = _tier_from_owners(pm.tiers.pool, path, "tiers.pool.owners")
             arena = _tier_from_owners(pm.tiers.arena, path, "tiers.arena.owners")
             return WarmFile(path, kind, pm.pack, pool, arena,
@@ -227,6 +240,7 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
             m = ph.meta
             ident = PackIdentity(tag=m.tag, n_layers=m.n_layers, n_experts=m.E,
                                  slot_bytes=m.slot_bytes)
+            _check_geometry(ident, path, "meta")
             return WarmFile(path, kind, ident, _ranked_tier(ph.owners, path, "owners"),
                             WarmTier.empty(), wall_time=mtime)
         if obj.get("version") != ARENA_HEAT_VERSION or isinstance(obj.get("version"), bool):
