@@ -28,6 +28,7 @@ from tierstore.policies.dense import DensePolicy
 # One default for the store and the simulator (why 256: see tierstore.settings).
 DEFAULT_HALF_LIFE_STEPS = HEAT_HALF_LIFE_STEPS
 _RENORM_EXPONENT = 256.0
+_NO_LAST = np.empty(0, dtype=np.int64)  # native_state: heat keeps no last-use ticks
 
 
 class HeatPolicy(DensePolicy):
@@ -97,6 +98,21 @@ class HeatPolicy(DensePolicy):
 
     def scores(self) -> np.ndarray:
         return self._raw / self._gain
+
+    def native_state(self):
+        """(kind, last, raw, resident, (clock, t, base, gain, n_resident), half_life)
+        for ``tierstore._C.replay_demand`` (tierstore.sim.native_replay): the arrays
+        are live, the native loop updates them in place. None on the wall clock
+        (the native loop decays by steps only)."""
+        if self.wall_clock:
+            return None
+        return (1, _NO_LAST, self._raw, self._resident,
+                (0, self._t, self._base, self._gain, self._n_resident), self.half_life)
+
+    def load_native_state(self, state) -> None:
+        """Take back the scalars ``replay_demand`` returns (see ``native_state``)."""
+        _, self._t, self._base, self._gain, n_res = (float(x) for x in state)
+        self._n_resident = int(n_res)
 
     def reset(self) -> None:
         super().reset()

@@ -60,6 +60,18 @@ class HybridPolicy(HeatPolicy):
         """int64 [n_keys]: clock tick of each key's last use (-1 = never)."""
         return self._last.copy()
 
+    def native_state(self):
+        """HeatPolicy's, plus the last-use ticks and their clock (kind 2)."""
+        state = super().native_state()
+        if state is None:
+            return None
+        _, _, raw, resident, (_, t, base, gain, n_res), h = state
+        return (2, self._last, raw, resident, (self._clock, t, base, gain, n_res), h)
+
+    def load_native_state(self, state) -> None:
+        super().load_native_state(state)
+        self._clock = int(state[0])
+
     def reset(self) -> None:
         super().reset()
         self._last[:] = -1

@@ -16,6 +16,7 @@ import numpy as np
 from tierstore.policies.dense import DensePolicy
 
 NEVER = -1
+_NO_HEAT = np.empty(0, dtype=np.float64)  # native_state: lru keeps no heat
 
 
 class LRUPolicy(DensePolicy):
@@ -50,6 +51,17 @@ class LRUPolicy(DensePolicy):
     def last_access(self) -> np.ndarray:
         """int64 [n_keys]: clock tick of each key's last use (-1 = never)."""
         return self._last.copy()
+
+    def native_state(self):
+        """(kind, last, raw, resident, (clock, t, base, gain, n_resident), half_life)
+        for ``tierstore._C.replay_demand`` (tierstore.sim.native_replay): the arrays
+        are live, the native loop updates them in place."""
+        return (0, self._last, _NO_HEAT, self._resident,
+                (self._clock, 0.0, 0.0, 1.0, self._n_resident), 1.0)
+
+    def load_native_state(self, state) -> None:
+        """Take back the scalars ``replay_demand`` returns (see ``native_state``)."""
+        self._clock, self._n_resident = int(state[0]), int(state[4])
 
     def reset(self) -> None:
         super().reset()

@@ -22,6 +22,7 @@ from tierstore.policies.admission import ADMIT_ALL, Admission, HotterThanVictim,
 from tierstore.policies.base import Policy
 from tierstore.policies.fill import plan_fill, plan_lazy
 from tierstore.sim.counting import Counters, Prepared
+from tierstore.sim.native_replay import native_filter, replay_native
 
 
 class Filler:
@@ -84,9 +85,12 @@ class Filler:
 
 
 def replay_demand_fill(prep: Prepared, policy: Policy, slots: int,
-                       granularity: str = "layer", admission: Admission | None = None) -> Counters:
+                       granularity: str = "layer", admission: Admission | None = None,
+                       native: bool = True) -> Counters:
     """Demand fill through ``policy``; ``admission`` defaults to the policy's own
-    filter (``ADMIT_ALL`` is the store's fire).
+    filter (``ADMIT_ALL`` is the store's fire). ``native``: run lru / heat / hybrid
+    through the C++ loop (``tierstore.sim.native_replay``, same results, ~100x
+    faster); False forces this Python loop (the tests' oracle).
 
     ``granularity="layer"`` (default): each (tick, layer) reads the slot table
     in turn; its misses are filled before the next layer reads, evicting any key
@@ -102,6 +106,11 @@ def replay_demand_fill(prep: Prepared, policy: Policy, slots: int,
     if granularity not in ("layer", "tick"):
         raise ConfigError(f"granularity must be 'layer' or 'tick', got {granularity!r}")
     adm = for_policy(policy) if admission is None else admission
+    filter_ = native_filter(policy, adm) if native else None
+    if filter_ is not None:
+        cnt = replay_native(prep, policy, slots, granularity, filter_)
+        if cnt is not None:
+            return cnt
     tier = Filler(prep, policy, slots)
     resident, hit = tier.resident, tier.cnt.hit
     dkeys, dcounts, single = prep.dkeys, prep.dcounts, prep.all_single

@@ -1,0 +1,68 @@
+"""The native demand-fill replay (issue #14): ``tierstore._C.replay_demand`` runs
+``replay_demand_fill``'s loop for the lru / heat / hybrid policies in C++
+(csrc/store/src/replay.cpp), over the policy object's own state arrays
+(``native_state()``), which it updates in place: afterwards the policy is in
+exactly the state the Python loop leaves (same hits, reads, evictions,
+rejections, tie-breaks; tests/test_native_policies.py compares the two).
+
+Used only where it is exact: a fresh (nothing resident) policy of exactly one of
+those three classes on the step clock (``half_life_s`` reads the wall clock), with
+the policy's own admission filter or ``ADMIT_ALL``. Anything else (auto, Belady,
+the predictor, a custom admission, a subclass) stays on the Python loop, as does
+everything when the extension is not built.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tierstore.policies.admission import ADMIT_ALL, PolicyFilter
+from tierstore.policies.heat import HeatPolicy
+from tierstore.policies.hybrid import HybridPolicy
+from tierstore.policies.lru import LRUPolicy
+from tierstore.sim.counting import Counters, Prepared
+
+_NATIVE_CLASSES = (LRUPolicy, HeatPolicy, HybridPolicy)
+
+
+def _native():
+    try:
+        from tierstore import _C
+    except ImportError:
+        return None
+    return getattr(_C, "replay_demand", None)
+
+
+def native_filter(policy, admission) -> bool | None:
+    """The admission-filter flag the native loop runs ``policy`` with under
+    ``admission``; None when the native loop cannot model this pair exactly."""
+    if type(policy) not in _NATIVE_CLASSES or policy.n_resident or _native() is None:
+        return None
+    if admission is ADMIT_ALL:
+        return False
+    if type(admission) is PolicyFilter and admission.policy is policy:
+        return admission.filters
+    return None
+
+
+def replay_native(prep: Prepared, policy, slots: int, granularity: str,
+                  filter_: bool) -> Counters | None:
+    """Counters of the native replay (``replay_demand_fill``'s semantics), or None
+    when ``policy`` has no native state (wall clock)."""
+    state = policy.native_state()
+    if state is None:
+        return None
+    if granularity == "layer":
+        starts, ends = prep.gstarts, prep.g_tick_end
+    else:
+        starts, ends = prep.dstarts, np.ones(prep.n_ticks, dtype=bool)
+    cnt = Counters(prep)
+    kind, last, raw, resident, scalars, half_life = state
+    scalars, (reads, evictions, rejected) = _native()(
+        kind, last, raw, resident, scalars, float(half_life),
+        np.ascontiguousarray(prep.dkeys, dtype=np.int64),
+        np.ascontiguousarray(prep.dcounts, dtype=np.int64), bool(prep.all_single),
+        np.ascontiguousarray(starts, dtype=np.int64),
+        np.ascontiguousarray(ends, dtype=bool), int(slots), bool(filter_), cnt.hit)
+    policy.load_native_state(scalars)
+    cnt.demand_reads, cnt.evictions, cnt.rejected = int(reads), int(evictions), int(rejected)
+    return cnt
