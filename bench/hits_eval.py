@@ -24,8 +24,8 @@ from tierstore.sim import synth, traces
 
 FLAME = Path("/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy")
 SWEEP = (16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0)
-FIXED = ("lru", "heat", "hybrid")
-MODELS = ("lru", "heat", "hybrid", "auto", "lazy", "reference", "belady", "belady_skip",
+FIXED = ("lru", "heat", "hybrid", "phase")
+MODELS = ("lru", "heat", "hybrid", "phase", "auto", "lazy", "reference", "belady", "belady_skip",
           "unbounded", "predict", "prefetch")
 
 
@@ -35,8 +35,8 @@ def run_trace(trace, budgets) -> dict:
     main = sim.replay(prep, MODELS, slots, budget=8)
     sweep = []
     for h in SWEEP:
-        params = {"heat": {"half_life": h}, "hybrid": {"half_life": h}}
-        for r in sim.replay(prep, ["heat", "hybrid"], slots, policy_params=params):
+        params = {f: {"half_life": h} for f in FIXED[1:]}
+        for r in sim.replay(prep, list(FIXED[1:]), slots, policy_params=params):
             sweep.append({**r.as_dict(), "half_life": h})
     curve = []
     for b in budgets:
@@ -73,7 +73,7 @@ def markdown(blocks) -> str:
                        f"{'' if r['gap_closed'] is None else format(r['gap_closed'], '.2f')} | "
                        f"{'' if r['latency_gap_closed'] is None else format(r['latency_gap_closed'], '.2f')} | "
                        f"{r['accesses_per_s'] / 1e6:.3f} |")
-        out += ["", "Best fixed policy in hindsight (heat/hybrid half-life sweep "
+        out += ["", "Best fixed policy in hindsight (heat/hybrid/phase half-life sweep "
                 f"{', '.join(f'{h:g}' for h in SWEEP)}, and lru) vs auto, bandwidth view:", "",
                 "| slots | best fixed | its bandwidth hit | auto | auto - best |",
                 "|---:|---|---:|---:|---:|"]

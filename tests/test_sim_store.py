@@ -49,7 +49,8 @@ def _sim_policy(trace, slots, name, params):
 
 @pytest.mark.parametrize("label, trace", TRACES, ids=[t[0] for t in TRACES])
 @pytest.mark.parametrize("name, params", [("lru", {}), ("heat", {"half_life": 16.0}),
-                                          ("hybrid", {"half_life": 64.0}), ("auto", {})])
+                                          ("hybrid", {"half_life": 64.0}), ("auto", {}),
+                                          ("phase", {"half_life": 64.0})])
 @pytest.mark.parametrize("granularity", ["layer", "tick"])
 def test_store_fires_and_simulator_demand_fill_agree_exactly(tmp_path, label, trace, name,
                                                              params, granularity):

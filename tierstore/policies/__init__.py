@@ -3,9 +3,9 @@
 ``make(name, n_keys, capacity, **params)`` builds one instance (one per tier:
 instances share no state); ``available()`` lists the names. Parameters:
 
-- ``lru``, ``auto`` (self-tuning: follows the best of nine shadowed fixed
+- ``lru``, ``auto`` (self-tuning: follows the best of twelve shadowed fixed
   policies, see policies/auto.py): none.
-- ``heat``, ``hybrid``: ``half_life`` (decode steps, default
+- ``heat``, ``hybrid``, ``phase`` (hybrid + within-tick next-use order, policies/phase.py): ``half_life`` (decode steps, default
   ``tierstore.settings.HEAT_HALF_LIFE_STEPS`` = 256, the store's and the simulator's) or ``half_life_s`` (seconds of wall clock).
 """
 from __future__ import annotations
@@ -16,12 +16,14 @@ from tierstore.policies.base import NO_KEY, Policy
 from tierstore.policies.heat import HeatPolicy
 from tierstore.policies.hybrid import HybridPolicy
 from tierstore.policies.lru import LRUPolicy
+from tierstore.policies.phase import PhasePolicy
 
 _REGISTRY: dict[str, type[Policy]] = {
     "lru": LRUPolicy,
     "heat": HeatPolicy,
     "hybrid": HybridPolicy,
     "auto": AutoPolicy,
+    "phase": PhasePolicy,
 }
 
 
@@ -40,4 +42,4 @@ def make(name: str, n_keys: int, capacity: int, **params) -> Policy:
     return cls(n_keys, capacity, **params)
 
 
-__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "AutoPolicy", "make", "available"]
+__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "AutoPolicy", "PhasePolicy", "make", "available"]

@@ -5,8 +5,10 @@ Algorithm (expert selection over shadow caches, in the spirit of ARC's ghost
 lists and LeCaR's regret, but choosing among whole policies):
 - Experts: LRU, and decayed frequency (``heat``) and heat-with-admission
   (``hybrid``: may skip caching a miss colder than its victim) at half-lives of
-  32, 128, 512 and 2048 steps: nine policies spanning recency to long-term
-  popularity, forced admission to admit-or-skip.
+  32, 128, 512 and 2048 steps, and ``phase`` (hybrid whose victims are the keys
+  of latest expected next use, counting each key's layer position within the
+  tick: policies/phase.py) at 128 (the prior), 32 and 512: twelve policies
+  spanning recency to long-term popularity, forced admission to admit-or-skip.
 - Each expert runs a shadow cache of the same capacity (keys only, no bytes):
   every ``on_access`` call is one read of the slot table, its misses filled
   through the one fill routine (``tierstore.policies.fill``) with the call's
@@ -17,8 +19,14 @@ lists and LeCaR's regret, but choosing among whole policies):
 - The real tier follows the leader (highest score; ties to the earlier expert):
   victims are the leader's coldest among the real resident keys, promotion
   order is the leader's ranking, and ``admit`` is the leader's filter.
-Cost: nine shadows make ``on_access`` ~10x a plain policy's; fine at the
+Cost: twelve shadows make ``on_access`` ~13x a plain policy's; fine at the
 store's one fold per step, and the simulator's replay shows it (M acc/s).
+
+Measured (bench/results/hits_eval_*.md): on FLAME auto follows phase(128) and
+closes ~0.12-0.25 of the LRU->MIN gap; on decode-shaped synthetic traces with
+token-to-token locality it follows LRU. A next-layer co-occurrence predictor
+(protect keys the next layer is predicted to read) was tried and moved FLAME by
+2 reads in 85k: not kept.
 
 Departures: no per-layer quota expert (the victim API does not name the
 candidate's layer); scores reward hits only (every demand policy reads each
@@ -34,16 +42,18 @@ from tierstore.policies.fill import plan_fill
 from tierstore.policies.heat import HeatPolicy
 from tierstore.policies.hybrid import HybridPolicy
 from tierstore.policies.lru import LRUPolicy
+from tierstore.policies.phase import PhasePolicy
 
 HALF_LIVES = (32.0, 128.0, 512.0, 2048.0)
+PHASE_HALF_LIVES = (128.0, 32.0, 512.0)  # first = the prior
 SCORE_HALF_LIFE = 128.0  # steps over which an expert's past hits count half
 
 
 def _experts(n_keys: int, capacity: int) -> list[DensePolicy]:
-    # The first is the prior (ties, and no evidence yet, go to it): decayed frequency
-    # at 128 steps, the best fixed heat setting on the shared traces.
-    out: list[DensePolicy] = [HeatPolicy(n_keys, capacity, half_life=h) for h in HALF_LIVES[1:2]]
-    out += [HeatPolicy(n_keys, capacity, half_life=h) for h in HALF_LIVES if h != HALF_LIVES[1]]
+    # The first is the prior (ties, and no evidence yet, go to it): phase at 128
+    # steps (hybrid's order plus the within-tick next-use offset, policies/phase.py).
+    out: list[DensePolicy] = [PhasePolicy(n_keys, capacity, half_life=h) for h in PHASE_HALF_LIVES]
+    out += [HeatPolicy(n_keys, capacity, half_life=h) for h in HALF_LIVES]
     out += [HybridPolicy(n_keys, capacity, half_life=h) for h in HALF_LIVES]
     out.append(LRUPolicy(n_keys, capacity))
     return out
