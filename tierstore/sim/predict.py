@@ -1,7 +1,8 @@
 """The ``predict`` model: demand fill under a base policy (``hybrid``) plus
 prefetch of the experts the routing so far predicts, learned online.
 
-Predictor (``CoRoutingPredictor``), per pair of consecutive layers, decayed
+Predictor (``tierstore.policies.corouting.CoRouting``, the live prefetcher's
+model), per pair of consecutive layers, decayed
 counts (half-life ``half_life`` ticks, lazy global gain as in heat.py):
 - cross-layer: ``C[l, f, e]`` = how often expert f at layer l and expert e at
   layer l+1 were routed by the same token. After layer l reads the slot table
@@ -34,86 +35,11 @@ from tierstore import policies as _policies
 from tierstore.errors import ConfigError
 from tierstore.policies.admission import ADMIT_ALL, PolicyFilter, for_policy
 from tierstore.policies.base import Policy
+from tierstore.policies.corouting import CoRouting
 from tierstore.policies.fill import plan_lazy
 from tierstore.sim.demand import Filler, hottest_nonresident
 
-_RENORM_EXPONENT = 256.0
 LAZY_PER_TICK = 8  # the reference manager's promotions per pass
-
-
-class CoRoutingPredictor:
-    """Online cross-layer and next-token co-routing counts (see module doc).
-    Expert ids are per layer (0..n_experts-1); layers are dense indices."""
-
-    def __init__(self, n_layers: int, n_experts: int, half_life: float = 512.0,
-                 prior_weight: float = 4.0):
-        self.n_layers, self.n_experts = n_layers, n_experts
-        shape = (max(n_layers - 1, 1), n_experts, n_experts)
-        self.cross = np.zeros(shape)
-        self.cross_n = np.zeros(shape[:2])
-        self.temporal = np.zeros((n_layers, n_experts, n_experts))
-        self.temporal_n = np.zeros((n_layers, n_experts))
-        self.marginal = np.zeros((n_layers, n_experts))  # decayed routings per expert
-        self.marginal_n = np.zeros(n_layers)             # decayed reads of the layer
-        self.half_life = float(half_life)
-        self.prior_weight = float(prior_weight)
-        self._t = 0.0
-        self._gain = 1.0
-        self.skill = np.array([1.0, 1.0])  # decayed mass on the truth: cross, temporal
-
-    def tick(self) -> None:
-        self._t += 1.0
-        exponent = self._t / self.half_life
-        if exponent > _RENORM_EXPONENT:
-            for arr in (self.cross, self.cross_n, self.temporal, self.temporal_n,
-                        self.marginal, self.marginal_n):
-                arr *= 2.0 ** -exponent
-            self._t, exponent = 0.0, 0.0
-        self._gain = 2.0 ** exponent
-
-    def observe(self, layer: int, experts: np.ndarray) -> None:
-        """The layer routed ``experts`` (its marginal, the predictions' prior)."""
-        self.marginal[layer][experts] += self._gain
-        self.marginal_n[layer] += self._gain
-
-    def learn(self, layer: int, src: np.ndarray, dst: np.ndarray, *, temporal: bool) -> None:
-        """src experts (layer ``layer`` or same layer one tick earlier) were
-        followed by dst experts (layer ``layer + 1``, or ``layer`` now)."""
-        if src.size == 0 or dst.size == 0:
-            return
-        counts, totals = ((self.temporal, self.temporal_n) if temporal
-                          else (self.cross, self.cross_n))
-        counts[layer][np.ix_(src, dst)] += self._gain
-        totals[layer][src] += self._gain
-
-    def predict(self, layer: int, src: np.ndarray, *, temporal: bool) -> np.ndarray:
-        """float64 [n_experts]: P(each expert routed) given ``src``."""
-        counts, totals = ((self.temporal, self.temporal_n) if temporal
-                          else (self.cross, self.cross_n))
-        dst = layer if temporal else layer + 1
-        denom = totals[layer][src].sum() if src.size else 0.0
-        if denom <= 0 or self.marginal_n[dst] <= 0:
-            return np.zeros(self.n_experts)
-        # Shrink toward the destination layer's marginal with the weight of
-        # ``prior_weight`` observations: few co-routings must not look certain.
-        prior = self.marginal[dst] / self.marginal_n[dst]
-        return (counts[layer][src].sum(axis=0) + self.prior_weight * prior) / \
-            (denom + self.prior_weight)
-
-    def mix(self, p_cross: np.ndarray | None, p_temp: np.ndarray | None) -> np.ndarray:
-        if p_cross is None:
-            return p_temp
-        if p_temp is None:
-            return p_cross
-        w = self.skill / self.skill.sum()
-        return w[0] * p_cross + w[1] * p_temp
-
-    def score(self, p_cross, p_temp, actual: np.ndarray, top_k: int) -> None:
-        """Credit each predictor with the probability mass it put on ``actual``."""
-        decay = 2.0 ** (-1.0 / self.half_life)
-        for i, p in enumerate((p_cross, p_temp)):
-            if p is not None:
-                self.skill[i] = self.skill[i] * decay + p[actual].sum() / max(top_k, 1)
 
 
 def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "layer",
@@ -135,7 +61,7 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     trace = prep.trace
     L, E = trace.n_layers, trace.n_experts
     policy: Policy = _policies.make(base, prep.n_keys, slots, **base_params)
-    pred = CoRoutingPredictor(L, E, half_life, prior_weight)
+    pred = CoRouting(L, E, 1, half_life, prior_weight)
     prefetched = np.zeros(prep.n_keys, dtype=bool)  # admitted by prefetch, not yet read
 
     def wasted(v):

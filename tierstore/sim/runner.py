@@ -25,6 +25,11 @@ Models, by name (``available_models()``; ``"all"`` expands to every one):
   key used farthest in the future); ``belady_skip``: MIN that may skip caching
   a miss used later than every victim (the optimum when skipping is allowed).
 - ``unbounded``: no evictions; only first uses miss.
+- ``<policy>+prefetch`` (``auto+prefetch`` listed): demand fill under the
+  policy plus the prefetcher the live store runs (``tierstore.sim.prefetching``,
+  ``tierstore.policies.prefetch``): cross-layer and next-token prefetch whose
+  reads are budgeted against LRU's (``read_ratio``, default 1: no more reads
+  than LRU), self-tuned online; ``policy_params[name]`` reaches the prefetcher.
 - ``predict``: demand fill under ``hybrid`` plus prefetch learned online
   (``tierstore.sim.predict``), at most ``budget`` prefetches per tick;
   ``prefetch``: the same predictor with no demand fill (misses unserved).
@@ -58,7 +63,9 @@ from tierstore.sim.counting import Counters, Prepared, Result
 from tierstore.sim.demand import replay_demand_fill, replay_lazy
 from tierstore.sim.traces import Trace
 
-SIM_MODELS = ("lazy", "reference", "belady", "belady_skip", "unbounded", "predict", "prefetch")
+SIM_MODELS = ("lazy", "reference", "belady", "belady_skip", "unbounded", "predict", "prefetch",
+              "auto+prefetch")
+PREFETCH_SUFFIX = "+prefetch"  # "<policy>+prefetch": any registered policy + the prefetcher
 DEFAULT_TICKS_PER_SECOND = 75.0
 REFERENCE_PROMOTE_PER_TICK = 8
 REFERENCE_HALF_LIFE_S = 5.0
@@ -91,7 +98,9 @@ def replay_reference(prep: Prepared, slots: int, ticks_per_second: float) -> Cou
 def check_policy_names(names, raise_: bool = True) -> str:
     """'' when every name is a policy or sim model, else the message (raised as
     ConfigError unless ``raise_`` is False)."""
-    unknown = [p for p in names if p not in available_models() and p != "all"]
+    unknown = [p for p in names if p not in available_models() and p != "all"
+               and not (p.endswith(PREFETCH_SUFFIX)
+                        and p[:-len(PREFETCH_SUFFIX)] in _policies.available())]
     if not unknown:
         return ""
     msg = (f"unknown policy {', '.join(map(repr, unknown))} (available: "
@@ -126,6 +135,14 @@ def run_one(prep: Prepared, name: str, slots: int, *, budget: int, ticks_per_sec
     if name == "unbounded":
         return replay_demand_fill(prep, _policies.make("lru", prep.n_keys, prep.n_keys),
                                   prep.n_keys, granularity, ADMIT_ALL)
+    if name.endswith(PREFETCH_SUFFIX):
+        from tierstore.sim.prefetching import replay_with_prefetch
+        if granularity != "layer":
+            raise ConfigError(f"model {name!r} needs granularity 'layer' (it prefetches "
+                              f"later layers while the current one runs)")
+        base = name[:-len(PREFETCH_SUFFIX)]
+        policy = _policies.make(base, prep.n_keys, slots, **params.get(base, {}))
+        return replay_with_prefetch(prep, policy, slots, **params.get(name, {}))[0]
     if name in ("predict", "prefetch"):
         from tierstore.sim.predict import replay_predict
         kw = {**params.get("predict", {}), **params.get(name, {})}

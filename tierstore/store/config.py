@@ -28,7 +28,7 @@ from tierstore.errors import ConfigError
 
 _OPTIONS = ("threads", "direct", "lazy_per_step", "half_life", "half_life_s", "arena_policy",
             "reserve_gb", "max_gb", "scan_keep", "fire_rounds", "latency_window", "engine",
-            "stream", "snapshot", "snapshot_every_s", "gate_fp_max", "verify")
+            "stream", "snapshot", "snapshot_every_s", "gate_fp_max", "verify", "prefetch")
 VERIFY_MODES = ("always", "first", "off")
 _HEAT_LIKE = ("heat", "hybrid")
 
@@ -88,6 +88,7 @@ class StoreConfig:
     engine: Any = None
     stream: Any = None
     floor: int | None = None
+    prefetch: dict | None = None  # Prefetcher parameters (store/prefetch.py); None = off
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -170,6 +171,15 @@ class StoreConfig:
         max_gb = number("max_gb", get("max_gb"), float, 0.0)
         snap_every = number("snapshot_every_s", get("snapshot_every_s"), float, 0.0)
         gate_fp_max = number("gate_fp_max", 3 if opt("gate_fp_max") is None else opt("gate_fp_max"), int, 0)
+        prefetch = opt("prefetch")
+        if prefetch is True:
+            prefetch = {}
+        elif prefetch is False:
+            prefetch = None
+        elif prefetch is not None and not isinstance(prefetch, dict):
+            problems.append(f"prefetch must be True, False or a dict of prefetcher parameters, "
+                            f"found {prefetch!r}")
+            prefetch = None
         if top_k is not None:
             number("top_k", top_k, int, 1)
         number("n_spec", n_spec, int, 0)
@@ -196,7 +206,8 @@ class StoreConfig:
                    pool_policy=pool_spec, arena_policy=arena_spec, threads=threads, direct=direct,
                    lazy_per_step=lazy, scan_keep=scan_keep, fire_rounds=rounds,
                    latency_window=window, snapshot=opt("snapshot"), snapshot_every_s=snap_every,
-                   engine=opt("engine"), stream=opt("stream"), floor=floor, verify=verify)
+                   engine=opt("engine"), stream=opt("stream"), floor=floor, verify=verify,
+                   prefetch=prefetch)
 
     # -- building the parts ------------------------------------------------------------
     def open_engine(self, pack):

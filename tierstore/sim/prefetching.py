@@ -1,0 +1,89 @@
+"""Demand fill under any policy plus the prefetcher (``tierstore.policies.prefetch``),
+replayed at layer granularity in the order the live store runs it
+(``tierstore.store.prefetch``): per (tick, layer) group, hits are counted, the
+accesses reach the policy, the prefetcher releases what it held for the layer
+and learns, its proposal is pinned and fetched (over the policy's victims,
+never the group's keys or a pinned one, no admission filter: a prefetch is an
+order), then the group's misses are demand-filled (the policy's own admission,
+or ``admission``), the same keys protected. Models ``<policy>+prefetch``.
+
+Counters: ``prefetched`` = rows the prefetcher read; ``prefetch_hits`` = those
+read while still resident; ``wasted`` = evicted unread or never read;
+``demand_reads`` = misses read. The latency view (``hit_rate``) counts an
+access as a hit when resident when its layer reads: a prefetch counts only from
+``lead`` layers after it was issued (the prefetcher never targets closer).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tierstore.errors import ConfigError
+from tierstore.policies.admission import ADMIT_ALL, Admission, for_policy
+from tierstore.policies.base import Policy
+from tierstore.policies.prefetch import Prefetcher
+from tierstore.sim.counting import Counters, Prepared
+from tierstore.sim.demand import Filler
+
+
+def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: Prefetcher,
+                       admission: Admission | None = None, demand_fill: bool = True) -> Counters:
+    """Counters of ``policy`` + ``prefetcher`` at ``slots`` (module doc).
+    ``demand_fill=False``: misses are not read (served elsewhere: ``unserved``),
+    the live store's record/step path without fires."""
+    trace = prep.trace
+    E = trace.n_experts
+    if prefetcher.n_keys != prep.n_keys or prefetcher.capacity != int(slots):
+        raise ConfigError(f"prefetch: prefetcher built for {prefetcher.n_keys} keys / "
+                          f"{prefetcher.capacity} slots, replay has {prep.n_keys} / {slots}")
+    adm = for_policy(policy) if admission is None else admission
+    prefetched = np.zeros(prep.n_keys, dtype=bool)  # read by prefetch, not yet read by a layer
+
+    def evicted(v):
+        tier.cnt.wasted += int(np.count_nonzero(prefetched[v]))
+        prefetched[v] = False
+
+    tier = Filler(prep, policy, slots, on_evict=evicted)
+    cnt, resident, pinned, held = tier.cnt, tier.resident, tier.pinned, prefetcher.held_mask
+    dkeys, dcounts, single = prep.dkeys, prep.dcounts, prep.all_single
+    bounds, ends = prep.gstarts.tolist(), prep.g_tick_end.tolist()
+    for g in range(len(bounds) - 1):
+        a, b = bounds[g], bounds[g + 1]
+        u = dkeys[a:b]
+        layer = int(u[0]) // E
+        r = resident[u]
+        cnt.hit[a:b] = r
+        pf = prefetched[u]
+        if pf.any():
+            cnt.prefetch_hits += int(np.count_nonzero(pf))
+            prefetched[u] = False
+        policy.on_access(u, None if single else dcounts[a:b])
+        prefetcher.on_read(layer, u - layer * E, r)
+        fetch, _hold = prefetcher.propose(layer, resident)
+        np.copyto(pinned, held)  # the held keys block eviction as the store's pins do
+        if fetch.size:
+            got = tier.place(fetch, u, ADMIT_ALL, count_rejected=False)
+            prefetched[got] = True
+            cnt.prefetched += got.size
+        n_miss = r.size - int(np.count_nonzero(r))
+        if n_miss:
+            if demand_fill:
+                miss = u[~r]
+                cnt.demand_reads += n_miss
+                if n_miss > tier.n_free and adm.filters:
+                    miss = policy.rank(miss)  # the hottest misses take the free slots
+                tier.place(miss, u, adm)
+            else:
+                cnt.unserved += int(dcounts[a:b][~r].sum())
+        pinned.fill(False)
+        if ends[g]:
+            policy.decay()
+            prefetcher.end_tick()
+    cnt.wasted += int(np.count_nonzero(prefetched))
+    return cnt
+
+
+def replay_with_prefetch(prep: Prepared, base: Policy, slots: int, *, admission=None,
+                         demand_fill: bool = True, **prefetch_params) -> tuple[Counters, Prefetcher]:
+    """``replay_prefetching`` with a fresh Prefetcher(``prefetch_params``) over ``base``."""
+    pf = Prefetcher(prep.trace.n_layers, prep.trace.n_experts, int(slots), **prefetch_params)
+    return replay_prefetching(prep, base, slots, pf, admission, demand_fill), pf
