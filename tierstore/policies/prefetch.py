@@ -147,7 +147,8 @@ class Prefetcher:
         wraps = m >= self.n_layers
         m -= self.n_layers if wraps else 0
         model = self.model
-        p_cross = None if wraps else model.predict(int(layer), self._this[int(layer)], temporal=False)
+        layer = int(layer)
+        p_cross = None if wraps else model.predict(layer, self._this[layer], temporal=False)
         src = self._this[m] if wraps else self._prev[m]
         p_temp = None if src is None else model.predict(m, src, temporal=True)
         p = model.mix(p_cross, p_temp)

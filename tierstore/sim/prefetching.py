@@ -83,7 +83,8 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
 
 
 def replay_with_prefetch(prep: Prepared, base: Policy, slots: int, *, admission=None,
-                         demand_fill: bool = True, **prefetch_params) -> tuple[Counters, Prefetcher]:
+                         demand_fill: bool = True,
+                         **prefetch_params) -> tuple[Counters, Prefetcher]:
     """``replay_prefetching`` with a fresh Prefetcher(``prefetch_params``) over ``base``."""
     pf = Prefetcher(prep.trace.n_layers, prep.trace.n_experts, int(slots), **prefetch_params)
     return replay_prefetching(prep, base, slots, pf, admission, demand_fill), pf

@@ -8,20 +8,16 @@ Calls and who makes them::
     step()                    forward thread, end of a decode step: lazy promotions, decay
     promote(keys) -> Ticket   any thread: asynchronous, the background worker does the I/O
 
-Locking: ``store.lock`` (an RLock) guards the bookkeeping (slot state, the host
-mirror of the slot table, pins, policies, counters). It is held for array work
-only: slots are reserved under it, the reads happen with it released, and it is
-taken again to publish or roll back (``tierstore.store_io``). Nothing holding it
-reads the disk or waits for a read.
+Locking: ``store.lock`` (an RLock) guards the bookkeeping (slot state, the host mirror
+of the slot table, pins, policies, counters). It is held for array work only: slots are
+reserved under it, the reads happen with it released, and it is taken again to publish
+or roll back (``tierstore.store_io``). Nothing holding it reads the disk or waits.
 
-Heat: ``record`` only queues the ids (tierstore.store_record); they are folded
-into the policies and the hit counters, vectorised, at the next fire / step /
-stats call.
+Heat: ``record`` only queues the ids (store/recorder.py), folded at the next fire/step/stats.
 
-Errors: bad keys raise ConfigError / FormatError (tierstore.pack.check_keys); a
-failed read raises TierIOError naming the file, offset, layer and expert, after
-every slot the batch took is back (nothing is published); use after close()
-raises ClosedError.
+Errors: bad keys raise ConfigError / FormatError (tierstore.pack.check_keys); a failed
+read raises TierIOError naming the file, offset, layer and expert, after every slot the
+batch took is back (nothing is published); use after close() raises ClosedError.
 """
 from __future__ import annotations
 
@@ -62,8 +58,7 @@ class ExpertStore(BackgroundJobs):
     warm_start  a poolmon / pool-heat / arena-heat file preheated at construction
     **options   threads, direct, lazy_per_step, half_life, half_life_s, arena_policy,
                 reserve_gb, max_gb, scan_keep, fire_rounds, latency_window, engine,
-                stream, snapshot, snapshot_every_s, gate_fp_max (docs/SETTINGS.md),
-                prefetch (True or Prefetcher parameters: store/prefetch.py)
+                stream, snapshot, snapshot_every_s, gate_fp_max (docs/SETTINGS.md), prefetch
 
     Owns the pool and slot_table tensors (allocated once, never moved), the arena and,
     unless ``engine=`` was given, its engine. Thread safety: every method may be called
@@ -104,7 +99,7 @@ class ExpertStore(BackgroundJobs):
         self._lazy_busy = False
         self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
         self._worker = Worker(self, "tierstore-store")  # promotions, unpins, snapshots
-        self._prefetch = None if cfg.prefetch is None else StorePrefetch(self, cfg.prefetch)
+        self.prefetch = None if cfg.prefetch is None else StorePrefetch(self, cfg.prefetch)
         if warm_start is not None:
             self.preheat(warm_start)
 
@@ -156,11 +151,6 @@ class ExpertStore(BackgroundJobs):
         return self._arena
 
     @property
-    def prefetch(self):
-        """The prefetch hook (store/prefetch.py: ``.prefetcher``, ``.counts()``), or None."""
-        return self._prefetch
-
-    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -176,19 +166,17 @@ class ExpertStore(BackgroundJobs):
     # -- record ------------------------------------------------------------------------
     def record(self, layer: int, topk_ids) -> None:
         """Routing of one MoE layer was observed. Heat only: no I/O, no lock, no host
-        sync (with ``prefetch=`` on, also the prefetch hook: store/prefetch.py). See
-        tierstore.store_record for what happens to the ids."""
+        sync. See tierstore.store_record for what happens to the ids."""
         if self._closed:
             raise ClosedError(f"{self.pack.path}: record() on a closed store")
+        if self.prefetch is not None:  # prefetch=: record, then the hook (store/prefetch.py)
+            return self.prefetch.record(layer, topk_ids)
         if self._fold is not None and type(topk_ids) is np.ndarray:
             try:  # the common case in one native call; the fold checks the layer too
-                self._fold.add(layer, topk_ids)
-            except (TypeError, IndexError):  # the recorder converts the ids or raises
-                self._recorder.record(layer, topk_ids)
-        else:
-            self._recorder.record(layer, topk_ids)
-        if self._prefetch is not None:  # opt-in: takes the lock for array work (store/prefetch.py)
-            self._prefetch.after_record(layer, topk_ids)
+                return self._fold.add(layer, topk_ids)
+            except (TypeError, IndexError):
+                pass  # the recorder converts the ids or raises the ConfigError
+        self._recorder.record(layer, topk_ids)
 
     def _fold_records(self) -> None:
         """Fold queued routing into hit counters and both policies (caller holds the lock).
@@ -308,8 +296,6 @@ class ExpertStore(BackgroundJobs):
                 self._release_prefill()
             self._pool.policy.decay(steps=1)
             self._arena.policy.decay(steps=1)
-            if self._prefetch is not None:
-                self._prefetch.end_step()
             self.step_count += 1
             cfg = self.config
             if cfg.lazy_per_step and not self._lazy_busy:

@@ -40,10 +40,16 @@ class StorePrefetch:
         self.prefetcher = Prefetcher(int(store.pack.n_layers), self.n_experts, int(store.n_slots),
                                      **params)
         self._current = _EMPTY  # the last recorded layer's keys, pinned until the next record
-        self.tickets_failed = 0
+        self._step = int(store.step_count)  # ticks end at step(): seen at the next record
+
+    def record(self, layer: int, topk_ids) -> None:
+        """ExpertStore.record with prefetch on: queue the ids (the recorder, which
+        validates them), then the hook."""
+        self.store._recorder.record(layer, topk_ids)
+        self.after_record(layer, topk_ids)
 
     def after_record(self, layer: int, topk_ids) -> None:
-        """Forward thread, after record() queued the ids (see module doc)."""
+        """Forward thread, after the ids were queued (see module doc)."""
         if isinstance(topk_ids, torch.Tensor):
             ids = topk_ids.detach().reshape(-1).cpu().numpy()
         else:
@@ -53,6 +59,9 @@ class StorePrefetch:
         with store.lock:
             store._check_open("record")
             store._fold_records()
+            while self._step < store.step_count:  # a step() ended a tick since the last record
+                self._step += 1
+                pf.end_tick()
             pool = store._pool
             keys = int(layer) * self.n_experts + experts
             hit = pool.resident_slot[keys] >= 0
@@ -69,10 +78,6 @@ class StorePrefetch:
                 pool.pin(hold)
         if fetch.size:
             store._submit_job(("promote", fetch, Ticket(len(fetch)), False))
-
-    def end_step(self) -> None:
-        """step(), under the store lock."""
-        self.prefetcher.end_tick()
 
     def counts(self) -> dict:
         """The prefetcher's reads accounting (what the simulator reports too)."""
