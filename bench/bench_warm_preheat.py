@@ -66,6 +66,7 @@ def _engine_ceiling(pack, keys: np.ndarray, pool, device: str) -> float:
     dst = (np.uint64(pool.data_ptr())
            + np.arange(n, dtype=np.uint64) * np.uint64(pool.stride(0)))
     engine = Engine(pack.path, device=device)
+    engine.register_buffer(pool)  # submit accepts registered memory only
     try:
         _sync(device)
         t0 = time.perf_counter()

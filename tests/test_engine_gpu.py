@@ -28,6 +28,7 @@ def setup(tmp_path_factory):
     eng = Engine(path, threads=8, direct="auto", device="cuda", chunk_bytes=1 << 20,
                  stage_bytes=4 << 20, stage_count=3)
     pool = torch.zeros((N_ROWS, SLOT), dtype=torch.uint8, device="cuda")
+    eng.register_buffer(pool)
     yield eng, pool, data, torch
     eng.close()
 
@@ -124,6 +125,7 @@ def test_many_chunks_per_row_land_byte_exact_through_two_stages(tmp_path):
     rows = np.random.default_rng(1).permutation(N_ROWS)
     with Engine(path, threads=6, direct="auto", device="cuda", chunk_bytes=64 << 10,
                 stage_bytes=SLOT, stage_count=2) as eng:
+        eng.register_buffer(pool)
         for repeat in range(2):
             pool.zero_()
             c = eng.submit(rows * SLOT, SLOT, None, pool.data_ptr() + np.arange(N_ROWS) * SLOT,

@@ -38,6 +38,12 @@ class CapacityError(ConfigError):
     """A pool or arena cannot be sized as asked (under the fire floor, larger than memory)."""
 
 
+class BufferBoundsError(ConfigError):
+    """An engine row points outside the memory registered with the engine (a caller bug:
+    nothing was read or copied). The message names the row, its file offset and length,
+    the pointer and the buffer it points into."""
+
+
 class TierIOError(TierstoreError, OSError):
     """A read or write failed. Carries ``path``, ``offset`` and ``errno``."""
 

@@ -1,7 +1,8 @@
 // Binding of engine.hpp / host_buffer.hpp: releases the GIL around every call
 // that reads, waits or joins; turns IoError into tierstore._C.NativeIOError
 // (an OSError: errno, strerror = message, filename = path, offset) that tierstore/engine.py
-// maps onto tierstore.errors.TierIOError. No logic lives here.
+// maps onto tierstore.errors.TierIOError, and BoundsError into NativeBoundsError (a
+// ValueError) that it maps onto BufferBoundsError. No logic lives here.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -74,6 +75,17 @@ void bind_engine(nb::module_& m) {
           Py_DECREF(exc);
         }
       });
+  static PyObject* native_bounds_error =
+      PyErr_NewException("tierstore._C.NativeBoundsError", PyExc_ValueError, nullptr);
+  m.attr("NativeBoundsError") = nb::handle(native_bounds_error);
+  nb::register_exception_translator(
+      [](const std::exception_ptr& p, void*) {
+        try {
+          std::rethrow_exception(p);
+        } catch (const BoundsError& e) {
+          PyErr_SetString(native_bounds_error, e.what());
+        }
+      });
 
   m.def("xxh3_64",
         [](nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> data) {
@@ -141,6 +153,25 @@ void bind_engine(nb::module_& m) {
            },
            "file_offsets"_a, "lengths"_a, "src_ptrs"_a, "dst_ptrs"_a, "dst_device"_a,
            "checksums"_a = nb::none())
+      .def("register_buffer",
+           [](Engine& e, uint64_t ptr, uint64_t nbytes, bool device) {
+             return e.buffers().add(ptr, nbytes, device);
+           },
+           "ptr"_a, "nbytes"_a, "device"_a, "Registers memory submit() may use; returns a token.")
+      .def("unregister_buffer", [](Engine& e, uint64_t token) { return e.buffers().remove(token); },
+           "token"_a)
+      .def_prop_ro("buffer_count", [](Engine& e) { return e.buffers().size(); })
+      .def("time_row_checks",
+           [](Engine& e, Column<int64_t> offsets, Column<uint64_t> lengths, Column<uint64_t> src,
+              Column<uint64_t> dst, bool dst_device, int reps) {
+             const size_t n = offsets.shape(0);
+             if (lengths.shape(0) != n || src.shape(0) != n || dst.shape(0) != n)
+               throw std::invalid_argument("time_row_checks: columns must have the same length");
+             nb::gil_scoped_release release;
+             return e.time_row_checks(offsets.data(), lengths.data(), src.data(), dst.data(), n,
+                                      dst_device, reps);
+           },
+           "file_offsets"_a, "lengths"_a, "src_ptrs"_a, "dst_ptrs"_a, "dst_device"_a, "reps"_a)
       .def("close", &Engine::close, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("closed", &Engine::closed)
       .def_prop_ro("direct_active", &Engine::direct_active)

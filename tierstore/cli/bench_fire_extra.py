@@ -171,7 +171,9 @@ def registered_window(ctx, n: int, repeats: int) -> dict:
     fd = os.open(ctx.path, os.O_RDONLY)
     mm = mmap.mmap(fd, span, prot=mmap.PROT_READ)
     os.close(fd)
-    base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
+    window = np.frombuffer(mm, dtype=np.uint8)
+    base = window.ctypes.data
+    store.engine.register_buffer(window)  # the engine's submit accepts registered memory only
     fm.sync(torch, "cuda")
     keys = np.arange(n)
     try:
@@ -200,7 +202,8 @@ def registered_window(ctx, n: int, repeats: int) -> dict:
         out["gpu_reads_pageable"] = _gpu_read(ctx, base, n, repeats, "pageable mapping",
                                               need_pageable=True)
     finally:
-        del base
+        store.engine.unregister_buffer(window)
+        del base, window
         try:
             mm.close()
         except BufferError:

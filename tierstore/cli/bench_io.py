@@ -180,6 +180,7 @@ def run(args, res: dict | None = None) -> dict:
                     chunk_bytes=max(m.PAGE, int(args.chunk_mib * (1 << 20)) // m.PAGE * m.PAGE),
                     stage_bytes=(row + m.PAGE - 1) // m.PAGE * m.PAGE,
                     stage_count=args.stage_count)
+    engine.register_buffer(pool)  # submit accepts registered memory only
     res["direct_active"] = engine.direct_active
     pick = lambda n: np.sort(rng.choice(offsets, size=n, replace=False))  # noqa: E731
     ts = res["tierstore"]
@@ -236,6 +237,7 @@ def _sweep(args, res, torch, device, path, pool, row, n, pick, file_bytes) -> No
                                    chunk_bytes=max(m.PAGE, int(chunk_mib * (1 << 20)) // m.PAGE * m.PAGE),
                                    stage_bytes=(row + m.PAGE - 1) // m.PAGE * m.PAGE,
                                    stage_count=args.stage_count, chunk_ramp=ramp)
+            engines[item].register_buffer(pool)
         m.warm(path, file_bytes)
         for item, eng in engines.items():
             t = [m.tierstore_fire(torch, eng, device, pick(n), row, pool) for _ in range(6)]

@@ -21,6 +21,7 @@ after ``stream_wait``).
 """
 from __future__ import annotations
 
+import contextlib
 import errno as _errno
 import logging
 import math
@@ -31,7 +32,7 @@ import numpy as np
 
 from tierstore import _C
 from tierstore.files.untrusted import open_regular
-from tierstore.errors import ClosedError, ConfigError, TierIOError
+from tierstore.errors import BufferBoundsError, ClosedError, ConfigError, TierIOError
 from tierstore.io.buffers import BufferTable
 
 log = logging.getLogger("tierstore.engine")
@@ -157,19 +158,18 @@ class Engine:
     rows read without a caller buffer. A failed row may leave part of its bytes
     in its destination; the caller must not publish it.
 
-    Memory: every src/dst row that points into a buffer the engine knows
-    (``alloc_host`` results, ``register_buffer``) must fit inside it
-    (tierstore/io/buffers.py); ``strict_buffers=True`` also refuses addresses
-    in no known buffer, so no length can write past a buffer.
+    Memory: every src/dst row must lie inside one buffer registered with this
+    engine (``alloc_host`` results, ``register_buffer``, ``registered``), on
+    the right side of the bus (tierstore/io/buffers.py); anything else is a
+    BufferBoundsError before anything is read, so no length can write past a
+    buffer.
     """
 
     def __init__(self, path: str | os.PathLike, *, threads: int = 8, direct: str = "auto",
                  device: str = "cpu", device_index: int = 0, chunk_bytes: int = 4 << 20,
                  stage_bytes: int = 16 << 20, stage_count: int = 8, probe_cache: bool = True,
-                 chunk_ramp: bool = True, strict_buffers: bool = False):
+                 chunk_ramp: bool = True):
         self.path = os.fspath(path)
-        self.strict_buffers = bool(strict_buffers)
-        self._buffers = BufferTable()
         problems = []
         if not isinstance(threads, int) or not 1 <= threads <= 512:
             problems.append(f"threads={threads!r} (expected 1..512)")
@@ -203,6 +203,7 @@ class Engine:
                                            bool(probe_cache), bool(chunk_ramp))
         except _C.NativeIOError as exc:
             raise _from_native(exc) from None
+        self._buffers = BufferTable(self._native)
         reason = self._native.fallback_reason
         if reason and self.path not in _fallback_logged:
             _fallback_logged.add(self.path)
@@ -240,13 +241,26 @@ class Engine:
     def register_buffer(self, buffer) -> None:
         """Make a contiguous torch tensor (host or CUDA) or numpy array known to submit.
 
-        Rows pointing into it are then checked to end inside it. Held by weak
+        submit accepts only rows inside registered buffers. Held by weak
         reference: it leaves the table when it is freed (or unregister_buffer).
         """
         self._buffers.add(buffer)
 
     def unregister_buffer(self, buffer) -> None:
+        """Drop every registration of ``buffer``."""
         self._buffers.remove(buffer)
+
+    @contextlib.contextmanager
+    def registered(self, buffer):
+        """``with engine.registered(t):`` ``t`` is registered for the block only (a
+        caller-owned buffer used for one batch; nested and concurrent uses of the same
+        buffer each hold their own registration)."""
+        token = self._buffers.add(buffer)
+        try:
+            yield buffer
+        finally:
+            if token:
+                self._buffers.remove_token(buffer, token)
 
     # -- I/O -----------------------------------------------------------------
     def submit(self, file_offsets, lengths, src_ptrs=None, dst_ptrs=None, *,
@@ -256,7 +270,10 @@ class Engine:
 
         Every row is checked before anything is read (offset >= -1, 0 < length
         <= 2**36, no offset/pointer + length overflow, a source for offset -1):
-        a ConfigError naming the row, and nothing is submitted.
+        a ConfigError naming the row, and nothing is submitted. Then every
+        nonzero src (host) and dst (device with ``dst_device``, else host) must
+        lie inside one registered buffer (``alloc_host``, ``register_buffer``):
+        a BufferBoundsError naming the row, its offset, length and the buffer.
 
         ``checksums``: optional ``np.uint64[N]``, the expected XXH3-64 (seed 0,
         ``xxhash.xxh3_64_intdigest``; ``checksum="xxh3_64"`` is the only
@@ -286,12 +303,10 @@ class Engine:
         if checksum != "xxh3_64":
             raise ConfigError(f"submit: checksum={checksum!r} (expected 'xxh3_64')")
         sums = None if checksums is None else _column(checksums, n, np.uint64, "checksums")
-        table, strict = self._buffers, self.strict_buffers
-        if len(table) or strict:
-            table.check(src, lens, False, "src", strict, self.path)
-            table.check(dst, lens, bool(dst_device), "dst", strict, self.path)
         try:
             native = self._native.submit(offsets, lens, src, dst, bool(dst_device), sums)
+        except _C.NativeBoundsError as exc:
+            raise BufferBoundsError(f"{self.path}: {exc}") from None
         except ValueError as exc:
             raise ConfigError(f"{self.path}: {str(exc).split(' [')[0]}") from None
         except RuntimeError as exc:

@@ -78,8 +78,9 @@ def read_rows(pack, engine, arena, lock, keys: np.ndarray, out: torch.Tensor, sc
     else:
         sums = None if verifier is None else verifier.checksums(keys, offsets)
     try:
-        engine.submit(offsets, np.full(n, sb, np.int64), src, dst, dst_device=False,
-                      checksums=sums).wait()
+        with engine.registered(out):  # the caller's buffer, for this batch only
+            engine.submit(offsets, np.full(n, sb, np.int64), src, dst, dst_device=False,
+                          checksums=sums).wait()
         pack.check_unchanged()
     except BaseException as exc:
         with lock:

@@ -12,6 +12,7 @@
 #include "tierstore/io/checksum.hpp"
 #include "tierstore/io/detail/file_reader.hpp"
 #include "tierstore/io/engine.hpp"
+#include "tierstore/io/error.hpp"
 #include "tierstore/io/host_buffer.hpp"
 
 using namespace tierstore;
@@ -45,6 +46,11 @@ struct Rows {
   }
 };
 
+// submit() accepts registered memory only (BufferTable).
+uint64_t known(Engine& e, const void* p, size_t n) {
+  return e.buffers().add(reinterpret_cast<uint64_t>(p), n, false);
+}
+
 }  // namespace
 
 TEST(host_rows_land_byte_exact_and_are_counted) {
@@ -54,6 +60,7 @@ TEST(host_rows_land_byte_exact_and_are_counted) {
     o.direct = mode;
     Engine eng(f.path, o);
     HostBuffer buf(kRows * kRow + kPage, false);
+    known(eng, buf.data(), buf.size());
     Rows rows;
     // Aligned rows, one unaligned in the file, one unaligned in memory.
     for (size_t i = 0; i < 6; ++i) rows.add(int64_t(i * kRow), kRow, nullptr, buf.data() + i * kRow);
@@ -82,9 +89,12 @@ TEST(staged_rows_and_arena_rows) {
   CHECK(b->wait(30) && b->err() == 0);
   // Arena rows: offset -1, memcpy src -> dst; and a read into src copied to dst.
   std::vector<uint8_t> src(kRow, 7), dst(2 * kRow, 0);
+  known(eng, src.data(), src.size());
+  known(eng, dst.data(), dst.size());
   Rows arena;
   arena.add(-1, kRow, src.data(), dst.data());
   HostBuffer land(kRow, false);
+  known(eng, land.data(), land.size());
   arena.add(int64_t(3 * kRow), kRow, land.data(), dst.data() + kRow);
   b = arena.submit(eng);
   CHECK(b->wait(30) && b->err() == 0);
@@ -100,6 +110,7 @@ TEST(an_engine_reads_through_the_reader_it_is_given) {
   Engine eng(std::make_unique<detail::FileReader>(f.path, detail::DirectMode::off), small_options(2));
   CHECK(eng.path() == f.path && !eng.direct_active());
   HostBuffer buf(4 * kRow, false);
+  known(eng, buf.data(), buf.size());
   Rows rows;
   for (size_t i = 0; i < 4; ++i) rows.add(int64_t(i * kRow), kRow, nullptr, buf.data() + i * kRow);
   auto b = rows.submit(eng);
@@ -115,6 +126,7 @@ TEST(an_injected_fault_fails_only_its_row_and_siblings_stay_exact) {
   plan.err = EIO;
   eng.set_faults(plan);
   HostBuffer buf(8 * kRow, false);
+  known(eng, buf.data(), buf.size());
   std::memset(buf.data(), 0, 8 * kRow);
   Rows rows;
   for (size_t i = 0; i < 8; ++i) rows.add(int64_t(i * kRow), kRow, nullptr, buf.data() + i * kRow);
@@ -162,6 +174,7 @@ TEST(cancel_and_close_with_reads_in_flight_stop_every_write) {
     plan.delay_us = 5000;  // every 4 KiB attempt takes >= 5 ms
     eng.set_faults(plan);
     HostBuffer buf(kRows * kRow, false);
+    known(eng, buf.data(), buf.size());
     std::memset(buf.data(), 0, kRows * kRow);
     Rows rows;
     for (size_t i = 0; i < kRows; ++i) rows.add(int64_t(i * kRow), kRow, nullptr, buf.data() + i * kRow);
@@ -200,6 +213,7 @@ TEST(many_submitters_at_once) {
     threads.emplace_back([&, t] {
       std::mt19937 rng(t);
       HostBuffer buf(4 * kRow, false);
+      const uint64_t token = known(eng, buf.data(), buf.size());
       for (int it = 0; it < 20; ++it) {
         Rows rows;
         std::vector<size_t> which;
@@ -215,6 +229,7 @@ TEST(many_submitters_at_once) {
             if (std::memcmp(buf.data() + r * kRow, f.bytes.data() + which[r] * kRow, kRow) != 0)
               bad.fetch_add(1);
       }
+      eng.buffers().remove(token);
     });
   }
   for (auto& t : threads) t.join();
@@ -246,6 +261,7 @@ TEST(checksummed_rows_pass_intact_and_fail_corrupted_with_ebadmsg) {
   o.stage_bytes = kRow;
   Engine eng(f.path, o);
   HostBuffer buf(8 * kRow, false);
+  known(eng, buf.data(), buf.size());
   for (int land = 0; land < 3; ++land) {  // host dst, caller src, staging ring
     Rows rows;
     std::vector<uint64_t> sums;
@@ -265,6 +281,37 @@ TEST(checksummed_rows_pass_intact_and_fail_corrupted_with_ebadmsg) {
   }
   CHECK_EQ(eng.stats().verified_rows, 24);
   CHECK_EQ(eng.stats().checksum_failures, 3);
+}
+
+TEST(rows_outside_registered_memory_are_refused_before_anything_is_read) {
+  tstest::TempFile f(tstest::test_dir(), 4 * kRow, 11);
+  Engine eng(f.path, small_options(1));
+  HostBuffer buf(2 * kRow, false);
+  std::memset(buf.data(), 0, 2 * kRow);
+  Rows unknown;
+  unknown.add(0, kPage, nullptr, buf.data());
+  CHECK_THROWS(unknown.submit(eng), BoundsError, "is in no registered host buffer");
+  // Nested and overlapping registrations: a row fits when one buffer holds all of it.
+  const uint64_t outer = known(eng, buf.data(), kRow);
+  known(eng, buf.data() + kPage, kPage);           // nested in outer
+  known(eng, buf.data() + kRow - kPage, 2 * kPage); // overlaps outer's end
+  Rows fits, across, past;
+  fits.add(0, kRow, nullptr, buf.data());
+  across.add(0, 2 * kPage, nullptr, buf.data() + kRow - kPage / 2);  // needs outer and the third
+  past.add(0, kRow, nullptr, buf.data() + 1);
+  CHECK(fits.submit(eng)->wait(30));
+  CHECK_THROWS(across.submit(eng), BoundsError, "past the registered host buffer");
+  CHECK_THROWS(past.submit(eng), BoundsError, "(262144 B at 0x");
+  CHECK(eng.buffers().remove(outer) && !eng.buffers().remove(outer));
+  CHECK_THROWS(fits.submit(eng), BoundsError, "row 0 (file_offset 0, length 262144): dst");
+  // A host buffer is no device destination (the check runs before the device check
+  // of a host-only engine would matter: use the table directly).
+  const BufferTable::Reader table(eng.buffers());
+  std::string why;
+  CHECK(table.check(reinterpret_cast<uint64_t>(buf.data() + kPage), kPage, true, why) != nullptr);
+  CHECK(why.find("is host memory") != std::string::npos);
+  CHECK_EQ(eng.stats().batches, 1);
+  CHECK(std::memcmp(buf.data() + kRow, std::vector<uint8_t>(kRow, 0).data(), kRow) == 0);
 }
 
 TSTEST_MAIN()

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "tierstore/io/buffer_table.hpp"
 #include "tierstore/io/detail/file_reader.hpp"
 #include "tierstore/io/faulty_reader.hpp"
 #include "tierstore/io/reader.hpp"
@@ -152,7 +153,9 @@ class Engine {
   // Every row is checked first (offset >= -1; 0 < length <= kMaxRowBytes; no
   // overflow of offset + length, src + length, dst + length; a src for
   // offset -1): std::invalid_argument naming the row, nothing submitted.
-  // std::runtime_error when closed.
+  // Then every src (host) and dst (device when dst_device, else host) range
+  // must lie inside one buffer of buffers(): BoundsError naming the row, its
+  // offset and length, and the buffer. std::runtime_error when closed.
   std::shared_ptr<Batch> submit(const int64_t* file_offsets, const uint64_t* lengths,
                                 const uint64_t* src, const uint64_t* dst, size_t n,
                                 bool dst_device, const uint64_t* checksums = nullptr);
@@ -167,6 +170,13 @@ class Engine {
   int device() const noexcept { return options_.device; }
   uintptr_t copy_stream_handle() const noexcept;
   EngineStats stats() const;
+  // The memory submit() accepts (register every src/dst buffer here first).
+  BufferTable& buffers() noexcept { return buffers_; }
+  // Seconds one submit() spends checking these rows (every check, the buffer
+  // table included), the best of `reps` runs; the rows must pass. For the cost
+  // test and benchmarks: nothing is submitted.
+  double time_row_checks(const int64_t* file_offsets, const uint64_t* lengths, const uint64_t* src,
+                         const uint64_t* dst, size_t n, bool dst_device, int reps) const;
   // Test seam: from now on read through a FaultyReader wrapping the engine's
   // reader with `plan` (an empty plan switches back to the plain reader).
   // Reads in flight finish with the reader they started on.
@@ -186,6 +196,7 @@ class Engine {
                   const uint64_t* dst, size_t n, bool dst_device, const uint64_t* checksums) const;
 
   EngineOptions options_;
+  BufferTable buffers_;
   std::unique_ptr<Reader> reader_;
   std::unique_ptr<FaultyReader> faulty_;  // made on the first set_faults, kept until ~Engine
   std::atomic<Reader*> active_{nullptr};  // reader_ or faulty_

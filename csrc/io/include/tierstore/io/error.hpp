@@ -29,6 +29,13 @@ class IoError : public std::runtime_error {
   int err_;
 };
 
+// A submitted row points outside the memory registered with the engine
+// (BufferTable): a caller bug, refused before anything is read or copied.
+class BoundsError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 namespace detail {
 
 // Cold paths: build the message ("<path>: <what> at offset 0x..: ENAME (text) [file:line]")
