@@ -39,11 +39,13 @@ from tierstore.store.prefetch import StorePrefetch
 from tierstore.store.recorder import RoutingRecorder
 from tierstore.store.verify import RowVerifier
 from tierstore.store.stats import Counters, FireResult, StoreStats
+from tierstore.store.interrupts import OrphanPins, no_interrupts
 from tierstore.store.jobs import BackgroundJobs
+from tierstore.store.lifecycle import Lifecycle
 from tierstore.store.worker import Ticket, Worker
 
 
-class ExpertStore(BackgroundJobs):
+class ExpertStore(BackgroundJobs, Lifecycle):
     """Expert rows of one pack in a VRAM pool + RAM arena (contract: README.md "Python API" and docs/INTERNALS.md).
 
     pack        a Pack (or a path for Pack.open); the store reads it through its engine
@@ -96,6 +98,7 @@ class ExpertStore(BackgroundJobs):
         self._fold = self._recorder._fold  # record()'s fast path (the native fold)
         self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
         self._prefill: FireResult | None = None
+        self._orphans = OrphanPins()   # pins of fire results a Ctrl-C kept from their caller
         self._lazy_busy = False
         self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
         self._worker = Worker(self, "tierstore-store")  # promotions, unpins, snapshots
@@ -213,12 +216,13 @@ class ExpertStore(BackgroundJobs):
         ids = np.unique(ids.reshape(-1))
         ids = ids[ids >= 0]
         keys = self._dense(np.stack([np.full(len(ids), int(layer)), ids], axis=1))
-        self._release_prefill()
-        result = self._fire(keys, self.n_slots, stream, scan=True)
-        with self.lock:   # swap atomically: a concurrent prefill's pins are released, not lost
-            old, self._prefill = self._prefill, result
-            if old is not None and not old.released:
-                self.release(old)
+        with no_interrupts():   # the pins end up in _prefill (step frees them) or nowhere
+            self._release_prefill()
+            result = self._fire(keys, self.n_slots, stream, scan=True)
+            with self.lock:   # swap atomically: a concurrent prefill's pins are released, not lost
+                old, self._prefill = self._prefill, result
+                if old is not None and not old.released:
+                    self.release(old)
         return result
 
     def release(self, fire_result: FireResult) -> None:
@@ -241,16 +245,13 @@ class ExpertStore(BackgroundJobs):
     def load_arena(self, keys) -> int:
         """Read ``keys`` into arena rows (no pool copy), synchronously; rows loaded."""
         dense = self._dense(keys)
-        self._enter("load_arena")
-        try:
+        with self._activity("load_arena"):
             with self.lock:
                 batch = self._mover.plan(dense, to_pool=False, stream=self._stream)
             if batch is None:
                 return 0
             self._mover.run(batch)
             return len(batch.keys)
-        finally:
-            self._exit()
 
     def read_rows(self, keys, out, scan: bool = False, verify: bool = False) -> int:
         """Copy the rows of ``keys`` (unique (layer, expert) pairs) into ``out[i, :slot_bytes]``,
@@ -262,18 +263,14 @@ class ExpertStore(BackgroundJobs):
         dense = self._dense(keys)
         if len(dense) != len(np.asarray(keys).reshape(-1, 2)):
             raise ConfigError(f"{self.pack.path}: read_rows: keys must be unique")
-        self._enter("read_rows")
-        try:
+        with self._activity("read_rows"):
             return read_rows(self.pack, self.engine, self._arena, self.lock, dense, out, scan,
                              self.verifier, verify)
-        finally:
-            self._exit()
 
     def evict(self, keys) -> int:
         """Evict resident, unpinned ``keys`` from the pool; returns how many left."""
         dense = self._dense(keys)
-        self._enter("evict")
-        try:
+        with self._activity("evict"):
             with self.lock:
                 gone, slots = self._pool.evict(dense)
                 event = self._pool.unpublish(gone, self._stream)
@@ -282,15 +279,14 @@ class ExpertStore(BackgroundJobs):
             with self.lock:
                 self._pool.finish_evict(slots)
             return len(gone)
-        finally:
-            self._exit()
 
     # -- step / stats ----------------------------------------------------------------------
     def step(self) -> None:
         """End of a decode step: fold heat, decay, queue lazy promotions (at most
         ``lazy_per_step``, hottest first, through the admission filter), snapshots."""
-        with self.lock:
+        with no_interrupts(), self.lock:
             self._check_open("step")
+            self._orphans.drain(self._pool)
             self._fold_records()
             if self._prefill is not None:
                 self._release_prefill()
@@ -315,6 +311,7 @@ class ExpertStore(BackgroundJobs):
     def stats(self) -> StoreStats:
         with self.lock:
             self._check_open("stats")
+            self._orphans.drain(self._pool)
             self._fold_records()
             snap_args = (self._pool, self._arena, self.step_count)
             engine_stats = self.engine.stats() if hasattr(self.engine, "stats") else None
@@ -338,41 +335,6 @@ class ExpertStore(BackgroundJobs):
         from tierstore import warm as warmstart
         return warmstart.preheat(self, src, pool_fill=pool_fill, progress=progress)
 
-    # -- lifecycle ------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Finish in-flight fires and the running promotion, cancel queued ones
-        (their tickets raise ClosedError), stop the worker, close the engine."""
-        with self.lock:
-            if self._closed:
-                return
-            self._closed = True
-            while self._active:
-                self._idle.wait()
-        self._worker.stop()
-        if self._owns_engine:
-            self.engine.close()
-        self._drop_pack()
-
-    def _drop_pack(self) -> None:
-        """Release the reader lock (writers may start) and close a pack we opened."""
-        fd, self._pack_lock = self._pack_lock, -1
-        if fd >= 0:
-            os.close(fd)
-        if self._owns_pack:
-            self.pack.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown, half-built store
-            pass
-
-    def __enter__(self) -> "ExpertStore":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return (f"ExpertStore({self.pack.path!r}, device={self.device}, {self.n_slots} slots, "
                 f"{self.n_arena_rows} arena rows{', closed' if self._closed else ''})")
@@ -384,17 +346,3 @@ class ExpertStore(BackgroundJobs):
 
     def _resolve_stream(self, stream):
         return self._stream if stream is None else stream
-
-    def _check_open(self, what: str) -> None:
-        if self._closed:
-            raise ClosedError(f"{self.pack.path}: {what}() on a closed store")
-
-    def _enter(self, what: str) -> None:
-        with self.lock:
-            self._check_open(what)
-            self._active += 1
-
-    def _exit(self) -> None:
-        with self.lock:
-            self._active -= 1
-            self._idle.notify_all()

@@ -24,6 +24,7 @@ import numpy as np
 from tierstore.errors import ConfigError
 from tierstore.policies.admission import HotterThanVictim
 from tierstore.policies.fill import plan_lazy
+from tierstore.store.interrupts import no_interrupts
 from tierstore.store.stats import FireResult
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -41,6 +42,7 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
     pool, mover, lock = store._pool, store._mover, store.lock
     result = FireResult(keys=_EMPTY, sources={"pool": 0, "arena": 0, "read": 0})
     with lock:
+        store._orphans.drain(pool)   # pins of results a Ctrl-C orphaned
         store._fold_records()
         pool.pin(keys)
         pinned = keys
@@ -109,34 +111,44 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
 
 
 def counted_fire(store, keys, cap: int, stream, scan: bool, pipelined=False) -> FireResult:
-    """run_fire inside the store's activity count, then the fire counters (not for scans)."""
+    """run_fire inside the store's activity count, then the fire counters (not for scans).
+    One interrupt-deferred section (store/interrupts.py): a Ctrl-C during the fire is
+    raised when it ends, after the fire gave its own pins back."""
     t0 = time.perf_counter()
-    store._enter("fire")
-    try:
-        result = run_fire(store, keys, cap, stream, scan, pipelined)
-    finally:
-        store._exit()
-    result.latency_s = time.perf_counter() - t0
-    with store.lock:
-        if not scan:
-            c = store.counters
-            c.fires += 1
-            c.fire_promoted += result.promoted
-            c.fire_over_cap += result.over_cap + result.no_slot
-            c.fire_latency.append(result.latency_s)
+    with no_interrupts() as interrupted:
+        with store._activity("fire"):
+            result = run_fire(store, keys, cap, stream, scan, pipelined)
+        result.latency_s = time.perf_counter() - t0
+        with store.lock:
+            if not scan:
+                c = store.counters
+                c.fires += 1
+                c.fire_promoted += result.promoted
+                c.fire_over_cap += result.over_cap + result.no_slot
+                c.fire_latency.append(result.latency_s)
+            if not interrupted:
+                store._orphans.adopt(result)
+        if interrupted:   # raised on leaving the section: the caller never sees the result
+            _unpin_result(store, result)
     return result
 
 
 def release_fire(store, fire_result: FireResult) -> None:
     """store.release: publish a pipelined fire's pending layers, then unpin (always)."""
-    with store.lock:
-        store._check_open("release")
-        if fire_result.released:
-            raise ConfigError("release: this FireResult was already released")
+    with no_interrupts():
+        with store.lock:
+            store._check_open("release")
+            if fire_result.released:
+                raise ConfigError("release: this FireResult was already released")
+        _unpin_result(store, fire_result)
+
+
+def _unpin_result(store, fire_result: FireResult) -> None:
     try:
         fire_result.wait_all()
     finally:
         with store.lock:
+            store._orphans.disown(fire_result)
             store._pool.unpin(fire_result.keys)
             fire_result.released = True
 

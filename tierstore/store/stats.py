@@ -48,7 +48,7 @@ class StoreStats(msgspec.Struct, frozen=True):
     record_dropped: int = 0          # recorded expert ids >= n_experts (logged once)
 
 
-class FireResult(msgspec.Struct):
+class FireResult(msgspec.Struct, weakref=True):
     """What one fire did. ``keys`` are the dense ids it pinned; pass the result to
     ``store.release`` when the step that needed them is done."""
     keys: np.ndarray
@@ -63,6 +63,7 @@ class FireResult(msgspec.Struct):
     released: bool = False
     pending: object = None           # pipelined fire: its LayerLoad until every layer is published
     pending_stream: object = None
+    guard: object = None             # finalizer that unpins a result dropped unreleased (interrupts.py)
 
     def wait_layer(self, layer: int, stream=None) -> None:
         """Pipelined fire: make ``layer``'s keys resident on ``stream`` (default: the
