@@ -4,6 +4,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
+
+from tierstore.io.engine import Engine
 
 PAGE = 4096
 
@@ -37,3 +40,12 @@ def pack_into(buf_bytes: int, lengths, rng: np.random.Generator, misalign: bool 
         pos += int(length)
     assert pos <= buf_bytes, "destination buffer too small for the rows"
     return np.asarray(positions, dtype=np.int64)
+
+
+@pytest.fixture
+def eng(tmp_path):
+    """An engine over a 16-page random file, two threads, buffered reads."""
+    path = tmp_path / "rows.bin"
+    write_random_file(path, 16 * PAGE, seed=1)
+    with Engine(path, threads=2, direct="off") as e:
+        yield e

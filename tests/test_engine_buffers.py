@@ -16,15 +16,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tierstore.errors import BufferBoundsError, ConfigError
 from tierstore.io.engine import Engine
 
-from engine_helpers import PAGE, write_random_file
+from engine_helpers import PAGE, eng, write_random_file  # noqa: F401 (eng: a fixture)
 
-
-@pytest.fixture
-def eng(tmp_path):
-    path = tmp_path / "rows.bin"
-    write_random_file(path, 16 * PAGE, seed=1)
-    with Engine(path, threads=2, direct="off") as e:
-        yield e
 
 
 def test_the_issue_15_length_is_refused_and_nothing_is_written(eng):

@@ -12,14 +12,13 @@
 
 #include "tierstore/store/fold.hpp"
 
+#include "flat_array.hpp"
+
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace tierstore::python {
 namespace {
-
-template <typename T>
-using Flat = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // The arrays take() writes and reads, bound once (the store allocates them once and
 // never rebinds them): converting three ndarray arguments cost ~3 us a take.

@@ -12,14 +12,13 @@
 
 #include "tierstore/store/replay.hpp"
 
+#include "flat_array.hpp"
+
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace tierstore::python {
 namespace {
-
-template <typename T>
-using Flat = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 using State = std::tuple<int64_t, double, double, double, int64_t>;
 using Counts = std::tuple<int64_t, int64_t, int64_t>;

@@ -103,3 +103,16 @@ class Counters:
                       prep.accesses / seconds if seconds > 0 else float("inf"),
                       unserved=int(self.unserved), bandwidth_hit_rate=bandwidth,
                       latency_hit_rate=hit_rate)
+
+
+def score_group(cnt, resident, prefetched, u, a: int, b: int):
+    """Count one read group's accesses ``u`` (positions ``a:b``): hits where resident,
+    prefetch hits where a prefetch brought them (consumed: each prefetch counts once).
+    Returns the resident mask. Shared by the prefetching replays."""
+    r = resident[u]
+    cnt.hit[a:b] = r
+    pf = prefetched[u]
+    if pf.any():
+        cnt.prefetch_hits += int(np.count_nonzero(pf))
+        prefetched[u] = False
+    return r

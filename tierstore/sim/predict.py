@@ -37,6 +37,7 @@ from tierstore.policies.admission import ADMIT_ALL, PolicyFilter, for_policy
 from tierstore.policies.base import Policy
 from tierstore.policies.corouting import CoRouting
 from tierstore.policies.fill import plan_lazy
+from tierstore.sim.counting import score_group
 from tierstore.sim.demand import Filler, hottest_nonresident
 
 LAZY_PER_TICK = 8  # the reference manager's promotions per pass
@@ -99,12 +100,7 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
         u = dkeys[a:b]
         layer, t = int(dlayer[a]), int(dtick[a])
         experts = u - layer * E
-        r = resident[u]
-        cnt.hit[a:b] = r
-        pf = prefetched[u]
-        if pf.any():
-            cnt.prefetch_hits += int(np.count_nonzero(pf))
-            prefetched[u] = False
+        r = score_group(cnt, resident, prefetched, u, a, b)
         # 1. learn from what this layer routed, and score the prediction made for it
         if pending_pred is not None and pending_pred[0] == layer:
             pred.score(pending_pred[1], pending_pred[2], experts, top_k)

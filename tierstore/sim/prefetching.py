@@ -22,6 +22,7 @@ from tierstore.policies.admission import ADMIT_ALL, Admission, for_policy
 from tierstore.policies.base import Policy
 from tierstore.policies.prefetch import Prefetcher
 from tierstore.sim.counting import Counters, Prepared
+from tierstore.sim.counting import score_group
 from tierstore.sim.demand import Filler
 
 
@@ -50,12 +51,7 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
         a, b = bounds[g], bounds[g + 1]
         u = dkeys[a:b]
         layer = int(u[0]) // E
-        r = resident[u]
-        cnt.hit[a:b] = r
-        pf = prefetched[u]
-        if pf.any():
-            cnt.prefetch_hits += int(np.count_nonzero(pf))
-            prefetched[u] = False
+        r = score_group(cnt, resident, prefetched, u, a, b)
         policy.on_access(u, None if single else dcounts[a:b])
         prefetcher.on_read(layer, u - layer * E, r)
         fetch, _hold = prefetcher.propose(layer, resident)
