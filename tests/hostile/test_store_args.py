@@ -41,6 +41,7 @@ def pack(tmp_path_factory):
     (dict(policy=5), r"pool policy must be a name"),
     (dict(policy={"name": 5}), r"pool policy must be a name"),
     (dict(policy="mru"), r"pool policy 'mru' unknown"),
+    (dict(policy="phase", half_life=0), r"half_life must be a finite number > 0, found 0"),
 ])
 def test_a_policy_knob_that_cannot_apply_is_a_config_error(pack, kwargs, pattern):
     with pytest.raises(ts.ConfigError, match=pattern) as ei:
@@ -53,6 +54,8 @@ def test_a_policy_knob_that_cannot_apply_is_a_config_error(pack, kwargs, pattern
     (dict(policy="heat", half_life=np.int64(9)), "heat", 9.0),
     (dict(policy="hybrid", half_life_s=2.5), "hybrid", 2.5),
     (dict(policy="HEAT", half_life=3), "heat", 3.0),
+    (dict(policy="phase", half_life=11), "phase", 11.0),
+    (dict(policy="phase", half_life_s=1.5), "phase", 1.5),
 ])
 def test_a_half_life_the_policy_uses_is_honoured(pack, kwargs, name, half_life):
     with ts.ExpertStore(pack, vram_slots=4, device="cpu", **kwargs) as store:

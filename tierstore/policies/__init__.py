@@ -32,6 +32,13 @@ def available() -> list[str]:
     return list(_REGISTRY)
 
 
+def has_half_life(name: str) -> bool:
+    """Whether policy ``name`` takes ``half_life`` / ``half_life_s`` (the decayed-
+    frequency family: heat and the policies built on it)."""
+    cls = _REGISTRY.get(str(name).lower())
+    return cls is not None and issubclass(cls, HeatPolicy)
+
+
 def make(name: str, n_keys: int, capacity: int, **params) -> Policy:
     """A fresh policy ``name`` over ``n_keys`` dense keys holding ``capacity``.
 
@@ -42,4 +49,4 @@ def make(name: str, n_keys: int, capacity: int, **params) -> Policy:
     return cls(n_keys, capacity, **params)
 
 
-__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "AutoPolicy", "PhasePolicy", "make", "available"]
+__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "AutoPolicy", "PhasePolicy", "make", "available", "has_half_life"]

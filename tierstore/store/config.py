@@ -30,7 +30,6 @@ _OPTIONS = ("threads", "direct", "lazy_per_step", "half_life", "half_life_s", "a
             "reserve_gb", "max_gb", "scan_keep", "fire_rounds", "latency_window", "engine",
             "stream", "snapshot", "snapshot_every_s", "gate_fp_max", "verify", "prefetch")
 VERIFY_MODES = ("always", "first", "off")
-_HEAT_LIKE = ("heat", "hybrid")
 
 
 def _spec(spec, tier: str, problems: list[str]) -> tuple[str, dict]:
@@ -58,7 +57,7 @@ def _check_half_life(half_life, half_life_s, problems: list) -> None:
 
 
 def _default_params(name: str, half_life=None, half_life_s=None) -> dict:
-    if name not in _HEAT_LIKE:
+    if not policies.has_half_life(name):
         return {}
     if half_life_s is None and half_life is None:
         half_life_s = settings.get("half_life_s") or None
@@ -130,12 +129,13 @@ class StoreConfig:
         half_lives = (opt("half_life"), opt("half_life_s")) if len(problems) == n_problems \
             else (None, None)
         if (opt("half_life") is not None or opt("half_life_s") is not None) \
-                and pool_spec[0] not in _HEAT_LIKE:
+                and not policies.has_half_life(pool_spec[0]):
             # lru/auto have no half-life: taking the option silently would hide a typo'd
             # policy or a config that does not do what its author thinks
             given = "half_life" if opt("half_life") is not None else "half_life_s"
             problems.append(f"{given}={opt(given)!r} given, but the pool policy "
-                            f"{pool_spec[0]!r} has no half-life (only {', '.join(_HEAT_LIKE)} do)")
+                            f"{pool_spec[0]!r} has no half-life (only "
+                            f"{', '.join(n for n in policies.available() if policies.has_half_life(n))} do)")
         if not pool_spec[1]:
             pool_spec = (pool_spec[0], _default_params(pool_spec[0], *half_lives))
         elif opt("half_life") is not None or opt("half_life_s") is not None:
