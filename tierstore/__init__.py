@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import importlib
 
-from tierstore.errors import (CapacityError, ClosedError, ConfigError, FormatError, TierIOError,
-                              TierstoreError)
+from tierstore.errors import (BufferBoundsError, CapacityError, ClosedError, ConfigError,
+                              FormatError, TierIOError, TierstoreError)
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it
 _LAZY = {
-    "Pack": "format", "PackWriter": "format", "RowLayout": "format", "RowSection": "format",
+    "Pack": "format", "PackWriter": "format", "PackBusyError": "format", "PackReplacedError": "format", "RowLayout": "format", "RowSection": "format",
     "Engine": "io", "Completion": "io",
     "ExpertStore": "store", "Ticket": "store", "FireResult": "store", "StoreStats": "store",
     "fire_floor": "store",
@@ -58,5 +58,5 @@ def cuda_available() -> bool:
 
 __all__ = sorted(_LAZY) + [
     "TierstoreError", "FormatError", "ConfigError", "CapacityError", "TierIOError",
-    "ClosedError", "cuda_available", "built_with_cuda", "__version__",
+    "ClosedError", "BufferBoundsError", "cuda_available", "built_with_cuda", "__version__",
 ]
