@@ -19,7 +19,7 @@ stamp "gpu tests"
 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -25
 stamp "verify cost"
-timeout 100 python3 bench/bench_verify.py --dir /tmp/bv --device cuda --json "$OUT/verify_h200.json" > "$OUT/verify.log" 2>&1
+timeout 150 python3 bench/bench_verify.py --dir /tmp/bv --device cuda --repeats 15 --json "$OUT/verify_h200.json" > "$OUT/verify.log" 2>&1
 echo "verify rc=$?"; python3 -c "
 import json; d=json.load(open('$OUT/verify_h200.json'))
 for m, v in d['modes'].items(): print(m, [(round(r['median_ms'],2), round(r['ratio_to_off'],3), r['verified_rows']) for r in v])" 2>&1 | tail -6
