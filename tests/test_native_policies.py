@@ -1,7 +1,7 @@
 """The native demand replay (tierstore.sim.native_replay, csrc/store/src/replay.cpp)
 against the Python loop it replaces (replay_demand_fill(native=False), the oracle):
 the same hits, reads, evictions and rejections, and the policy left in the same
-state, for lru / heat / hybrid at several capacities on the FLAME trace (when
+state, for lru / heat / hybrid / phase at several capacities on the FLAME trace (when
 the shared copy is present), synthetic traces and random small ones."""
 from __future__ import annotations
 
@@ -26,13 +26,14 @@ if not hasattr(_C, "replay_demand"):
 
 FLAME = Path(os.environ.get("TIERSTORE_FLAME_TRACE",
                             "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"))
-NAMES = ("lru", "heat", "hybrid")
+NAMES = ("lru", "heat", "hybrid", "phase")
 
 
 def _state(p) -> dict:
-    out = {k: getattr(p, k) for k in ("_clock", "_t", "_base", "_gain", "_n_resident")
+    out = {k: getattr(p, k) for k in ("_clock", "_t", "_base", "_gain", "_n_resident", "_group",
+                                        "_per_tick")
            if hasattr(p, k)}
-    out.update({k: getattr(p, k).copy() for k in ("_last", "_raw", "_resident")
+    out.update({k: getattr(p, k).copy() for k in ("_last", "_raw", "_pos", "_resident")
                 if hasattr(p, k)})
     return out
 

@@ -1,44 +1,29 @@
 // Binding of store/replay.hpp: tierstore._C.replay_demand, called by
-// tierstore/sim/demand.py with the Python policy's own arrays (mutated in place, so the
-// policy object ends in the state the Python loop would leave) and the prepared trace.
+// tierstore/sim/native_replay.py with the Python policy's own arrays (mutated in place, so
+// the policy object ends in the state the Python loop would leave) and the prepared trace.
 // The GIL is released: the loop touches only these buffers, which the caller holds.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/tuple.h>
 
 #include <cstdint>
-#include <stdexcept>
 #include <tuple>
 
 #include "tierstore/store/replay.hpp"
 
 #include "flat_array.hpp"
+#include "policy_view.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace tierstore::python {
-namespace {
 
-using State = std::tuple<int64_t, double, double, double, int64_t>;
 using Counts = std::tuple<int64_t, int64_t, int64_t>;
 
-std::tuple<State, Counts> replay(int kind, Flat<int64_t> last, Flat<double> raw,
-                                 Flat<bool> resident, State state, double half_life,
-                                 Flat<const int64_t> keys, Flat<const int64_t> counts,
-                                 bool single, Flat<const int64_t> starts,
-                                 Flat<const bool> tick_end, int64_t slots, bool filter,
-                                 Flat<bool> hit) {
-  if (kind < 0 || kind > 2) throw nb::value_error("replay_demand: kind must be 0, 1 or 2");
-  PolicyView p;
-  p.kind = static_cast<PolicyKind>(kind);
-  p.n_keys = static_cast<int64_t>(resident.shape(0));
-  const auto sized = [&](size_t n) { return static_cast<int64_t>(n) == p.n_keys; };
-  p.last = sized(last.shape(0)) ? last.data() : nullptr;
-  p.raw = sized(raw.shape(0)) ? raw.data() : nullptr;
-  p.resident = resident.data();
-  std::tie(p.clock, p.t, p.base, p.gain, p.n_resident) = state;
-  p.half_life = half_life;
+// The prepared trace's arrays as a ReplayTrace; value_error when their lengths disagree.
+ReplayTrace replay_trace(Flat<const int64_t> keys, Flat<const int64_t> counts, bool single,
+                         Flat<const int64_t> starts, Flat<const bool> tick_end, size_t n_hit) {
   ReplayTrace tr;
   tr.keys = keys.data();
   tr.n = static_cast<int64_t>(keys.shape(0));
@@ -47,28 +32,40 @@ std::tuple<State, Counts> replay(int kind, Flat<int64_t> last, Flat<double> raw,
   tr.n_groups = static_cast<int64_t>(starts.shape(0)) - 1;
   tr.tick_end = tick_end.data();
   if (tr.n_groups < 0 || static_cast<int64_t>(tick_end.shape(0)) != tr.n_groups ||
-      static_cast<int64_t>(hit.shape(0)) != tr.n ||
+      static_cast<int64_t>(n_hit) != tr.n ||
       (!single && static_cast<int64_t>(counts.shape(0)) != tr.n) ||
-      (tr.n_groups >= 0 && (starts.data()[0] != 0 || starts.data()[tr.n_groups] != tr.n)))
-    throw nb::value_error("replay_demand: trace arrays disagree in length");
+      starts.data()[0] != 0 || starts.data()[tr.n_groups] != tr.n)
+    throw nb::value_error("replay: trace arrays disagree in length");
+  for (int64_t g = 0; g < tr.n_groups; ++g) {
+    if (tr.starts[g + 1] < tr.starts[g]) throw nb::value_error("replay: group bounds decrease");
+  }
+  return tr;
+}
+
+namespace {
+
+std::tuple<PolicyScalars, Counts> replay(nb::handle state, Flat<const int64_t> keys,
+                                         Flat<const int64_t> counts, bool single,
+                                         Flat<const int64_t> starts, Flat<const bool> tick_end,
+                                         int64_t slots, bool filter, Flat<bool> hit) {
+  PolicyView p = policy_view(state);
+  const ReplayTrace tr = replay_trace(keys, counts, single, starts, tick_end, hit.shape(0));
   ReplayCounts c;
   {
     nb::gil_scoped_release unlocked;
     c = replay_demand(p, tr, slots, filter, hit.data());
   }
-  return {State{p.clock, p.t, p.base, p.gain, p.n_resident},
-          Counts{c.demand_reads, c.evictions, c.rejected}};
+  return {policy_scalars(p), Counts{c.demand_reads, c.evictions, c.rejected}};
 }
 
 }  // namespace
 
 void bind_policy_replay(nb::module_& m) {
-  m.def("replay_demand", &replay, "kind"_a, "last"_a, "raw"_a, "resident"_a, "state"_a,
-        "half_life"_a, "keys"_a, "counts"_a, "single"_a, "starts"_a, "tick_end"_a,
-        "slots"_a, "filter"_a, "hit"_a,
-        "Demand-fill replay of a prepared trace through lru (0) / heat (1) / hybrid (2) "
-        "state arrays, in place; returns ((clock, t, base, gain, n_resident), "
-        "(demand_reads, evictions, rejected)).");
+  m.def("replay_demand", &replay, "state"_a, "keys"_a, "counts"_a, "single"_a, "starts"_a,
+        "tick_end"_a, "slots"_a, "filter"_a, "hit"_a.noconvert(),
+        "Demand-fill replay of a prepared trace through one policy's native_state() "
+        "(kind, last, raw, pos, resident, scalars, half_life), in place; returns "
+        "(scalars, (demand_reads, evictions, rejected)).");
 }
 
 }  // namespace tierstore::python

@@ -29,6 +29,7 @@ from tierstore.policies.dense import DensePolicy
 DEFAULT_HALF_LIFE_STEPS = HEAT_HALF_LIFE_STEPS
 _RENORM_EXPONENT = 256.0
 _NO_LAST = np.empty(0, dtype=np.int64)  # native_state: heat keeps no last-use ticks
+_NO_POS = np.empty(0, dtype=np.int64)   # native_state: only phase keeps group positions
 
 
 class HeatPolicy(DensePolicy):
@@ -100,19 +101,19 @@ class HeatPolicy(DensePolicy):
         return self._raw / self._gain
 
     def native_state(self):
-        """(kind, last, raw, resident, (clock, t, base, gain, n_resident), half_life)
-        for ``tierstore._C.replay_demand`` (tierstore.sim.native_replay): the arrays
-        are live, the native loop updates them in place. None on the wall clock
-        (the native loop decays by steps only)."""
+        """(kind, last, raw, pos, resident, (clock, t, base, gain, n_resident, group,
+        per_tick), half_life) for the native loops (tierstore.sim.native_replay): the
+        arrays are live, the native loop updates them in place. None on the wall
+        clock (the native loops decay by steps only)."""
         if self.wall_clock:
             return None
-        return (1, _NO_LAST, self._raw, self._resident,
-                (0, self._t, self._base, self._gain, self._n_resident), self.half_life)
+        return (1, _NO_LAST, self._raw, _NO_POS, self._resident,
+                (0, self._t, self._base, self._gain, self._n_resident, 0, 1), self.half_life)
 
-    def load_native_state(self, state) -> None:
-        """Take back the scalars ``replay_demand`` returns (see ``native_state``)."""
-        _, self._t, self._base, self._gain, n_res = (float(x) for x in state)
-        self._n_resident = int(n_res)
+    def load_native_state(self, scalars) -> None:
+        """Take back the scalars a native loop returns (see ``native_state``)."""
+        self._t, self._base, self._gain = (float(x) for x in scalars[1:4])
+        self._n_resident = int(scalars[4])
 
     def reset(self) -> None:
         super().reset()

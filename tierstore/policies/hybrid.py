@@ -65,12 +65,12 @@ class HybridPolicy(HeatPolicy):
         state = super().native_state()
         if state is None:
             return None
-        _, _, raw, resident, (_, t, base, gain, n_res), h = state
-        return (2, self._last, raw, resident, (self._clock, t, base, gain, n_res), h)
+        _, _, raw, pos, resident, (_, t, base, gain, n_res, g, per), h = state
+        return (2, self._last, raw, pos, resident, (self._clock, t, base, gain, n_res, g, per), h)
 
-    def load_native_state(self, state) -> None:
-        super().load_native_state(state)
-        self._clock = int(state[0])
+    def load_native_state(self, scalars) -> None:
+        super().load_native_state(scalars)
+        self._clock = int(scalars[0])
 
     def reset(self) -> None:
         super().reset()

@@ -17,6 +17,7 @@ from tierstore.policies.dense import DensePolicy
 
 NEVER = -1
 _NO_HEAT = np.empty(0, dtype=np.float64)  # native_state: lru keeps no heat
+_NO_POS = np.empty(0, dtype=np.int64)      # native_state: only phase keeps group positions
 
 
 class LRUPolicy(DensePolicy):
@@ -53,15 +54,16 @@ class LRUPolicy(DensePolicy):
         return self._last.copy()
 
     def native_state(self):
-        """(kind, last, raw, resident, (clock, t, base, gain, n_resident), half_life)
-        for ``tierstore._C.replay_demand`` (tierstore.sim.native_replay): the arrays
-        are live, the native loop updates them in place."""
-        return (0, self._last, _NO_HEAT, self._resident,
-                (self._clock, 0.0, 0.0, 1.0, self._n_resident), 1.0)
+        """(kind, last, raw, pos, resident, (clock, t, base, gain, n_resident, group,
+        per_tick), half_life) for the native loops (``tierstore._C.replay_demand``,
+        ``replay_auto``; tierstore.sim.native_replay): the arrays are live, the
+        native loop updates them in place."""
+        return (0, self._last, _NO_HEAT, _NO_POS, self._resident,
+                (self._clock, 0.0, 0.0, 1.0, self._n_resident, 0, 1), 1.0)
 
-    def load_native_state(self, state) -> None:
-        """Take back the scalars ``replay_demand`` returns (see ``native_state``)."""
-        self._clock, self._n_resident = int(state[0]), int(state[4])
+    def load_native_state(self, scalars) -> None:
+        """Take back the scalars a native loop returns (see ``native_state``)."""
+        self._clock, self._n_resident = int(scalars[0]), int(scalars[4])
 
     def reset(self) -> None:
         super().reset()

@@ -54,6 +54,19 @@ class PhasePolicy(HybridPolicy):
         lam = self._raw * ((1.0 - 2.0 ** (-1.0 / self.half_life)) / self._gain)
         return -(off / L + 1.0 / np.maximum(lam, 1e-12)), self._last
 
+    def native_state(self):
+        """HybridPolicy's, plus the group positions and the tick's progress (kind 3)."""
+        state = super().native_state()
+        if state is None:
+            return None
+        _, last, raw, _, resident, (clock, t, base, gain, n_res, _, _), h = state
+        return (3, last, raw, self._pos, resident,
+                (clock, t, base, gain, n_res, self._group, self._per_tick), h)
+
+    def load_native_state(self, scalars) -> None:
+        super().load_native_state(scalars)
+        self._group, self._per_tick = int(scalars[5]), int(scalars[6])
+
     def reset(self) -> None:
         super().reset()
         self._pos[:] = 0

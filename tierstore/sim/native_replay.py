@@ -1,12 +1,12 @@
 """The native demand-fill replay (issue #14): ``tierstore._C.replay_demand`` runs
-``replay_demand_fill``'s loop for the lru / heat / hybrid policies in C++
+``replay_demand_fill``'s loop for the lru / heat / hybrid / phase policies in C++
 (csrc/store/src/replay.cpp), over the policy object's own state arrays
 (``native_state()``), which it updates in place: afterwards the policy is in
 exactly the state the Python loop leaves (same hits, reads, evictions,
 rejections, tie-breaks; tests/test_native_policies.py compares the two).
 
 Used only where it is exact: a fresh (nothing resident) policy of exactly one of
-those three classes on the step clock (``half_life_s`` reads the wall clock), with
+those four classes on the step clock (``half_life_s`` reads the wall clock), with
 the policy's own admission filter or ``ADMIT_ALL``. Anything else (auto, Belady,
 the predictor, a custom admission, a subclass) stays on the Python loop, as does
 everything when the extension is not built.
@@ -19,9 +19,10 @@ from tierstore.policies.admission import ADMIT_ALL, PolicyFilter
 from tierstore.policies.heat import HeatPolicy
 from tierstore.policies.hybrid import HybridPolicy
 from tierstore.policies.lru import LRUPolicy
+from tierstore.policies.phase import PhasePolicy
 from tierstore.sim.counting import Counters, Prepared
 
-_NATIVE_CLASSES = (LRUPolicy, HeatPolicy, HybridPolicy)
+_NATIVE_CLASSES = (LRUPolicy, HeatPolicy, HybridPolicy, PhasePolicy)
 
 
 def _native():
@@ -56,10 +57,8 @@ def replay_native(prep: Prepared, policy, slots: int, granularity: str,
     else:
         starts, ends = prep.dstarts, np.ones(prep.n_ticks, dtype=bool)
     cnt = Counters(prep)
-    kind, last, raw, resident, scalars, half_life = state
     scalars, (reads, evictions, rejected) = _native()(
-        kind, last, raw, resident, scalars, float(half_life),
-        np.ascontiguousarray(prep.dkeys, dtype=np.int64),
+        state, np.ascontiguousarray(prep.dkeys, dtype=np.int64),
         np.ascontiguousarray(prep.dcounts, dtype=np.int64), bool(prep.all_single),
         np.ascontiguousarray(starts, dtype=np.int64),
         np.ascontiguousarray(ends, dtype=bool), int(slots), bool(filter_), cnt.hit)

@@ -1,39 +1,22 @@
-// Demand-fill replay of a routing trace through the lru / heat / hybrid policies, in one
-// native loop (issue #14: the Python loop ran 0.02-0.35 M accesses/s). No I/O, no Python.
+// Demand-fill replay of a routing trace through one policy (lru / heat / hybrid / phase),
+// in one native loop (issue #14: the Python loop ran 0.02-0.35 M accesses/s). No I/O.
 //
-// The state is the Python policy's own arrays (tierstore/policies/{lru,heat,hybrid}.py),
-// borrowed for the call and left as the Python path would leave them, so a policy object
-// replayed natively is indistinguishable afterwards from one replayed in Python. Every
-// rule below mirrors one Python routine exactly (tests/test_native_policies.py checks
+// The state is the caller's policy arrays (policy.hpp PolicyView), left as the Python
+// loop over the same policy would leave them (tests/test_native_policies.py compares
 // hits, reads, evictions, rejections and the final state on many traces):
-//   order     coldest first by (raw heat | last tick, [last tick for hybrid], key id)
-//                                                              (policies/dense.py coldest)
-//   access    lru/hybrid: one clock tick per call; heat: raw += weight * gain, in order
-//   decay     heat/hybrid: t += 1, gain = 2^((t-base)/h), renormalise past 2^256
-//   fill      free slots first, then victims paired in order, hybrid admits a candidate
-//             only when strictly hotter than its victim          (policies/fill.py)
-//   replay    accesses reach the policy per run of groups up to a miss and at tick end
-//                                                              (sim/demand.py)
+//   fill      free slots first, then victims paired in order; with the policy's filter
+//             a candidate must pass policy_admit over its victim       (policies/fill.py)
+//   replay    accesses reach the policy per run of groups up to a miss and at tick end;
+//             phase (its order counts groups) gets one access per group (sim/demand.py)
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "tierstore/store/policy.hpp"
+#include "tierstore/store/resident_order.hpp"
 
 namespace tierstore {
-
-enum class PolicyKind : int { kLru = 0, kHeat = 1, kHybrid = 2 };
-
-// Views of the policy's arrays (n_keys each; `last` null for heat, `raw` null for lru)
-// and its scalar clock state, written back on return.
-struct PolicyView {
-  PolicyKind kind = PolicyKind::kLru;
-  int64_t n_keys = 0;
-  int64_t* last = nullptr;
-  double* raw = nullptr;
-  bool* resident = nullptr;
-  int64_t clock = 0;
-  double t = 0.0, base = 0.0, gain = 1.0, half_life = 1.0;
-  int64_t n_resident = 0;
-};
 
 // The prepared trace (sim/counting.py Prepared): distinct keys per (tick, key) in read
 // order, their token counts, group bounds (n_groups + 1) and a tick-end flag per group.
@@ -50,10 +33,38 @@ struct ReplayCounts {
   int64_t demand_reads = 0, evictions = 0, rejected = 0;
 };
 
-// Replays `trace` into `policy` with `slots` slots; `filter`: the hybrid admission filter
-// applies to demand fills. hit[i] = keys[i] was resident when its group read.
-// Throws std::out_of_range on a key outside [0, n_keys).
+// A simulated tier of `slots` slots around one policy: its resident set in eviction order
+// and the one fill routine (policies/fill.py plan_fill + sim/demand.py Filler.place).
+class PolicyTier {
+ public:
+  PolicyTier(PolicyView& p, int64_t slots) : p_(p), slots_(slots), order_(p), pinned_(p.n_keys, 0) {}
+
+  PolicyView& policy() { return p_; }
+  int64_t n_free() const { return slots_ > p_.n_resident ? slots_ - p_.n_resident : 0; }
+  // on_access over keys[0:n] (counts null = 1 each), keeping the order current.
+  void access(const int64_t* keys, int64_t n, const int64_t* counts);
+  void decay();
+  // Fill `miss` (not resident, in the order they win slots); victims never among
+  // block[0:nb] (nb = 0: none blocked). `filter`: the policy's admission filter applies.
+  void fill(std::vector<int64_t>& miss, const int64_t* block, int64_t nb, bool filter,
+            ReplayCounts& counts);
+
+ private:
+  PolicyView& p_;
+  const int64_t slots_;
+  ResidentOrder order_;
+  std::vector<uint8_t> pinned_;
+  std::vector<int64_t> vic_, admit_;
+};
+
+// Replays `trace` into `policy` with `slots` slots; `filter`: the policy's own admission
+// filter applies to demand fills (false: every miss is admitted, the store's fire).
+// hit[i] = keys[i] was resident when its group read. Throws std::out_of_range on a key
+// outside [0, n_keys), std::invalid_argument on a view missing an array its kind needs.
 ReplayCounts replay_demand(PolicyView& policy, const ReplayTrace& trace, int64_t slots,
                            bool filter, bool* hit);
+
+// Throws std::out_of_range unless every key of the trace is in [0, n_keys).
+void check_trace_keys(const ReplayTrace& trace, int64_t n_keys);
 
 }  // namespace tierstore

@@ -1,0 +1,93 @@
+// The per-access rules of the replacement policies lru / heat / hybrid / phase, written once
+// (issue #14): the state update of an access, the decay of time, the eviction order, the
+// promotion order and the admission filter. Callers: the demand replay (replay.cpp), the
+// self-tuning policy's shadow experts (auto_replay.cpp) and the Python policy classes
+// (tierstore/policies/*.py, through csrc/python/bind_policy*.cpp).
+//
+// Every order is exact and deterministic: coldest first by (primary, secondary, key id)
+// ascending; promotion order by (primary, secondary) descending, stable on ties.
+//   lru     primary = last-use clock tick
+//   heat    primary = raw heat (heat * 2^((t - base)/h): orders like heat, no decay work)
+//   hybrid  primary = raw heat, secondary = last-use tick; admits a candidate only when
+//           its raw heat is strictly above its victim's
+//   phase   hybrid, but primary = -(off/L + 1/max(lam, 1e-12)): minus the expected
+//           next-use distance in ticks, off = groups until the key's layer reads again
+//           within the tick, lam = per-tick use rate (policies/phase.py has the why)
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace tierstore {
+
+enum class PolicyKind : int { kLru = 0, kHeat = 1, kHybrid = 2, kPhase = 3 };
+constexpr int kPolicyKinds = 4;
+
+// Views of one policy's arrays (n_keys each; `last` null for heat, `raw` null for lru,
+// `pos` null unless phase) and its scalar state. The arrays belong to the caller.
+struct PolicyView {
+  PolicyKind kind = PolicyKind::kLru;
+  int64_t n_keys = 0;
+  int64_t* last = nullptr;   // last-use clock tick (-1 = never)
+  double* raw = nullptr;     // raw heat
+  int64_t* pos = nullptr;    // phase: group index within the tick of the last read
+  bool* resident = nullptr;  // the tier's resident mask
+  int64_t clock = 0;         // lru / hybrid / phase: one tick per access call
+  double t = 0.0, base = 0.0, gain = 1.0, half_life = 1.0;
+  int64_t n_resident = 0;
+  int64_t group = 0;     // phase: groups seen this tick
+  int64_t per_tick = 1;  // phase: L, most groups seen in one tick
+
+  bool stamps() const { return kind != PolicyKind::kHeat; }
+  bool heats() const { return kind != PolicyKind::kLru; }
+  bool phased() const { return kind == PolicyKind::kPhase; }
+  bool filters() const { return kind == PolicyKind::kHybrid || kind == PolicyKind::kPhase; }
+};
+
+// Throws std::invalid_argument when an array the kind needs is missing.
+void check_view(const PolicyView& p);
+
+// on_access over keys[0:n] (repeats allowed; in range, checked by the caller); `w` null
+// means every weight is 1, `counts` (used when `w` is null) gives integer weights.
+void policy_access(PolicyView& p, const int64_t* keys, int64_t n, const double* w,
+                   const int64_t* counts = nullptr);
+// heat.py _advance_to(t): move the clock forward (never back), renormalise past 2^256.
+// Returns true when the raw heats were rescaled (incremental orders must rebuild).
+bool policy_advance_to(PolicyView& p, double t);
+// decay(steps): the step clock (phase also starts a new tick). Returns as advance_to.
+bool policy_decay_steps(PolicyView& p, int64_t steps);
+// Admission stamps the clock for lru (a prefetched key enters at the most-recent end).
+void policy_admitted(PolicyView& p, const int64_t* keys, int64_t n);
+// hybrid / phase: admit candidate iff raw(candidate) > raw(victim); others admit all.
+inline bool policy_admit(const PolicyView& p, int64_t cand, int64_t victim) {
+  return !p.filters() || p.raw[cand] > p.raw[victim];
+}
+
+// The order of one decision (phase's primary depends on the tick's progress and the gain,
+// so it is computed against a snapshot of them).
+class PolicyOrder {
+ public:
+  explicit PolicyOrder(const PolicyView& p);
+  // Larger = hotter. lru: the tick as a double is never compared; see colder().
+  double primary(int64_t k) const;
+  // Ascending (primary, secondary, key): true when x is evicted before y.
+  bool colder(int64_t x, int64_t y) const;
+  // Descending (primary, secondary), no key tie-break: promotion order (stable sort).
+  bool hotter(int64_t x, int64_t y) const;
+  // The order within one phase bucket (same pos) and of the other kinds: does not depend
+  // on the tick's progress or the gain, only on the arrays (see resident_order.hpp).
+  static bool static_colder(const PolicyView& p, int64_t x, int64_t y);
+
+ private:
+  const PolicyView& p_;
+  double factor_ = 0.0;  // phase: (1 - 2^(-1/h)) / gain
+  int64_t c_ = 0, l_ = 1;
+};
+
+// dense.py coldest(): the n coldest of cand[0:m], coldest first, into out.
+void policy_coldest(const PolicyView& p, const int64_t* cand, int64_t m, int64_t n,
+                    std::vector<int64_t>& out);
+// dense.py hottest_order(): keys reordered hottest first, stable.
+void policy_rank(const PolicyView& p, int64_t* keys, int64_t n);
+
+}  // namespace tierstore

@@ -1,0 +1,47 @@
+// The resident keys of one policy kept in eviction order, so a replay finds victims in
+// O(victims + pinned + buckets) instead of ordering the resident set per miss.
+//
+// A key's order changes only through its own arrays (an access, an admission stamp) or a
+// renormalisation of every heat; callers erase a resident key before changing its state
+// and insert it after, and rebuild() after a renormalisation. Phase's order also moves
+// with the tick's progress and the gain (policy.hpp), but only between buckets of keys
+// last read at the same group: within one bucket it is a monotone function of the raw
+// heat, so each bucket is kept in hybrid's static order and victims() merges the buckets
+// by the exact phase order (keys whose phase primaries round to equal are re-sorted by
+// (last, key), the exact tie-break).
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "tierstore/store/policy.hpp"
+
+namespace tierstore {
+
+class ResidentOrder {
+ public:
+  explicit ResidentOrder(const PolicyView& p) : p_(p) { rebuild(); }
+  ResidentOrder(const ResidentOrder&) = delete;
+  ResidentOrder& operator=(const ResidentOrder&) = delete;
+
+  void rebuild();
+  void erase(int64_t k) { bucket(k).erase(k); }
+  void insert(int64_t k) { bucket(k).insert(k); }
+  // The n coldest resident keys with pinned[k] == 0 (pinned may be null), coldest first.
+  void victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
+
+ private:
+  struct Colder {
+    const PolicyView* p;
+    bool operator()(int64_t x, int64_t y) const { return PolicyOrder::static_colder(*p, x, y); }
+  };
+  using Set = std::set<int64_t, Colder>;
+  Set& bucket(int64_t k);
+  void phase_victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
+
+  const PolicyView& p_;
+  std::vector<Set> sets_;  // one (bucket 0) except for phase: one per group position
+};
+
+}  // namespace tierstore

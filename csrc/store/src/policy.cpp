@@ -1,0 +1,161 @@
+// See policy.hpp: the rules of lru / heat / hybrid / phase. Floating-point expressions are
+// spelled in the order the Python reference evaluated them (tests compare bit for bit).
+#include "tierstore/store/policy.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace tierstore {
+
+namespace {
+constexpr double kRenormExponent = 256.0;  // renormalise raw heat past 2^256
+constexpr double kMinRate = 1e-12;         // phase: a never-read key's use rate
+}  // namespace
+
+void check_view(const PolicyView& p) {
+  const int kind = static_cast<int>(p.kind);
+  if (kind < 0 || kind >= kPolicyKinds) throw std::invalid_argument("policy: unknown kind");
+  if (p.resident == nullptr) throw std::invalid_argument("policy: no resident mask");
+  if (p.stamps() && p.last == nullptr)
+    throw std::invalid_argument("policy: lru/hybrid/phase need the last-use array");
+  if (p.heats() && p.raw == nullptr)
+    throw std::invalid_argument("policy: heat/hybrid/phase need the heat array");
+  if (p.phased() && p.pos == nullptr) throw std::invalid_argument("policy: phase needs pos");
+  if (p.heats() && !(p.half_life > 0.0)) throw std::invalid_argument("policy: half-life <= 0");
+  if (p.per_tick < 1) throw std::invalid_argument("policy: groups per tick < 1");
+}
+
+void policy_access(PolicyView& p, const int64_t* keys, int64_t n, const double* w,
+                   const int64_t* counts) {
+  if (p.stamps()) ++p.clock;  // one tick per call: keys of one call tie on recency
+  if (p.heats()) {
+    // raw += weight * gain, one key at a time in call order (repeats accumulate).
+    for (int64_t i = 0; i < n; ++i) {
+      const double wi = w ? w[i] : (counts ? static_cast<double>(counts[i]) : 1.0);
+      p.raw[keys[i]] += wi * p.gain;
+    }
+  }
+  if (p.stamps()) {
+    for (int64_t i = 0; i < n; ++i) p.last[keys[i]] = p.clock;
+  }
+  if (p.phased()) {
+    for (int64_t i = 0; i < n; ++i) p.pos[keys[i]] = p.group;
+    ++p.group;
+    p.per_tick = std::max(p.per_tick, p.group);
+  }
+}
+
+bool policy_advance_to(PolicyView& p, double t) {
+  if (!p.heats() || t <= p.t) return false;  // time never goes backwards
+  p.t = t;
+  double exponent = (t - p.base) / p.half_life;
+  bool rescaled = false;
+  if (exponent > kRenormExponent) {
+    const double scale = std::pow(2.0, -exponent);
+    for (int64_t k = 0; k < p.n_keys; ++k) p.raw[k] *= scale;
+    p.base = t;
+    exponent = 0.0;
+    rescaled = true;
+  }
+  p.gain = std::pow(2.0, exponent);
+  return rescaled;
+}
+
+bool policy_decay_steps(PolicyView& p, int64_t steps) {
+  if (p.phased()) p.group = 0;
+  return policy_advance_to(p, p.t + static_cast<double>(steps));
+}
+
+void policy_admitted(PolicyView& p, const int64_t* keys, int64_t n) {
+  if (p.kind != PolicyKind::kLru || n == 0) return;
+  ++p.clock;
+  for (int64_t i = 0; i < n; ++i) p.last[keys[i]] = p.clock;
+}
+
+PolicyOrder::PolicyOrder(const PolicyView& p) : p_(p) {
+  if (p.phased()) {
+    factor_ = (1.0 - std::pow(2.0, -1.0 / p.half_life)) / p.gain;
+    c_ = std::max<int64_t>(p.group - 1, 0);
+    l_ = p.per_tick;
+  }
+}
+
+double PolicyOrder::primary(int64_t k) const {
+  switch (p_.kind) {
+    case PolicyKind::kLru:
+      return static_cast<double>(p_.last[k]);
+    case PolicyKind::kPhase: {
+      int64_t off = (p_.pos[k] - c_) % l_;
+      if (off < 0) off += l_;
+      if (off == 0) off = l_;
+      const double lam = p_.raw[k] * factor_;
+      return -(static_cast<double>(off) / static_cast<double>(l_) +
+               1.0 / std::max(lam, kMinRate));
+    }
+    default:
+      return p_.raw[k];
+  }
+}
+
+bool PolicyOrder::static_colder(const PolicyView& p, int64_t x, int64_t y) {
+  if (p.kind == PolicyKind::kLru) return p.last[x] != p.last[y] ? p.last[x] < p.last[y] : x < y;
+  if (p.raw[x] != p.raw[y]) return p.raw[x] < p.raw[y];
+  if (p.stamps() && p.last[x] != p.last[y]) return p.last[x] < p.last[y];
+  return x < y;
+}
+
+bool PolicyOrder::colder(int64_t x, int64_t y) const {
+  if (!p_.phased()) return static_colder(p_, x, y);
+  const double px = primary(x), py = primary(y);
+  if (px != py) return px < py;
+  if (p_.last[x] != p_.last[y]) return p_.last[x] < p_.last[y];
+  return x < y;
+}
+
+bool PolicyOrder::hotter(int64_t x, int64_t y) const {
+  if (p_.kind == PolicyKind::kLru) return p_.last[x] > p_.last[y];
+  const double px = primary(x), py = primary(y);
+  if (px != py) return px > py;
+  return p_.stamps() && p_.last[x] > p_.last[y];
+}
+
+void policy_coldest(const PolicyView& p, const int64_t* cand, int64_t m, int64_t n,
+                    std::vector<int64_t>& out) {
+  out.clear();
+  if (n <= 0 || m == 0) return;
+  n = std::min(n, m);
+  if (!p.phased()) {
+    out.assign(cand, cand + m);
+    const auto less = [&p](int64_t x, int64_t y) { return PolicyOrder::static_colder(p, x, y); };
+    if (n < m) std::nth_element(out.begin(), out.begin() + (n - 1), out.end(), less);
+    std::sort(out.begin(), out.begin() + n, less);
+    out.resize(n);
+    return;
+  }
+  // Phase: each primary costs a division, so compute them once per candidate.
+  struct Item {
+    double primary;
+    int64_t last, key;
+    bool operator<(const Item& o) const {
+      if (primary != o.primary) return primary < o.primary;
+      return last != o.last ? last < o.last : key < o.key;
+    }
+  };
+  const PolicyOrder order(p);
+  std::vector<Item> items(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) items[i] = Item{order.primary(cand[i]), p.last[cand[i]], cand[i]};
+  if (n < m) std::nth_element(items.begin(), items.begin() + (n - 1), items.end());
+  std::sort(items.begin(), items.begin() + n);
+  out.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[i] = items[i].key;
+}
+
+void policy_rank(const PolicyView& p, int64_t* keys, int64_t n) {
+  if (n <= 1) return;
+  const PolicyOrder order(p);
+  std::stable_sort(keys, keys + n,
+                   [&order](int64_t x, int64_t y) { return order.hotter(x, y); });
+}
+
+}  // namespace tierstore

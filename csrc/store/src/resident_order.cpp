@@ -1,0 +1,87 @@
+// See resident_order.hpp.
+#include "tierstore/store/resident_order.hpp"
+
+#include <algorithm>
+
+namespace tierstore {
+
+ResidentOrder::Set& ResidentOrder::bucket(int64_t k) {
+  const size_t b = p_.phased() ? static_cast<size_t>(p_.pos[k]) : 0;
+  while (sets_.size() <= b) sets_.emplace_back(Colder{&p_});
+  return sets_[b];
+}
+
+void ResidentOrder::rebuild() {
+  sets_.clear();
+  for (int64_t k = 0; k < p_.n_keys; ++k) {
+    if (p_.resident[k]) insert(k);
+  }
+}
+
+void ResidentOrder::victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out) {
+  out.clear();
+  if (n <= 0) return;
+  if (p_.phased()) {
+    phase_victims(n, pinned, out);
+    return;
+  }
+  if (sets_.empty()) return;
+  for (auto it = sets_[0].begin(); it != sets_[0].end() && static_cast<int64_t>(out.size()) < n;
+       ++it) {
+    if (pinned == nullptr || !pinned[*it]) out.push_back(*it);
+  }
+}
+
+void ResidentOrder::phase_victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out) {
+  const PolicyOrder order(p_);
+  // Per bucket: the current run of keys with one exact primary, sorted by (last, key).
+  struct Head {
+    Set::const_iterator it, end;
+    std::vector<int64_t> run;  // the current run of equal primary, sorted by (last, key)
+    size_t next = 0;
+    double primary = 0.0;
+  };
+  std::vector<Head> heads;
+  heads.reserve(sets_.size());
+  for (const Set& s : sets_) {
+    if (!s.empty()) heads.push_back(Head{s.begin(), s.end(), {}, 0, 0.0});
+  }
+  const int64_t* last = p_.last;
+  // Refill h.run from its bucket: the next keys sharing one exact primary, unpinned.
+  const auto refill = [&](Head& h) {
+    h.run.clear();
+    h.next = 0;
+    while (h.run.empty() && h.it != h.end) {
+      h.primary = order.primary(*h.it);
+      while (h.it != h.end && order.primary(*h.it) == h.primary) {
+        if (pinned == nullptr || !pinned[*h.it]) h.run.push_back(*h.it);
+        ++h.it;
+      }
+    }
+    if (h.run.size() > 1) {
+      std::sort(h.run.begin(), h.run.end(), [last](int64_t x, int64_t y) {
+        return last[x] != last[y] ? last[x] < last[y] : x < y;
+      });
+    }
+  };
+  for (Head& h : heads) refill(h);
+  while (static_cast<int64_t>(out.size()) < n) {
+    Head* best = nullptr;
+    for (Head& h : heads) {
+      if (h.next >= h.run.size()) continue;
+      if (best == nullptr) {
+        best = &h;
+        continue;
+      }
+      const int64_t x = h.run[h.next], y = best->run[best->next];
+      if (h.primary != best->primary ? h.primary < best->primary
+                                     : (last[x] != last[y] ? last[x] < last[y] : x < y))
+        best = &h;
+    }
+    if (best == nullptr) break;
+    out.push_back(best->run[best->next++]);
+    if (best->next >= best->run.size()) refill(*best);
+  }
+}
+
+}  // namespace tierstore
