@@ -67,8 +67,12 @@ def _open_lock_file(lock_path: str, create: bool) -> int:
 
 def lock_for_writing(lock_path: str) -> int:
     """The writer's exclusive lock: its fd (closing it drops the lock). PackBusyError
-    when another writer or a live store holds the lock."""
-    fd = _open_lock_file(lock_path, create=True)
+    when another writer or a live store holds the lock; TierIOError naming the lock
+    file when it cannot be created (a read-only, full or foreign directory)."""
+    try:
+        fd = _open_lock_file(lock_path, create=True)
+    except OSError as exc:
+        raise TierIOError(lock_path, 0, exc.errno or errno.EIO, what="lock open") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return fd

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 
 import numpy as np
 import xxhash
@@ -77,7 +78,7 @@ class PackWriter:
     # -- setup -----------------------------------------------------------------------
     def _choose_path(self, out: str, name: PackName) -> str:
         if not out.endswith(".pack"):
-            os.makedirs(out, exist_ok=True)
+            _makedirs(out)
             return os.path.join(out, name.filename())
         given = PackName.parse(out)
         if given.tag != name.tag:
@@ -85,7 +86,7 @@ class PackWriter:
         if given.key20 is not None and given.key20 != name.key20:
             raise ConfigError(f"{out}: key20 in the name is {given.key20}, this identity "
                               f"hashes to {name.key20}")
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        _makedirs(os.path.dirname(os.path.abspath(out)))
         return out
 
     def _take_lock(self) -> None:
@@ -118,7 +119,13 @@ class PackWriter:
                                   f"layers {old.layers[:8]}")
             self._create_sparse(size)
         else:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError as exc:
+                raise TierIOError(self.path, 0, exc.errno or errno.EIO, what="open") from None
+            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+                raise FormatError(f"{self.path}: not a regular file; refusing to write a pack "
+                                  f"into it")
             found = os.fstat(self._fd).st_size
             if found != size:
                 raise FormatError(f"{self.path}: file size {found} bytes, expected {size}")
@@ -181,9 +188,18 @@ class PackWriter:
                               f"[{sc.E}, {sc.slot_bytes}], found {arr.dtype} {list(arr.shape)}")
         arr = np.ascontiguousarray(arr)
         if layer in sc.layers:
+            old_sums = sc.checksums.pop(layer, None)
             sc.layers.remove(layer)
-            sc.checksums.pop(layer, None)
-            self._publish()
+            try:
+                self._publish()
+            except BaseException:
+                # Not unlisted on disk: the sidecar there still lists the layer (old
+                # rows, old sums), so our view must too, or a retry would overwrite
+                # rows a published sidecar vouches for without unlisting them first.
+                sc.layers = sorted(sc.layers + [layer])
+                if old_sums is not None:
+                    sc.checksums[layer] = old_sums
+                raise
         sums = [xxhash.xxh3_64_intdigest(memoryview(arr[e])) for e in range(sc.E)]
         base = layer * sc.E * sc.stride
         self._check_same_file(base)
@@ -239,6 +255,13 @@ class PackWriter:
             self.close()
         except Exception:
             pass
+
+
+def _makedirs(directory: str) -> None:
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:   # a file in the way, a read-only or full filesystem, EACCES
+        raise TierIOError(directory, 0, exc.errno or errno.EIO, what="mkdir") from None
 
 
 __all__ = ["PackWriter", "PackBusyError", "PackReplacedError", "DEFAULT_QUANTIZER_ABI"]

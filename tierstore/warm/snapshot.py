@@ -21,6 +21,7 @@ import numpy as np
 
 from tierstore.warm.formats import (PackIdentity, PoolmonCounters, TierCounters, WarmFile,
                                     WarmTier, encode, to_arena_heat, to_pool_heat, to_poolmon)
+from tierstore.errors import ConfigError
 from tierstore.files.atomic import write_atomic, write_atomic_async
 
 log = logging.getLogger("tierstore.warmstart")
@@ -148,9 +149,9 @@ class PeriodicSnapshot:
                  every_steps: Optional[int] = None, fmt: str = "poolmon",
                  poll_s: float = 0.05):
         if every_s is None and every_steps is None:
-            raise ValueError("PeriodicSnapshot needs every_s or every_steps")
+            raise ConfigError(f"{os.fspath(path)}: PeriodicSnapshot needs every_s or every_steps")
         if fmt not in _ENCODERS:
-            raise ValueError(f"fmt {fmt!r}, expected one of {sorted(_ENCODERS)}")
+            raise ConfigError(f"{os.fspath(path)}: fmt {fmt!r}, expected one of {sorted(_ENCODERS)}")
         self.store, self.path, self.fmt = store, os.fspath(path), fmt
         self.every_s, self.every_steps, self.poll_s = every_s, every_steps, poll_s
         self.writes, self.failures = 0, 0
