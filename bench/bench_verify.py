@@ -1,9 +1,12 @@
 """Cost of checksums on load at the store's public API (issue 15).
 
     python3 bench/bench_verify.py --dir /tmp/benchverify [--device cuda] [--rows 64] [--json out.json]
+    python3 bench/bench_verify.py --dir /tmp/benchverify --row-mib 40 --rows 24   # big rows
 
-One pack of ``--rows`` rows of 12 MiB (random bytes, xxh3 per row in the sidecar), page
-cache warm. For each mode (off, always, first) a fresh store fires all rows ``--repeats``
+One pack of ``--rows`` rows of ``--row-mib`` MiB (default 12; random bytes, xxh3 per row in
+the sidecar), page cache warm. Rows bigger than one 16 MiB stage (``--row-mib 17``, ``40``)
+are verified segment by segment as they land (streaming xxh3); with ``--ram-gb 0`` (the
+default) a CUDA pool reads them through the pinned staging ring. For each mode (off, always, first) a fresh store fires all rows ``--repeats``
 times (evicting between fires so every fire reads the file), the three modes' stores open
 together and fired in rotating order each round; each mode reports its median fire time
 and the median of its per-round ratio to ``off``'s fire in the same round. Round 0 is a
@@ -24,9 +27,6 @@ import torch
 import tierstore as ts
 from tierstore.testing.packs import make_random_pack, random_layer_rows
 
-ROW = 12 << 20
-
-
 def _sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
@@ -35,9 +35,11 @@ def _sync(device):
 def run(args) -> dict:
     import glob
     import os
-    os.makedirs(args.dir, exist_ok=True)
-    found = glob.glob(os.path.join(args.dir, "*.pack"))
-    pack = ts.Pack.open(found[0]) if found else make_random_pack(args.dir, 1, args.rows, ROW, seed=3)
+    ROW = int(args.row_mib * (1 << 20))
+    where = os.path.join(args.dir, f"rows{args.rows}x{ROW}")   # one pack per shape
+    os.makedirs(where, exist_ok=True)
+    found = glob.glob(os.path.join(where, "*.pack"))
+    pack = ts.Pack.open(found[0]) if found else make_random_pack(where, 1, args.rows, ROW, seed=3)
     keys = [(0, e) for e in range(args.rows)]
     with open(pack.path, "rb") as f:          # warm the page cache
         while f.read(64 << 20):
@@ -47,8 +49,8 @@ def run(args) -> dict:
     # One store per mode, open together, fired in rotating order within each round: a
     # drift of the machine (page cache, clocks, other tenants) hits every mode alike,
     # and each mode's cost is its median ratio to the ``off`` fire of the same round.
-    stores = {m: ts.ExpertStore(pack, vram_slots=args.rows, ram_gb=0, device=args.device,
-                                verify=m, lazy_per_step=0, threads=16) for m in modes}
+    stores = {m: ts.ExpertStore(pack, vram_slots=args.rows, ram_gb=args.ram_gb, device=args.device,
+                                verify=m, lazy_per_step=0, threads=args.threads) for m in modes}
     times: dict[str, list[float]] = {m: [] for m in modes}
     try:
         for i in range(args.repeats + 1):          # round 0 warms up (and is `first`'s hashing fire)
@@ -85,6 +87,10 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if ts.cuda_available() else "cpu")
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--row-mib", type=float, default=12.0,
+                   help="row size in MiB (17, 40: bigger than one 16 MiB stage)")
+    p.add_argument("--ram-gb", type=float, default=0.0, help="arena size (0: no arena rows)")
+    p.add_argument("--threads", type=int, default=16, help="engine reader threads")
     p.add_argument("--json")
     args = p.parse_args()
     res = run(args)

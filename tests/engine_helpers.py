@@ -21,6 +21,16 @@ def write_random_file(path, nbytes: int, seed: int = 0) -> np.ndarray:
     return data
 
 
+def flip_byte(path, at: int) -> None:
+    """XOR the byte at ``at`` in place (size kept): a corruption only a checksum can
+    tell. A second call restores it."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
 def random_rows(rng: np.random.Generator, file_bytes: int, n: int, max_len: int):
     """n (offset, length) pairs inside the file: half page-aligned, half arbitrary."""
     lengths = rng.integers(1, max_len + 1, size=n)

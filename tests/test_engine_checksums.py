@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from tierstore.errors import ConfigError, TierIOError
 from tierstore.io.engine import Engine, xxh3_64
 
-from engine_helpers import PAGE, write_random_file
+from engine_helpers import PAGE, flip_byte, write_random_file
 
 ROW = 64 * PAGE
 
@@ -41,14 +41,6 @@ def pack(tmp_path):
     return path, write_random_file(path, 8 * ROW, seed=11)
 
 
-def _corrupt(path, at: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        byte = f.read(1)
-        f.seek(at)
-        f.write(bytes([byte[0] ^ 0x5A]))
-
-
 @pytest.mark.parametrize("land", ["host_dst", "src", "staged"])
 @pytest.mark.parametrize("direct", ["off", "auto"])
 def test_corrupted_row_fails_alone_with_ebadmsg_and_intact_rows_pass(pack, land, direct):
@@ -65,7 +57,7 @@ def test_corrupted_row_fails_alone_with_ebadmsg_and_intact_rows_pass(pack, land,
             assert np.array_equal(buf.numpy(), data)
         assert eng.stats()["verified_rows"] == 8 and eng.stats()["checksum_failures"] == 0
 
-        _corrupt(path, 5 * ROW + 777)                  # in place, after the sums were taken
+        flip_byte(path, 5 * ROW + 777)                  # in place, after the sums were taken
         c = eng.submit(offsets, ROW, src, dst, checksums=sums)
         with pytest.raises(TierIOError) as info:
             c.wait()
@@ -78,14 +70,16 @@ def test_corrupted_row_fails_alone_with_ebadmsg_and_intact_rows_pass(pack, land,
         assert eng.submit(offsets, ROW, src, dst).wait()
 
 
-def test_split_rows_need_a_stage_that_holds_them(pack):
+def test_split_rows_are_verified_whole(pack):
+    """A row larger than one stage is hashed segment by segment; its digest is the whole
+    row's (tests/test_verify_stream.py covers sizes, landings and corruption spots)."""
     path, data = pack
-    with Engine(path, threads=2, direct="off", stage_bytes=ROW // 2) as eng:
-        sums = _sums(data, [0], ROW)
-        with pytest.raises(ConfigError, match="row 0.*must fit one stage"):
-            eng.submit([0], ROW, checksums=sums)
-        buf = eng.alloc_host(ROW)                       # with a src the row is one piece
-        assert eng.submit([0], ROW, buf.data_ptr(), checksums=sums).wait()
+    with Engine(path, threads=2, direct="off", stage_bytes=ROW // 4) as eng:
+        sums = _sums(data, [0, ROW], 2 * ROW)
+        assert eng.submit([0], 2 * ROW, checksums=sums[:1]).wait()
+        assert eng.stats()["verified_rows"] == 1 and eng.stats()["verified_bytes"] == 2 * ROW
+        with pytest.raises(TierIOError, match="xxh3_64 mismatch"):
+            eng.submit([0], 2 * ROW, checksums=sums[1:]).wait()
 
 
 def test_arena_rows_are_not_hashed_and_bad_checksum_arguments_are_refused(pack):

@@ -277,18 +277,20 @@ class Engine:
 
         ``checksums``: optional ``np.uint64[N]``, the expected XXH3-64 (seed 0,
         ``xxhash.xxh3_64_intdigest``; ``checksum="xxh3_64"`` is the only
-        algorithm) of each row. Rows read from the file (offset >= 0) are hashed
-        natively in the reader thread that lands their last chunk, on the host
-        bytes (the row's src, its host dst, or the staging buffer: before the
-        stage is recycled, while the row's H2D chunks are on the copy stream).
-        A mismatch fails that row with ``errno.EBADMSG`` at its offset
+        algorithm) of each row. Rows read from the file (offset >= 0), of any
+        length, are hashed natively in the reader threads as they land: a row is
+        cut into segments of at most ``stage_bytes``, each fed to the row's
+        streaming XXH3 state in file order by the thread that lands it (a segment
+        that lands early waits, holding its stage, until those before it are
+        hashed), on the host bytes (the row's src, its host dst, or the staging
+        buffer: before the stage is recycled, while the row's H2D chunks are on
+        the copy stream). The row is done only once its whole digest was
+        compared. A mismatch fails that row with ``errno.EBADMSG`` at its offset
         ("xxh3_64 mismatch (expected .., found ..)"): ``wait()`` raises
         TierIOError with ``row``/``failed_rows`` like any failed read, so a
         caller that publishes only complete batches publishes nothing for it
         (its destination may hold some of the bad bytes). Rows with offset -1
-        are not hashed. A checksummed row without src and without a host dst
-        (read through the staging ring) must fit one stage
-        (``length <= stage_bytes``). ``stats()`` counts ``verified_rows``,
+        are not hashed. ``stats()`` counts ``verified_rows``,
         ``verified_bytes`` and ``checksum_failures``.
         """
         if self._native.closed:

@@ -38,6 +38,9 @@ def _annotate(exc: BaseException, pack) -> BaseException:
         return exc
     layer, expert = divmod(int(exc.offset // pack.stride), int(pack.n_experts))
     out = TierIOError(exc.path, exc.offset, exc.errno or 5, what=f"layer {layer} expert {expert} read")
+    detail = str(exc)
+    if detail and detail not in str(out):  # keep the engine's own words (xxh3_64 mismatch, ...)
+        out.args = (out.errno, f"{out} [{detail}]")
     out.layer, out.expert = layer, expert
     return out
 

@@ -2,7 +2,9 @@
 
 The pack's sidecar records an xxh3-64 per written row. A batch hands the expected
 values to the engine (``Engine.submit(checksums=...)``), which hashes each row in the
-reader thread that lands it, before the store publishes anything: a mismatch fails
+reader threads as it lands (rows of any size: segment by segment, stage_bytes each, in
+file order, with one streaming XXH3 state per row), before the store publishes anything:
+a mismatch fails
 the row (EBADMSG, its offset), the batch rolls back, and the caller gets a TierIOError
 naming the file, layer, expert and offset.
 

@@ -6,6 +6,7 @@
 
 #include "tierstore/io/detail/batch_row.hpp"
 #include "tierstore/io/detail/cuda_copy.hpp"
+#include "tierstore/io/detail/row_hash.hpp"
 #include "tierstore/io/engine.hpp"
 
 namespace tierstore {

@@ -10,6 +10,7 @@
 #include "tierstore/io/checksum.hpp"
 #include "tierstore/io/detail/batch_row.hpp"
 #include "tierstore/io/detail/cuda_copy.hpp"
+#include "tierstore/io/detail/row_hash.hpp"
 #include "tierstore/io/detail/stage_ring.hpp"
 #include "tierstore/io/detail/task_queue.hpp"
 #include "tierstore/io/error.hpp"
@@ -104,15 +105,22 @@ std::shared_ptr<Batch> Engine::submit(const int64_t* file_offsets, const uint64_
                                       bool dst_device, const uint64_t* checksums) {
   if (closing_.load()) throw std::runtime_error(reader_->path() + ": engine is closed");
   TS_EXPECT(!dst_device || stream_, "submit: dst_device=True on an engine without a CUDA device");
-  // 1. Validate every row, then count internal rows (staged rows split by stage size).
-  check_rows(file_offsets, lengths, src, dst, n, dst_device, checksums);
+  // 1. Validate every row, then count internal rows: staged rows are split by
+  //    stage size, and so are checksummed rows (hashed segment by segment as they
+  //    land, so the hash overlaps the reads of the row's later segments).
+  check_rows(file_offsets, lengths, src, dst, n, dst_device);
   const uint64_t stage = options_.stage_bytes;
-  size_t n_rows = 0;
+  auto split = [&](size_t i) {
+    const bool read = file_offsets[i] >= 0;
+    return read && (checksums || (src[i] == 0 && (dst_device || dst[i] == 0)));
+  };
+  size_t n_rows = 0, n_hashed = 0;
   for (size_t i = 0; i < n; ++i) {
-    const bool staged = file_offsets[i] >= 0 && src[i] == 0 && (dst_device || dst[i] == 0);
-    n_rows += staged ? (lengths[i] + stage - 1) / stage : 1;
+    n_rows += split(i) ? (lengths[i] + stage - 1) / stage : 1;
+    n_hashed += checksums && file_offsets[i] >= 0;
   }
   auto batch = std::make_shared<Batch>();
+  if (n_hashed) batch->hashes_.reset(new detail::RowHash[n_hashed]);
   batch->path_ = reader_->path();
   batch->t_submit_ns_ = now_ns();
   batch->rows_.reset(new Batch::Row[n_rows]);
@@ -128,10 +136,17 @@ std::shared_ptr<Batch> Engine::submit(const int64_t* file_offsets, const uint64_
   batch->self_ = batch;
 
   // 2. Build internal rows.
-  size_t r = 0;
+  size_t r = 0, h = 0;
   for (size_t i = 0; i < n; ++i) {
-    const bool staged = file_offsets[i] >= 0 && src[i] == 0 && (dst_device || dst[i] == 0);
-    const uint64_t piece = staged ? stage : lengths[i];
+    const uint64_t piece = split(i) ? stage : lengths[i];
+    detail::RowHash* hash = nullptr;
+    if (checksums && file_offsets[i] >= 0) {
+      hash = &batch->hashes_[h++];
+      hash->expected = checksums[i];
+      hash->length = lengths[i];
+      hash->first = uint32_t(r);
+      hash->count = uint32_t((lengths[i] + piece - 1) / piece);
+    }
     for (uint64_t done = 0; done < lengths[i]; done += piece, ++r) {
       Batch::Row& row = batch->rows_[r];
       row.index = int64_t(i);
@@ -140,8 +155,7 @@ std::shared_ptr<Batch> Engine::submit(const int64_t* file_offsets, const uint64_
       row.length = std::min<uint64_t>(piece, lengths[i] - done);
       row.dst = dst[i] ? reinterpret_cast<uint8_t*>(dst[i]) + done : nullptr;
       row.dst_device = dst_device;
-      row.verify = checksums != nullptr && file_offsets[i] >= 0;
-      row.checksum = checksums ? checksums[i] : 0;
+      row.hash = hash;
       // Host destination and no caller src: the read lands in dst directly.
       uint8_t* land = src[i] ? reinterpret_cast<uint8_t*>(src[i]) + done
                              : (!dst_device ? row.dst : nullptr);
@@ -276,9 +290,14 @@ void Engine::copy_chunk_h2d(Batch* batch, Batch::Row& row, uint64_t begin, uint6
 }
 
 void Engine::finish_row(Batch* batch, uint32_t k) {
+  // Every chunk has landed (chunks_left's acq_rel). A checksummed segment is
+  // hashed first, in row order, before its stage is recycled (row_hash.cpp).
+  if (batch->rows_[k].hash) return land_segment(batch, k);
+  complete_row(batch, k);
+}
+
+void Engine::complete_row(Batch* batch, uint32_t k) {
   Batch::Row& row = batch->rows_[k];
-  // Every chunk has landed (chunks_left's acq_rel): hash before the stage is recycled.
-  if (row.verify && row.err.load(std::memory_order_acquire) == 0) verify_row(batch, row);
   bool copy_issued = row.copy_issued.load(std::memory_order_relaxed);
   // Arena rows (no read) are copied whole; read rows were copied chunk by chunk.
   if (row.file_offset < 0 && row.err.load(std::memory_order_acquire) == 0 && row.dst &&
@@ -306,19 +325,6 @@ void Engine::finish_row(Batch* batch, uint32_t k) {
     failed_rows_.fetch_add(1, std::memory_order_relaxed);
   }
   if (batch->rows_left_.fetch_sub(1, std::memory_order_acq_rel) == 1) batch->finish(stream_.get());
-}
-
-void Engine::verify_row(Batch* batch, Batch::Row& row) {
-  const uint64_t found = xxh3_64(row.read_buf, row.length);
-  verified_rows_.fetch_add(1, std::memory_order_relaxed);
-  verified_bytes_.fetch_add(row.length, std::memory_order_relaxed);
-  if (found == row.checksum) return;
-  checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-  char what[96];
-  std::snprintf(what, sizeof what, "xxh3_64 mismatch (expected %#018llx, found %#018llx)",
-                (unsigned long long)row.checksum, (unsigned long long)found);
-  batch->fail_row(row, EBADMSG, row.file_offset,
-                  describe(reader_->path(), row, what, row.file_offset, EBADMSG));
 }
 
 void Engine::record_row(Batch* batch, const Batch::Row& row, Source source) {

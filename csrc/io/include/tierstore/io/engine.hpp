@@ -28,6 +28,7 @@ namespace tierstore {
 
 namespace detail {
 class CopyStream;
+struct RowHash;
 class StageRing;
 struct Stage;
 struct Task;
@@ -106,6 +107,7 @@ class Batch {
   std::string path_;
   std::unique_ptr<Row[]> rows_;
   size_t n_rows_ = 0;
+  std::unique_ptr<detail::RowHash[]> hashes_;  // one per checksummed file row
   std::atomic<int64_t> rows_left_{0};
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> done_{false};
@@ -142,13 +144,15 @@ class Engine {
   // alive until the batch is done (device copies: until its event fired).
   //
   // checksums (may be null): the expected XXH3-64 (seed 0) of each row's bytes.
-  // A row read from the file (file_offset >= 0) is hashed in the reader thread
-  // that lands its last chunk, on the host bytes (caller src, host dst or the
-  // staging buffer), before the row counts as done; a mismatch fails the row
-  // with EBADMSG at its offset (its H2D chunks may already be in dst: the
-  // caller publishes nothing for a failed row). Rows with file_offset == -1
-  // are not hashed. A checksummed row read through the staging ring must fit
-  // one stage (length <= stage_bytes): give it a src, or raise stage_bytes.
+  // A row read from the file (file_offset >= 0), of any length, is cut into
+  // segments of at most stage_bytes and hashed by a streaming XXH3 state in the
+  // reader threads as its segments land, in file order (a segment that lands
+  // early is held, with its stage, until the ones before it are hashed;
+  // detail/row_hash.hpp), on the host bytes (caller src, host dst or the
+  // staging buffer), while the copy pipeline runs. The row counts as done only
+  // after its final digest was compared; a mismatch fails the row with EBADMSG
+  // at its offset (its H2D chunks may already be in dst: the caller publishes
+  // nothing for a failed row). Rows with file_offset == -1 are not hashed.
   //
   // Every row is checked first (offset >= -1; 0 < length <= kMaxRowBytes; no
   // overflow of offset + length, src + length, dst + length; a src for
@@ -187,13 +191,15 @@ class Engine {
   void dispatcher_loop();
   void run_task(const detail::Task& task);
   void push_row_tasks(Batch* batch, uint32_t row);
-  void finish_row(Batch* batch, uint32_t row);
+  void finish_row(Batch* batch, uint32_t row);    // every chunk of internal row `row` landed
+  void complete_row(Batch* batch, uint32_t row);  // stage back, stats, batch count (row_hash.cpp: after hashing)
+  void land_segment(Batch* batch, uint32_t row);  // a checksummed segment landed (row_hash.cpp)
+  void check_digest(Batch* batch, Batch::Row& last, detail::RowHash& hash);
   void copy_chunk_h2d(Batch* batch, Batch::Row& row, uint64_t begin, uint64_t length);
   void chunk_row(Batch* batch, uint32_t row, std::vector<detail::Task>& out);
   void record_row(Batch* batch, const Batch::Row& row, Source source);
-  void verify_row(Batch* batch, Batch::Row& row);
   void check_rows(const int64_t* file_offsets, const uint64_t* lengths, const uint64_t* src,
-                  const uint64_t* dst, size_t n, bool dst_device, const uint64_t* checksums) const;
+                  const uint64_t* dst, size_t n, bool dst_device) const;
 
   EngineOptions options_;
   BufferTable buffers_;

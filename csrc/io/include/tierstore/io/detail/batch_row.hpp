@@ -15,8 +15,10 @@ struct Batch::Row {
   uint8_t* read_buf = nullptr;  // where the read lands (caller src, host dst or a stage)
   uint8_t* dst = nullptr;       // copy destination; nullptr: no copy
   bool dst_device = false;
-  bool verify = false;       // compare xxh3_64(read_buf) with `checksum` once every chunk landed
-  uint64_t checksum = 0;
+  // A checksummed file row: the row's streaming hash (detail/row_hash.hpp), shared by
+  // its segments; `landed` (guarded by hash->mutex): every chunk of this segment landed.
+  detail::RowHash* hash = nullptr;
+  bool landed = false;
   detail::Stage* stage = nullptr;
   std::atomic<int> chunks_left{0};
   std::atomic<int> err{0};
