@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tierstore import sim
 from tierstore.sim import synth, traces
-from tierstore.cli.bench_hits import plot_hits
+from tierstore.cli.bench_hits_views import plot_views as plot_hits
 from tierstore.files.atomic import write_atomic_with
 
 

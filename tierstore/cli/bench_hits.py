@@ -7,8 +7,12 @@ Both views of issue 14 are printed: bandwidth (every read and unserved miss
 counted) with the gap to the MIN that bounds each policy (``belady``, or
 ``belady_skip`` for policies that may skip a miss; blank when that ceiling did
 not run) and the share of the LRU -> MIN gap closed; latency (resident when the
-layer read), compared with LRU only at no more reads. ``--policies all`` runs
-every registered policy and simulator model.
+layer reads, under the lead-time model stated with the table: ``--lead``, and
+``--read-gbps``/``--layer-us`` for a timed one), compared with LRU only at no
+more reads (others marked not comparable). ``<policy>+prefetch`` models take
+``--read-ratios`` (their read budget against LRU's) for hit-vs-reads curves.
+``--report PREFIX`` writes PREFIX.md, PREFIX.json and PREFIX.png. ``--policies
+all`` runs every registered policy and simulator model.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import sys
 
 from tierstore.cli.args import (existing_file, float_in, int_in, int_list_of, non_negative_int,
                                 output_file, positive_float, positive_int)
+from tierstore.cli.bench_hits_report import add_latency_args, run_views
 from tierstore.errors import ConfigError
 
 DEFAULT_POLICIES = "lru,heat,hybrid,reference,belady"
@@ -64,7 +69,8 @@ def register(sub) -> None:
                    help="ticks between prefill bursts")
     p.add_argument("--json", action="store_true", help="print a JSON list of results")
     p.add_argument("--plot", type=output_file("PNG file"),
-                   help="write a PNG of hit rate vs pool size per policy (default: none)")
+                   help="write a PNG: bandwidth view vs pool size, latency view vs reads")
+    add_latency_args(p)
     p.set_defaults(func=main)
 
 
@@ -116,9 +122,7 @@ def load_source(args):
 
 
 def main(args) -> int:
-    from tierstore import sim
     _check_args(args)
-    slots, names = args.slots, args.policies
     trace = load_source(args)
     if trace.n_rows == 0:
         raise ConfigError(f"{args.trace or 'synthetic trace'}: no routed rows to replay")
@@ -127,68 +131,5 @@ def main(args) -> int:
         for name in ("heat", "hybrid"):
             params[name] = {"half_life": args.half_life}
         params["predict"]["half_life"] = args.half_life
-    results = sim.replay(trace, names, slots, budget=args.budget, row_bytes=args.row_bytes,
-                         ticks_per_second=args.ticks_per_second,
-                         granularity=args.granularity, policy_params=params)
-    if args.plot:
-        plot_hits(results, args.plot, title=f"{trace.name}: {trace.n_layers} layers x "
-                  f"{trace.n_experts} experts, {trace.n_ticks} ticks")
-    if args.json:
-        json.dump([r.as_dict() for r in results], sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        print_table(results, trace)
+    run_views(args, trace, params)
     return 0
-
-
-def print_table(results, trace) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    table = Table(title=f"{trace.name}: {trace.n_keys} keys, {trace.n_ticks} ticks, "
-                        f"{trace.n_rows} accesses")
-    for col in ("policy", "slots", "hit rate", "bandwidth", "gap to MIN", "BW gap closed",
-                "latency gap closed", "reads/tick", "unserved", "prefetched", "wasted", "M acc/s"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    opt = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
-    for r in results:
-        table.add_row(r.policy, str(r.slots), f"{r.hit_rate:.3f}", f"{r.bandwidth_hit_rate:.3f}",
-                      opt(r.gap_to_min, "+.3f"), opt(r.gap_closed, ".2f"),
-                      opt(r.latency_gap_closed, ".2f"), f"{r.reads_per_tick:.1f}",
-                      str(r.unserved), str(r.prefetched), str(r.wasted_prefetch),
-                      f"{r.accesses_per_s / 1e6:.2f}")
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
-
-
-def plot_hits(results, path: str, title: str = "") -> None:
-    """PNG, two panels: bandwidth-view hit rate vs pool size, and latency-view hit
-    rate vs reads per tick (every read counted), one line per policy."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from tierstore.files.atomic import write_atomic_with
-    from pathlib import Path
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for name in dict.fromkeys(r.policy for r in results):
-        mine = [r for r in results if r.policy == name]
-        style = "--" if name.startswith("belady") or name == "unbounded" else "-"
-        pts = sorted((r.slots, r.bandwidth_hit_rate) for r in mine)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name)
-        pts = sorted((r.reads_per_tick, r.latency_hit_rate) for r in mine)
-        ax2.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=name)
-    ax.set_xscale("log")
-    ticks = sorted({r.slots for r in results})
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("pool slots")
-    ax.set_ylabel("bandwidth view: 1 - (reads + unserved) / accesses")
-    ax2.set_xscale("log")
-    ax2.set_xlabel("reads per tick (demand + lazy + prefetch)")
-    ax2.set_ylabel("latency view: resident when read")
-    for a in (ax, ax2):
-        a.set_ylim(0, 1)
-        a.grid(True, alpha=0.3)
-    ax.set_title(title, fontsize=9)
-    ax2.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    write_atomic_with(Path(path), lambda f: fig.savefig(f, format="png", dpi=120))
-    plt.close(fig)

@@ -35,14 +35,19 @@ class Result:
     unserved: int = 0         # token-weighted misses not read at all (served elsewhere:
                               # the lazy, reference and prefetch models)
     bandwidth_hit_rate: float = 0.0  # 1 - (reads + unserved) / accesses
-    latency_hit_rate: float = 0.0    # accesses resident when their layer read (= hit_rate
-                                     # under the one-layer lead-time model, see runner)
+    latency_hit_rate: float = 0.0    # accesses resident (and landed) when their layer read
+                                     # (= hit_rate unless the lead-time model is timed,
+                                     # tierstore.sim.leadtime)
     ceiling: str | None = None       # the MIN that bounds this policy: "belady" (forced
                                      # admission) or "belady_skip" (may skip a miss)
     gap_to_min: float | None = None  # ceiling's bandwidth_hit_rate - this one's, same slots
     gap_closed: float | None = None  # bandwidth view: (this - lru) / (ceiling - lru)
     latency_gap_closed: float | None = None  # latency view: (this - lru) / (belady - lru),
-                                     # only when reads <= lru's reads
+                                     # only when latency_comparable
+    reads_vs_lru: float | None = None        # reads / lru's reads at the same slots
+    latency_comparable: bool | None = None   # reads <= lru's: False is printed as "not
+                                     # comparable", never silently dropped
+    read_ratio: float | None = None          # <policy>+prefetch: its read budget vs LRU's
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -89,12 +94,15 @@ class Counters:
         self.hit = np.zeros(prep.dkeys.size, dtype=bool)  # per distinct occurrence
         self.demand_reads = self.prefetched = self.prefetch_hits = 0
         self.wasted = self.evictions = self.rejected = self.unserved = 0
+        self.landed = None  # timed lead-time model: which accesses had landed when read
 
     def result(self, name, slots, prep: Prepared, row_bytes: int, seconds: float) -> Result:
         token_hits = int(prep.dcounts[self.hit].sum())
         reads = self.demand_reads + self.prefetched
         bandwidth = 1.0 - (reads + self.unserved) / max(prep.accesses, 1)
         hit_rate = token_hits / max(prep.accesses, 1)
+        latency = hit_rate if self.landed is None else \
+            int(prep.dcounts[self.hit & self.landed].sum()) / max(prep.accesses, 1)
         return Result(name, int(slots), hit_rate,
                       float(self.hit.mean()) if self.hit.size else 0.0, reads,
                       reads / max(prep.n_ticks, 1), self.demand_reads, self.prefetched,
@@ -102,7 +110,25 @@ class Counters:
                       reads * int(row_bytes), prep.accesses, prep.n_ticks, seconds,
                       prep.accesses / seconds if seconds > 0 else float("inf"),
                       unserved=int(self.unserved), bandwidth_hit_rate=bandwidth,
-                      latency_hit_rate=hit_rate)
+                      latency_hit_rate=latency)
+
+
+NOT_COMPARED = ("belady", "belady_skip", "unbounded")  # the ceilings and the bound
+
+
+def latency_compare(r: Result, lru: Result, mn: Result) -> None:
+    """Fill ``r``'s latency view against ``lru`` and ``mn`` (MIN, forced admission)
+    at the same slots: ``reads_vs_lru``, ``latency_comparable`` (reads <= LRU's) and,
+    only when comparable, ``latency_gap_closed`` = (r - lru) / (MIN - lru) of the
+    latency hit rate. MIN is the ceiling of demand fill only: a prefetching model
+    may pass it (a share above 1)."""
+    if r.policy in NOT_COMPARED:
+        return
+    r.reads_vs_lru = r.reads / lru.reads if lru.reads else None
+    r.latency_comparable = r.reads <= lru.reads
+    span = mn.latency_hit_rate - lru.latency_hit_rate
+    if span > 0 and r.latency_comparable:
+        r.latency_gap_closed = (r.latency_hit_rate - lru.latency_hit_rate) / span
 
 
 def score_group(cnt, resident, prefetched, u, a: int, b: int):

@@ -11,7 +11,9 @@ Counters: ``prefetched`` = rows the prefetcher read; ``prefetch_hits`` = those
 read while still resident; ``wasted`` = evicted unread or never read;
 ``demand_reads`` = misses read. The latency view (``hit_rate``) counts an
 access as a hit when resident when its layer reads: a prefetch counts only from
-``lead`` layers after it was issued (the prefetcher never targets closer).
+``lead`` layers after it was issued (the prefetcher never targets closer);
+with a timed ``LeadTime`` (``tierstore.sim.leadtime``) only once it has landed
+(``Counters.landed``), the decisions unchanged.
 """
 from __future__ import annotations
 
@@ -24,13 +26,16 @@ from tierstore.policies.prefetch import Prefetcher
 from tierstore.sim.counting import Counters, Prepared
 from tierstore.sim.counting import score_group
 from tierstore.sim.demand import Filler
+from tierstore.sim.leadtime import Clock, LeadTime
 
 
 def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: Prefetcher,
-                       admission: Admission | None = None, demand_fill: bool = True) -> Counters:
+                       admission: Admission | None = None, demand_fill: bool = True,
+                       lead_time: LeadTime | None = None) -> Counters:
     """Counters of ``policy`` + ``prefetcher`` at ``slots`` (module doc).
     ``demand_fill=False``: misses are not read (served elsewhere: ``unserved``),
-    the live store's record/step path without fires."""
+    the live store's record/step path without fires. ``lead_time`` timed: the
+    latency view counts a resident row only once landed."""
     trace = prep.trace
     E = trace.n_experts
     if prefetcher.n_keys != prep.n_keys or prefetcher.capacity != int(slots):
@@ -47,11 +52,19 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
     cnt, resident, pinned, held = tier.cnt, tier.resident, tier.pinned, prefetcher.held_mask
     dkeys, dcounts, single = prep.dkeys, prep.dcounts, prep.all_single
     bounds, ends = prep.gstarts.tolist(), prep.g_tick_end.tolist()
+    if lead_time is not None and lead_time.lead != prefetcher.lead:
+        raise ConfigError(f"prefetch: lead time model has lead {lead_time.lead}, the "
+                          f"prefetcher {prefetcher.lead}")
+    clock = Clock(lead_time, prep.n_keys) if lead_time is not None and lead_time.timed else None
+    if clock is not None:
+        cnt.landed = np.zeros(prep.dkeys.size, dtype=bool)
     for g in range(len(bounds) - 1):
         a, b = bounds[g], bounds[g + 1]
         u = dkeys[a:b]
         layer = int(u[0]) // E
         r = score_group(cnt, resident, prefetched, u, a, b)
+        if clock is not None:
+            cnt.landed[a:b] = clock.landed(u, r)
         policy.on_access(u, None if single else dcounts[a:b])
         prefetcher.on_read(layer, u - layer * E, r)
         fetch, _hold = prefetcher.propose(layer, resident)
@@ -60,17 +73,23 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
             got = tier.place(fetch, u, ADMIT_ALL, count_rejected=False)
             prefetched[got] = True
             cnt.prefetched += got.size
+            if clock is not None:
+                clock.issue(got)
         n_miss = r.size - int(np.count_nonzero(r))
         if n_miss:
             if demand_fill:
                 miss = u[~r]
                 cnt.demand_reads += n_miss
+                if clock is not None:
+                    clock.demand(miss)
                 if n_miss > tier.n_free and adm.filters:
                     miss = policy.rank(miss)  # the hottest misses take the free slots
                 tier.place(miss, u, adm)
             else:
                 cnt.unserved += int(dcounts[a:b][~r].sum())
         pinned.fill(False)
+        if clock is not None:
+            clock.compute()
         if ends[g]:
             policy.decay()
             prefetcher.end_tick()
@@ -79,8 +98,11 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
 
 
 def replay_with_prefetch(prep: Prepared, base: Policy, slots: int, *, admission=None,
-                         demand_fill: bool = True,
+                         demand_fill: bool = True, lead_time: LeadTime | None = None,
                          **prefetch_params) -> tuple[Counters, Prefetcher]:
-    """``replay_prefetching`` with a fresh Prefetcher(``prefetch_params``) over ``base``."""
+    """``replay_prefetching`` with a fresh Prefetcher(``prefetch_params``) over
+    ``base``; ``lead_time`` sets the prefetcher's ``lead`` too."""
+    if lead_time is not None:
+        prefetch_params = {**prefetch_params, "lead": lead_time.lead}
     pf = Prefetcher(prep.trace.n_layers, prep.trace.n_experts, int(slots), **prefetch_params)
-    return replay_prefetching(prep, base, slots, pf, admission, demand_fill), pf
+    return replay_prefetching(prep, base, slots, pf, admission, demand_fill, lead_time), pf

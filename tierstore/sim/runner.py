@@ -41,13 +41,13 @@ Two views of every result (``Result``):
   for everything else (a prefetch never needs fewer reads than fetching on
   demand, so MIN-that-may-skip bounds prefetching models too); ``gap_to_min``
   is to that ceiling; ``gap_closed`` is the share of the LRU -> ``belady`` gap.
-- latency: the share of accesses resident when their layer reads. Lead-time
-  model: a prefetch is issued after layer l has read and is usable from layer
-  l + 1 (one layer of lead), i.e. it assumes a row lands within one layer's
-  compute (row_bytes / read bandwidth <= layer time); a demand read blocks.
+- latency: the share of accesses resident when their layer reads, under the
+  lead-time model of ``tierstore.sim.leadtime`` (``policy_params[name]
+  ["lead_time"]`` for ``<policy>+prefetch``; default: issued at least one layer
+  ahead, untimed: lands before its target layer reads; a demand read blocks).
   Compared only between models whose reads are <= LRU's at the same slots
-  (``latency_gap_closed`` is None otherwise): a model cannot buy latency hits
-  with reads LRU does not spend.
+  (``latency_comparable``; ``latency_gap_closed`` is None otherwise): a model
+  cannot buy latency hits with reads LRU does not spend.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ from tierstore import policies as _policies
 from tierstore.errors import ConfigError
 from tierstore.policies.admission import ADMIT_ALL, filters_misses
 from tierstore.sim.belady import BeladyPolicy, BeladySkipPolicy
-from tierstore.sim.counting import Counters, Prepared, Result
+from tierstore.sim.counting import Counters, Prepared, Result, latency_compare
 from tierstore.sim.demand import replay_demand_fill, replay_lazy
 from tierstore.sim.traces import Trace
 
@@ -166,9 +166,7 @@ def compare(results: list[Result]) -> None:
         span = mn.bandwidth_hit_rate - lru.bandwidth_hit_rate
         if span > 0:
             r.gap_closed = (r.bandwidth_hit_rate - lru.bandwidth_hit_rate) / span
-        span = mn.latency_hit_rate - lru.latency_hit_rate
-        if span > 0 and r.reads <= lru.reads:
-            r.latency_gap_closed = (r.latency_hit_rate - lru.latency_hit_rate) / span
+        latency_compare(r, lru, mn)
 
 
 def replay(trace: Trace | Prepared, policies=("lru", "heat", "hybrid", "reference", "belady"),
