@@ -69,7 +69,8 @@ def register(sub) -> None:
                    help="ticks between prefill bursts")
     p.add_argument("--json", action="store_true", help="print a JSON list of results")
     p.add_argument("--plot", type=output_file("PNG file"),
-                   help="write a PNG: bandwidth view vs pool size, latency view vs reads")
+                   help="write a PNG: bandwidth view vs pool size, latency view vs reads "
+                        "(default: none)")
     add_latency_args(p)
     p.set_defaults(func=main)
 

@@ -40,14 +40,15 @@ def add_latency_args(p) -> None:
                    help="measured read bandwidth, GB/s: a timed model (needs --row-bytes, "
                         "--layer-us); default: untimed (a prefetch lands in time)")
     g.add_argument("--layer-us", type=positive_float, default=None,
-                   help="compute time of one layer's read group, microseconds")
+                   help="compute time of one layer's read group, microseconds (default: none; "
+                        "needed with --read-gbps)")
     g.add_argument("--read-latency-us", type=float_in(0.0, 1e9), default=0.0,
                    help="time from a read leaving the queue to its row being usable")
     g.add_argument("--read-ratios", type=ratio_list, default=list(DEFAULT_READ_RATIOS),
                    help="prefetch read budgets against LRU's reads, comma-separated; "
                         "each ratio but 1 adds '<model>@<ratio>' rows (a hit-vs-reads curve)")
     g.add_argument("--report", type=output_file("report prefix"), default=None,
-                   help="write PREFIX.md, PREFIX.json and PREFIX.png")
+                   help="write PREFIX.md, PREFIX.json and PREFIX.png (default: none)")
 
 
 def lead_time_of(args):
