@@ -123,3 +123,32 @@ def test_store_opened_by_path_closes_its_pack_fd(pack):
     store.close()
     assert not leaked_pack_fds(path), leaked_pack_fds(path)
     assert os.path.exists(path)
+
+
+def test_close_publishes_a_pipelined_fires_pending_layers_before_dropping_the_pack(pack):
+    """Found by the stress suite: close() waited for active fires only, but a pipelined
+    fire is active only until its reads are queued. Its owner's wait_layer after close()
+    then checked the pack through a closed fd ("pack file is gone", a FormatError) or
+    raced the engine's cancel. Now close() settles every pending pipelined batch first."""
+    store = ts.ExpertStore(pack, vram_slots=8, device="cpu", lazy_per_step=0)
+    fr = store.fire([(0, 1), (1, 2), (3, 3)], pipelined=True)
+    assert fr.pending is not None and not fr.pending.done
+    store.close()
+    assert fr.pending.done and not store._mover.inflight
+    for layer in range(L):
+        fr.wait_layer(layer)                       # published by close(): a no-op
+    assert check_published_bytes(store, _rows()) == 3
+    with pytest.raises(ts.ClosedError):
+        store.release(fr)
+
+
+def test_close_racing_the_owners_wait_layer_never_fails_a_published_layer(pack):
+    for round_ in range(30):
+        store = ts.ExpertStore(pack, vram_slots=8, device="cpu", lazy_per_step=0)
+        fr = store.fire([(l, (round_ + l) % E) for l in range(L)], pipelined=True)
+        crew = Crew()
+        crew.spawn(store.close, name="closer")
+        for layer in range(L):
+            fr.wait_layer(layer)                   # never "pack file is gone"
+        crew.join(20)
+        assert check_published_bytes(store, _rows()) == L

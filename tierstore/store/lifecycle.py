@@ -17,13 +17,20 @@ from tierstore.store.interrupts import no_interrupts
 class Lifecycle:
     def close(self) -> None:
         """Finish in-flight fires and the running promotion, cancel queued ones
-        (their tickets raise ClosedError), stop the worker, close the engine."""
+        (their tickets raise ClosedError), stop the worker, close the engine.
+        A pipelined fire is active only until its reads are queued: its batch is
+        settled here (published, or rolled back on error) before the engine and the
+        pack close, so its owner's later wait_layer finds it published."""
         with self.lock:
             if self._closed:
                 return
             self._closed = True
             while self._active:
                 self._idle.wait()
+            loads = [b.layer_load for b in self._mover.inflight.values()
+                     if b.layer_load is not None]
+        for load in loads:   # no new one can start: fires are refused from here on
+            load.settle(load.batch.stream)
         self._worker.stop()
         if self._owns_engine:
             self.engine.close()

@@ -140,33 +140,51 @@ class LayerLoad:
             if comp is None or layer in self.failed:
                 raise self._failure()
             comp.wait()
-            self.mover.pack.check_unchanged()   # a replaced or rewritten file: publish nothing
         except BaseException as exc:
-            self._fail(exc, comp)
-            if report:
-                self.reported = True
-            err = self._failure()
-            raise err from exc if err is not exc else exc
+            self._raise_failed(exc, comp, report)
         mover, batch = self.mover, self.batch
         s, e = self.spans[layer]
+        changed, completed = None, False
         with no_interrupts(), mover.lock:   # the tables are written whole or not at all
             if layer in self.failed:        # another thread's layer failed meanwhile
                 raise self._failure()
             if layer not in self.pending:   # another thread published it meanwhile
                 return self._wait_published(layer, stream)
-            if mover.pool.is_cuda:
-                comp.stream_wait(stream)
-            batch.publish_event = mover.pool.publish(batch.pool_slots[s:e], stream)
-            self.events[layer] = batch.publish_event
-            if mover.verifier is not None:
-                mover.verifier.passed(batch.keys[s:e], batch.offsets[s:e])
-            self.pending.discard(layer)
-            if not self.pending:
-                self._complete()
-        if not self.pending:
-            batch.done.set()
+            try:   # under the lock: whoever publishes the last layer (close()'s settle
+                mover.pack.check_unchanged()   # too) does so before the pack may close
+            except BaseException as exc:  # noqa: BLE001 - a replaced file: publish nothing
+                changed = exc
+            if changed is None:
+                completed = self._publish_locked(layer, s, e, comp, stream)
+        if changed is not None:
+            self._raise_failed(changed, comp, report)
+        if completed:   # only the thread that published the last layer (a failure's
+            batch.done.set()   # rollback clears pending too, and sets done itself)
             if not batch.sources_released:
                 self.defer_sources(batch)  # the worker waits for the copies, then unpins
+
+    def _raise_failed(self, exc: BaseException, comp, report: bool):
+        """Roll back what is unpublished and raise the batch's error."""
+        self._fail(exc, comp)
+        if report:
+            self.reported = True
+        err = self._failure()
+        raise err from exc if err is not exc else exc
+
+    def _publish_locked(self, layer: int, s: int, e: int, comp, stream) -> bool:
+        """Write one group's tables (caller holds the lock); True when it was the last."""
+        mover, batch = self.mover, self.batch
+        if mover.pool.is_cuda:
+            comp.stream_wait(stream)
+        batch.publish_event = mover.pool.publish(batch.pool_slots[s:e], stream)
+        self.events[layer] = batch.publish_event
+        if mover.verifier is not None:
+            mover.verifier.passed(batch.keys[s:e], batch.offsets[s:e])
+        self.pending.discard(layer)
+        if self.pending:
+            return False
+        self._complete()
+        return True
 
     def _wait_published(self, layer: int, stream) -> None:
         """The group is published (maybe by another thread's settle, on its stream):
