@@ -1,8 +1,13 @@
-"""The native demand replay (tierstore.sim.native_replay, csrc/store/src/replay.cpp)
-against the Python loop it replaces (replay_demand_fill(native=False), the oracle):
-the same hits, reads, evictions and rejections, and the policy left in the same
-state, for lru / heat / hybrid / phase at several capacities on the FLAME trace (when
-the shared copy is present), synthetic traces and random small ones."""
+"""The native demand replays (tierstore.sim.native_replay: csrc/store/src/replay.cpp,
+auto_replay.cpp) against the Python loop (replay_demand_fill(native=False), the
+oracle). Both run the one implementation of the rules (policies/native.py over
+csrc/store/src/policy.cpp); what this compares is the replay loops themselves: their
+incremental resident orders (phase's buckets), fills, grouping of accesses and, for
+auto, the shadows and the leader's decisions. Same hits, reads, evictions and
+rejections, and the policy left in the same state, for lru / heat / hybrid / phase /
+auto at several capacities on the FLAME trace (when the shared copy is present),
+synthetic traces and random small ones (test_native_policies_golden.py pins both to
+the Python implementation the C++ rules replaced)."""
 from __future__ import annotations
 
 import os
@@ -14,6 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 from tierstore import policies
 from tierstore.policies.admission import ADMIT_ALL
+from tierstore.policies.auto import AutoPolicy
 from tierstore.sim.counting import Prepared
 from tierstore.sim.demand import replay_demand_fill
 from tierstore.sim.native_replay import native_filter
@@ -30,6 +36,11 @@ NAMES = ("lru", "heat", "hybrid", "phase")
 
 
 def _state(p) -> dict:
+    if isinstance(p, AutoPolicy):  # every shadow's state, the scores and the leader
+        out = {f"{i}.{k}": v for i, e in enumerate(p.experts) for k, v in _state(e).items()}
+        out.update(scores=p.expert_scores.copy(), leader=p.leader, _resident=p._resident.copy(),
+                   _n_resident=p._n_resident)
+        return out
     out = {k: getattr(p, k) for k in ("_clock", "_t", "_base", "_gain", "_n_resident", "_group",
                                         "_per_tick")
            if hasattr(p, k)}
@@ -101,16 +112,60 @@ def test_flame_equal(name):
 @given(st.integers(1, 4), st.integers(2, 6), st.integers(1, 12), st.integers(1, 30),
        st.sampled_from(NAMES), st.integers(0, 2**31 - 1))
 def test_random_traces_equal(n_layers, n_experts, n_ticks, slots, name, seed):
+    rng = np.random.default_rng(seed + 1)
+    params = {} if name == "lru" else {"half_life": float(rng.choice([0.3, 4.0, 256.0]))}
+    assert_same(Prepared(_random_trace(n_layers, n_experts, n_ticks, seed)), name, slots,
+                **params)
+
+
+def _random_trace(n_layers, n_experts, n_ticks, seed) -> Trace:
     rng = np.random.default_rng(seed)
     rows = rng.integers(1, 8, size=n_ticks)
     ticks = np.repeat(np.arange(n_ticks, dtype=np.int64), rows)
     layers = rng.integers(0, n_layers, size=ticks.size).astype(np.int32)
     experts = rng.integers(0, n_experts, size=ticks.size).astype(np.int32)
     order = np.lexsort((layers, ticks))
-    trace = Trace(ticks[order], layers[order], experts[order],
-                  np.arange(n_layers, dtype=np.int64), n_experts)
-    params = {} if name == "lru" else {"half_life": float(rng.choice([0.3, 4.0, 256.0]))}
-    assert_same(Prepared(trace), name, slots, **params)
+    return Trace(ticks[order], layers[order], experts[order],
+                 np.arange(n_layers, dtype=np.int64), n_experts)
+
+
+@pytest.mark.parametrize("slots", [1, 9, 40])
+@pytest.mark.parametrize("granularity", ["layer", "tick"])
+def test_auto_synthetic_equal(synth_preps, slots, granularity):
+    # The self-tuning policy: twelve shadows, the leader's decisions, scores and leader.
+    for prep in synth_preps:
+        assert_same(prep, "auto", slots, granularity)
+    assert_same(synth_preps[0], "auto", 9, granularity, admission=lambda p: ADMIT_ALL)
+
+
+@pytest.mark.skipif(not FLAME.exists(), reason="FLAME trace not present")
+def test_auto_flame_equal():
+    # The Python auto loop runs ~1e3 accesses/s: the first 4% of FLAME (82 ticks).
+    prep = Prepared(load_trace(FLAME).split(0.04)[0])
+    for slots in (51, 205):
+        assert_same(prep, "auto", slots)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 6), st.integers(1, 10), st.integers(1, 20),
+       st.integers(0, 2**31 - 1))
+def test_auto_random_traces_equal(n_layers, n_experts, n_ticks, slots, seed):
+    assert_same(Prepared(_random_trace(n_layers, n_experts, n_ticks, seed)), "auto", slots)
+
+
+def test_auto_expert_list_is_data(monkeypatch):
+    # Any expert list of native kinds replays natively: one phase expert alone, then a
+    # shorter, reordered list (auto.py's list may change), each exact.
+    from tierstore.policies import auto as auto_module
+    prep = Prepared(synthetic_trace(48, batch=2, prefill_tokens=0, n_layers=4, n_experts=16,
+                                    seed=11))
+    for make_experts in (lambda n, c: [policies.make("phase", n, c, half_life=8.0)],
+                         lambda n, c: [policies.make("lru", n, c),
+                                       policies.make("hybrid", n, c, half_life=64.0),
+                                       policies.make("heat", n, c, half_life=4.0)]):
+        monkeypatch.setattr(auto_module, "_experts", make_experts)
+        for slots in (5, 12):
+            assert_same(prep, "auto", slots)
 
 
 def test_not_native_where_inexact():
@@ -120,4 +175,6 @@ def test_not_native_where_inexact():
     p = policies.make("lru", 10, 4)
     p.on_admit(np.array([3]))
     assert native_filter(p, ADMIT_ALL) is None
-    assert native_filter(policies.make("auto", 10, 4), ADMIT_ALL) is None
+    auto = policies.make("auto", 10, 4)
+    auto.experts[3] = policies.make("heat", 10, 4, half_life_s=2.0)
+    assert auto.native_state() is None  # an expert with no native state: Python loop

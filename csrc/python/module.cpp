@@ -11,6 +11,7 @@ void bind_engine(nb::module_& m);  // bind_engine.cpp: readers, host buffers, co
 void bind_moe(nb::module_& m);     // bind_moe.cpp: slot-aware MoE decode kernel
 void bind_fold(nb::module_& m);    // bind_fold.cpp: the store's routing fold
 void bind_bounds(nb::module_& m);  // bind_bounds.cpp: read ceilings measured in C++
+void bind_policy(nb::module_& m);         // bind_policy.cpp: the policies' rules (PolicyCore)
 void bind_policy_replay(nb::module_& m);  // bind_policy_replay.cpp: native demand replay
 }  // namespace tierstore::python
 
@@ -26,5 +27,6 @@ NB_MODULE(_C, m) {
   tierstore::python::bind_moe(m);
   tierstore::python::bind_fold(m);
   tierstore::python::bind_bounds(m);
+  tierstore::python::bind_policy(m);
   tierstore::python::bind_policy_replay(m);
 }

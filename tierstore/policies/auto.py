@@ -134,6 +134,23 @@ class AutoPolicy(DensePolicy):
     def scores(self) -> np.ndarray:
         return self.leader_policy.scores()
 
+    # -- native replay (tierstore.sim.native_replay, csrc/store/src/auto_replay.cpp) ----
+    def native_state(self):
+        """(expert cores, resident, n_resident, capacity, scores, leader, score_decay) for
+        ``tierstore._C.replay_auto``: the cores and arrays are live, the native loop
+        updates them in place. None when an expert has no native state."""
+        cores = [getattr(e, "native_state", lambda: None)() for e in self.experts]
+        if any(c is None for c in cores):
+            return None
+        return (cores, self._resident, self._n_resident, self.capacity, self.expert_scores,
+                self.leader, self._score_decay)
+
+    def load_native_state(self, scalars) -> None:
+        """Take back what ``replay_auto`` returns: (n_resident, leader)."""
+        for e in self.experts:
+            e.load_native_state()
+        self._n_resident, self.leader = int(scalars[0]), int(scalars[1])
+
     def reset(self) -> None:
         super().reset()
         for e in self.experts:

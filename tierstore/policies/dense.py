@@ -74,16 +74,6 @@ class DensePolicy(Policy):
             self._raise_out_of_range(arr, what)
         return arr
 
-    def _checked_low(self, keys, what: str) -> np.ndarray:
-        """Hot-path check, same as ``_checked`` (kept apart so the hot path can
-        change on its own); callers still turn an IndexError from their scatter
-        into ``_raise_out_of_range``."""
-        arr = as_keys(keys)
-        # One comparison catches both ends: a negative key viewed as uint64 is huge.
-        if arr.size and np.count_nonzero(arr.view(np.uint64) >= self._n_keys_u64):
-            self._raise_out_of_range(arr, what)
-        return arr
-
     def _raise_out_of_range(self, arr: np.ndarray, what: str):
         bad = arr[(arr < 0) | (arr >= self.n_keys)][0]
         raise ConfigError(f"policy {self.name!r}.{what}: key {int(bad)} out of range "

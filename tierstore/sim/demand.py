@@ -88,9 +88,9 @@ def replay_demand_fill(prep: Prepared, policy: Policy, slots: int,
                        granularity: str = "layer", admission: Admission | None = None,
                        native: bool = True) -> Counters:
     """Demand fill through ``policy``; ``admission`` defaults to the policy's own
-    filter (``ADMIT_ALL`` is the store's fire). ``native``: run lru / heat / hybrid
-    through the C++ loop (``tierstore.sim.native_replay``, same results, ~100x
-    faster); False forces this Python loop (the tests' oracle).
+    filter (``ADMIT_ALL`` is the store's fire). ``native``: run lru / heat / hybrid /
+    phase / auto through the C++ loops (``tierstore.sim.native_replay``, same
+    results, 10-100x faster); False forces this Python loop (the tests' oracle).
 
     ``granularity="layer"`` (default): each (tick, layer) reads the slot table
     in turn; its misses are filled before the next layer reads, evicting any key

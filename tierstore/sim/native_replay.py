@@ -1,14 +1,18 @@
 """The native demand-fill replay (issue #14): ``tierstore._C.replay_demand`` runs
 ``replay_demand_fill``'s loop for the lru / heat / hybrid / phase policies in C++
-(csrc/store/src/replay.cpp), over the policy object's own state arrays
-(``native_state()``), which it updates in place: afterwards the policy is in
-exactly the state the Python loop leaves (same hits, reads, evictions,
-rejections, tie-breaks; tests/test_native_policies.py compares the two).
+(csrc/store/src/replay.cpp), and ``tierstore._C.replay_auto`` the self-tuning
+policy's (csrc/store/src/auto_replay.cpp: its shadow experts, whatever their list,
+and the follow-the-leader decisions), over the policy object's own core
+(``native_state()``: the rules the live store runs, policies/native.py), which they
+update in place: afterwards the policy is in exactly the state the Python loop
+leaves (same hits, reads, evictions, rejections, tie-breaks;
+tests/test_native_policies.py compares the two).
 
 Used only where it is exact: a fresh (nothing resident) policy of exactly one of
-those four classes on the step clock (``half_life_s`` reads the wall clock), with
-the policy's own admission filter or ``ADMIT_ALL``. Anything else (auto, Belady,
-the predictor, a custom admission, a subclass) stays on the Python loop, as does
+those classes on the step clock (``half_life_s`` reads the wall clock; an auto
+expert without a native state, e.g. a new kind, keeps auto in Python), with the
+policy's own admission filter or ``ADMIT_ALL``. Anything else (Belady, the
+predictor, a custom admission, a subclass) stays on the Python loop, as does
 everything when the extension is not built.
 """
 from __future__ import annotations
@@ -16,27 +20,29 @@ from __future__ import annotations
 import numpy as np
 
 from tierstore.policies.admission import ADMIT_ALL, PolicyFilter
+from tierstore.policies.auto import AutoPolicy
 from tierstore.policies.heat import HeatPolicy
 from tierstore.policies.hybrid import HybridPolicy
 from tierstore.policies.lru import LRUPolicy
 from tierstore.policies.phase import PhasePolicy
 from tierstore.sim.counting import Counters, Prepared
 
-_NATIVE_CLASSES = (LRUPolicy, HeatPolicy, HybridPolicy, PhasePolicy)
+_NATIVE_CLASSES = (LRUPolicy, HeatPolicy, HybridPolicy, PhasePolicy, AutoPolicy)
 
 
-def _native():
+def _native(name: str = "replay_demand"):
     try:
         from tierstore import _C
     except ImportError:
         return None
-    return getattr(_C, "replay_demand", None)
+    return getattr(_C, name, None)
 
 
 def native_filter(policy, admission) -> bool | None:
     """The admission-filter flag the native loop runs ``policy`` with under
     ``admission``; None when the native loop cannot model this pair exactly."""
-    if type(policy) not in _NATIVE_CLASSES or policy.n_resident or _native() is None:
+    loop = "replay_auto" if type(policy) is AutoPolicy else "replay_demand"
+    if type(policy) not in _NATIVE_CLASSES or policy.n_resident or _native(loop) is None:
         return None
     if admission is ADMIT_ALL:
         return False
@@ -48,7 +54,7 @@ def native_filter(policy, admission) -> bool | None:
 def replay_native(prep: Prepared, policy, slots: int, granularity: str,
                   filter_: bool) -> Counters | None:
     """Counters of the native replay (``replay_demand_fill``'s semantics), or None
-    when ``policy`` has no native state (wall clock)."""
+    when ``policy`` has no native state (wall clock, an expert of no native kind)."""
     state = policy.native_state()
     if state is None:
         return None
@@ -57,11 +63,17 @@ def replay_native(prep: Prepared, policy, slots: int, granularity: str,
     else:
         starts, ends = prep.dstarts, np.ones(prep.n_ticks, dtype=bool)
     cnt = Counters(prep)
-    scalars, (reads, evictions, rejected) = _native()(
-        state, np.ascontiguousarray(prep.dkeys, dtype=np.int64),
-        np.ascontiguousarray(prep.dcounts, dtype=np.int64), bool(prep.all_single),
-        np.ascontiguousarray(starts, dtype=np.int64),
-        np.ascontiguousarray(ends, dtype=bool), int(slots), bool(filter_), cnt.hit)
-    policy.load_native_state(scalars)
+    trace = (np.ascontiguousarray(prep.dkeys, dtype=np.int64),
+             np.ascontiguousarray(prep.dcounts, dtype=np.int64), bool(prep.all_single),
+             np.ascontiguousarray(starts, dtype=np.int64), np.ascontiguousarray(ends, dtype=bool))
+    if type(policy) is AutoPolicy:
+        experts, resident, n_resident, capacity, scores, leader, score_decay = state
+        scalars, (reads, evictions, rejected) = _native("replay_auto")(
+            experts, resident, int(n_resident), int(capacity), scores, int(leader),
+            float(score_decay), *trace, int(slots), bool(filter_), cnt.hit)
+        policy.load_native_state(scalars)
+    else:
+        reads, evictions, rejected = _native()(state, *trace, int(slots), bool(filter_), cnt.hit)
+        policy.load_native_state()
     cnt.demand_reads, cnt.evictions, cnt.rejected = int(reads), int(evictions), int(rejected)
     return cnt

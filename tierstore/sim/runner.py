@@ -1,8 +1,8 @@
 """Trace simulator: replay a routing trace through the policies the live store
 runs (``tierstore.policies``), the store's own fill paths, the reference
 manager's behaviour, Belady's MIN and the unbounded cache. Imports policies
-(never torch); lru / heat / hybrid demand fill runs in the C++ core's replay loop
-when the extension is built (``tierstore.sim.native_replay``, same results).
+(never torch); lru / heat / hybrid / phase / auto demand fill runs in the C++
+core's replay loops (``tierstore.sim.native_replay``, same results).
 
 How a tick is counted (the way the forward sees it): every (layer, expert) of
 the tick reads the slot table, and is a hit when resident *before* that tick's

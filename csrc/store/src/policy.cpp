@@ -10,7 +10,6 @@ namespace tierstore {
 
 namespace {
 constexpr double kRenormExponent = 256.0;  // renormalise raw heat past 2^256
-constexpr double kMinRate = 1e-12;         // phase: a never-read key's use rate
 }  // namespace
 
 void check_view(const PolicyView& p) {
@@ -63,8 +62,12 @@ bool policy_advance_to(PolicyView& p, double t) {
 }
 
 bool policy_decay_steps(PolicyView& p, int64_t steps) {
+  return policy_decay_to(p, p.t + static_cast<double>(steps));
+}
+
+bool policy_decay_to(PolicyView& p, double t) {
   if (p.phased()) p.group = 0;
-  return policy_advance_to(p, p.t + static_cast<double>(steps));
+  return policy_advance_to(p, t);
 }
 
 void policy_admitted(PolicyView& p, const int64_t* keys, int64_t n) {
@@ -78,46 +81,8 @@ PolicyOrder::PolicyOrder(const PolicyView& p) : p_(p) {
     factor_ = (1.0 - std::pow(2.0, -1.0 / p.half_life)) / p.gain;
     c_ = std::max<int64_t>(p.group - 1, 0);
     l_ = p.per_tick;
+    l_double_ = static_cast<double>(l_);
   }
-}
-
-double PolicyOrder::primary(int64_t k) const {
-  switch (p_.kind) {
-    case PolicyKind::kLru:
-      return static_cast<double>(p_.last[k]);
-    case PolicyKind::kPhase: {
-      int64_t off = (p_.pos[k] - c_) % l_;
-      if (off < 0) off += l_;
-      if (off == 0) off = l_;
-      const double lam = p_.raw[k] * factor_;
-      return -(static_cast<double>(off) / static_cast<double>(l_) +
-               1.0 / std::max(lam, kMinRate));
-    }
-    default:
-      return p_.raw[k];
-  }
-}
-
-bool PolicyOrder::static_colder(const PolicyView& p, int64_t x, int64_t y) {
-  if (p.kind == PolicyKind::kLru) return p.last[x] != p.last[y] ? p.last[x] < p.last[y] : x < y;
-  if (p.raw[x] != p.raw[y]) return p.raw[x] < p.raw[y];
-  if (p.stamps() && p.last[x] != p.last[y]) return p.last[x] < p.last[y];
-  return x < y;
-}
-
-bool PolicyOrder::colder(int64_t x, int64_t y) const {
-  if (!p_.phased()) return static_colder(p_, x, y);
-  const double px = primary(x), py = primary(y);
-  if (px != py) return px < py;
-  if (p_.last[x] != p_.last[y]) return p_.last[x] < p_.last[y];
-  return x < y;
-}
-
-bool PolicyOrder::hotter(int64_t x, int64_t y) const {
-  if (p_.kind == PolicyKind::kLru) return p_.last[x] > p_.last[y];
-  const double px = primary(x), py = primary(y);
-  if (px != py) return px > py;
-  return p_.stamps() && p_.last[x] > p_.last[y];
 }
 
 void policy_coldest(const PolicyView& p, const int64_t* cand, int64_t m, int64_t n,
@@ -151,11 +116,35 @@ void policy_coldest(const PolicyView& p, const int64_t* cand, int64_t m, int64_t
   for (int64_t i = 0; i < n; ++i) out[i] = items[i].key;
 }
 
+void policy_victims(const PolicyView& p, int64_t n, const bool* pinned, std::vector<int64_t>& out) {
+  std::vector<int64_t> cand;
+  cand.reserve(static_cast<size_t>(p.n_resident > 0 ? p.n_resident : 0));
+  for (int64_t k = 0; k < p.n_keys; ++k) {
+    if (p.resident[k] && (pinned == nullptr || !pinned[k])) cand.push_back(k);
+  }
+  policy_coldest(p, cand.data(), static_cast<int64_t>(cand.size()), n, out);
+}
+
 void policy_rank(const PolicyView& p, int64_t* keys, int64_t n) {
   if (n <= 1) return;
+  if (p.kind == PolicyKind::kLru) {
+    const int64_t* last = p.last;
+    std::stable_sort(keys, keys + n, [last](int64_t x, int64_t y) { return last[x] > last[y]; });
+    return;
+  }
+  // Descending (primary, secondary), stable: primaries computed once per key.
+  struct Item {
+    double primary;
+    int64_t last, key;
+  };
   const PolicyOrder order(p);
-  std::stable_sort(keys, keys + n,
-                   [&order](int64_t x, int64_t y) { return order.hotter(x, y); });
+  std::vector<Item> items(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    items[i] = Item{order.primary(keys[i]), p.stamps() ? p.last[keys[i]] : 0, keys[i]};
+  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) {
+    return x.primary != y.primary ? x.primary > y.primary : x.last > y.last;
+  });
+  for (int64_t i = 0; i < n; ++i) keys[i] = items[i].key;
 }
 
 }  // namespace tierstore

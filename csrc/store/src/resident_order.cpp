@@ -34,17 +34,13 @@ void ResidentOrder::victims(int64_t n, const uint8_t* pinned, std::vector<int64_
 
 void ResidentOrder::phase_victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out) {
   const PolicyOrder order(p_);
-  // Per bucket: the current run of keys with one exact primary, sorted by (last, key).
-  struct Head {
-    Set::const_iterator it, end;
-    std::vector<int64_t> run;  // the current run of equal primary, sorted by (last, key)
-    size_t next = 0;
-    double primary = 0.0;
-  };
-  std::vector<Head> heads;
-  heads.reserve(sets_.size());
+  heads_.resize(sets_.size());
+  size_t n_heads = 0;
   for (const Set& s : sets_) {
-    if (!s.empty()) heads.push_back(Head{s.begin(), s.end(), {}, 0, 0.0});
+    if (s.empty()) continue;
+    Head& h = heads_[n_heads++];
+    h.it = s.begin();
+    h.end = s.end();
   }
   const int64_t* last = p_.last;
   // Refill h.run from its bucket: the next keys sharing one exact primary, unpinned.
@@ -53,10 +49,10 @@ void ResidentOrder::phase_victims(int64_t n, const uint8_t* pinned, std::vector<
     h.next = 0;
     while (h.run.empty() && h.it != h.end) {
       h.primary = order.primary(*h.it);
-      while (h.it != h.end && order.primary(*h.it) == h.primary) {
+      do {
         if (pinned == nullptr || !pinned[*h.it]) h.run.push_back(*h.it);
         ++h.it;
-      }
+      } while (h.it != h.end && order.primary(*h.it) == h.primary);
     }
     if (h.run.size() > 1) {
       std::sort(h.run.begin(), h.run.end(), [last](int64_t x, int64_t y) {
@@ -64,10 +60,11 @@ void ResidentOrder::phase_victims(int64_t n, const uint8_t* pinned, std::vector<
       });
     }
   };
-  for (Head& h : heads) refill(h);
+  for (size_t i = 0; i < n_heads; ++i) refill(heads_[i]);
   while (static_cast<int64_t>(out.size()) < n) {
     Head* best = nullptr;
-    for (Head& h : heads) {
+    for (size_t i = 0; i < n_heads; ++i) {
+      Head& h = heads_[i];
       if (h.next >= h.run.size()) continue;
       if (best == nullptr) {
         best = &h;

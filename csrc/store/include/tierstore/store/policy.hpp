@@ -15,6 +15,7 @@
 //           within the tick, lam = per-tick use rate (policies/phase.py has the why)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -51,11 +52,13 @@ void check_view(const PolicyView& p);
 // means every weight is 1, `counts` (used when `w` is null) gives integer weights.
 void policy_access(PolicyView& p, const int64_t* keys, int64_t n, const double* w,
                    const int64_t* counts = nullptr);
-// heat.py _advance_to(t): move the clock forward (never back), renormalise past 2^256.
-// Returns true when the raw heats were rescaled (incremental orders must rebuild).
+// Move the heat clock forward to t (never back; a wall-clock access), renormalising past
+// 2^256. Returns true when the raw heats were rescaled (incremental orders must rebuild).
 bool policy_advance_to(PolicyView& p, double t);
-// decay(steps): the step clock (phase also starts a new tick). Returns as advance_to.
+// decay: a tick ends (phase starts counting groups again) and the clock moves `steps`
+// steps on (the step clock) or to `t` (the wall clock). Returns as advance_to.
 bool policy_decay_steps(PolicyView& p, int64_t steps);
+bool policy_decay_to(PolicyView& p, double t);
 // Admission stamps the clock for lru (a prefetched key enters at the most-recent end).
 void policy_admitted(PolicyView& p, const int64_t* keys, int64_t n);
 // hybrid / phase: admit candidate iff raw(candidate) > raw(victim); others admit all.
@@ -64,30 +67,48 @@ inline bool policy_admit(const PolicyView& p, int64_t cand, int64_t victim) {
 }
 
 // The order of one decision (phase's primary depends on the tick's progress and the gain,
-// so it is computed against a snapshot of them).
+// so it is computed against a snapshot of them). Inline: the replays compare millions.
 class PolicyOrder {
  public:
   explicit PolicyOrder(const PolicyView& p);
-  // Larger = hotter. lru: the tick as a double is never compared; see colder().
-  double primary(int64_t k) const;
+  // Larger = hotter (lru: the last-use tick as a double).
+  double primary(int64_t k) const {
+    if (p_.kind == PolicyKind::kPhase) {
+      int64_t off = p_.pos[k] - c_;  // in (-L, L): pos < L and 0 <= c < L
+      if (off <= 0) off += l_;       // (pos - c) mod L, 0 -> L
+      return -(static_cast<double>(off) / l_double_ + 1.0 / std::max(p_.raw[k] * factor_, 1e-12));
+    }
+    return p_.kind == PolicyKind::kLru ? static_cast<double>(p_.last[k]) : p_.raw[k];
+  }
   // Ascending (primary, secondary, key): true when x is evicted before y.
-  bool colder(int64_t x, int64_t y) const;
-  // Descending (primary, secondary), no key tie-break: promotion order (stable sort).
-  bool hotter(int64_t x, int64_t y) const;
+  bool colder(int64_t x, int64_t y) const {
+    if (!p_.phased()) return static_colder(p_, x, y);
+    const double px = primary(x), py = primary(y);
+    if (px != py) return px < py;
+    return p_.last[x] != p_.last[y] ? p_.last[x] < p_.last[y] : x < y;
+  }
   // The order within one phase bucket (same pos) and of the other kinds: does not depend
   // on the tick's progress or the gain, only on the arrays (see resident_order.hpp).
-  static bool static_colder(const PolicyView& p, int64_t x, int64_t y);
+  static bool static_colder(const PolicyView& p, int64_t x, int64_t y) {
+    if (p.kind == PolicyKind::kLru) return p.last[x] != p.last[y] ? p.last[x] < p.last[y] : x < y;
+    if (p.raw[x] != p.raw[y]) return p.raw[x] < p.raw[y];
+    if (p.kind != PolicyKind::kHeat && p.last[x] != p.last[y]) return p.last[x] < p.last[y];
+    return x < y;
+  }
 
  private:
   const PolicyView& p_;
-  double factor_ = 0.0;  // phase: (1 - 2^(-1/h)) / gain
+  double factor_ = 0.0, l_double_ = 1.0;  // phase: (1 - 2^(-1/h)) / gain, L
   int64_t c_ = 0, l_ = 1;
 };
 
-// dense.py coldest(): the n coldest of cand[0:m], coldest first, into out.
+// The n coldest of cand[0:m] (distinct keys), coldest first, into out.
 void policy_coldest(const PolicyView& p, const int64_t* cand, int64_t m, int64_t n,
                     std::vector<int64_t>& out);
-// dense.py hottest_order(): keys reordered hottest first, stable.
+// The n coldest resident keys with pinned[k] == 0 (pinned may be null), coldest first:
+// a scan of the resident mask (the replays keep a ResidentOrder instead).
+void policy_victims(const PolicyView& p, int64_t n, const bool* pinned, std::vector<int64_t>& out);
+// Promotion order: keys reordered hottest first, stable.
 void policy_rank(const PolicyView& p, int64_t* keys, int64_t n);
 
 }  // namespace tierstore

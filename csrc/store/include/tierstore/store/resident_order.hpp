@@ -26,7 +26,11 @@ class ResidentOrder {
   ResidentOrder& operator=(const ResidentOrder&) = delete;
 
   void rebuild();
-  void erase(int64_t k) { bucket(k).erase(k); }
+  void erase(int64_t k) {
+    Set& s = bucket(k);
+    const auto it = s.find(k);
+    if (it != s.end()) s.erase(it);
+  }
   void insert(int64_t k) { bucket(k).insert(k); }
   // The n coldest resident keys with pinned[k] == 0 (pinned may be null), coldest first.
   void victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
@@ -40,8 +44,18 @@ class ResidentOrder {
   Set& bucket(int64_t k);
   void phase_victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
 
+  // phase_victims: per bucket, the current run of keys sharing one exact primary, sorted
+  // by (last, key) (kept between calls to reuse the buffers).
+  struct Head {
+    Set::const_iterator it, end;
+    std::vector<int64_t> run;
+    size_t next = 0;
+    double primary = 0.0;
+  };
+
   const PolicyView& p_;
   std::vector<Set> sets_;  // one (bucket 0) except for phase: one per group position
+  std::vector<Head> heads_;
 };
 
 }  // namespace tierstore

@@ -1,0 +1,103 @@
+"""The policies' rules, now written once in C++ (csrc/store/src/policy.cpp, behind the
+faces of tierstore/policies/native.py), pinned to what the Python implementation they
+replaced produced (tierstore at commit 6bca503, replay_demand_fill(native=False)): per
+(trace, policy, slots, granularity) the hits, demand reads, evictions, rejections, a
+digest of the per-access hit mask and one of the final state arrays. Both the Python
+loop over the faces and the native replays must reproduce them exactly."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tierstore import policies
+from tierstore.sim.counting import Prepared
+from tierstore.sim.demand import replay_demand_fill
+from tierstore.sim.synth import synthetic_trace
+from tierstore.sim.traces import load_trace
+
+pytest.importorskip("tierstore._C")
+
+FLAME = Path(os.environ.get("TIERSTORE_FLAME_TRACE",
+                            "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"))
+
+# (hits, demand_reads, evictions, rejected, hit digest, state digest)
+GOLDEN = {
+    "flame/lru/51/layer": (10379, 87925, 87874, 0, 'e95474b868710282', '34ebdbfe4d2cefe0'),
+    "flame/lru/205/layer": (38010, 60294, 60089, 0, '5fd168e460c0acd9', '80b7a789631bc8e9'),
+    "flame/heat/51/layer": (11852, 86452, 86401, 0, '9a37e7ec86f21b1a', '539f035c19abcf7f'),
+    "flame/heat/205/layer": (45389, 52915, 52710, 0, '8c6c595b10681d55', '882836ce43a9ecf4'),
+    "flame/hybrid/51/layer": (13165, 85139, 2897, 82191, 'a9cc810d43808426', 'f95331f1cd4c174f'),
+    "flame/hybrid/205/layer": (46146, 52158, 5944, 46009, '42a1813b963b0dfe', '3f343725703d1081'),
+    "flame/phase/51/layer": (13312, 84992, 2527, 82414, 'e1e947c59c312c49', '92e41f27f5c86167'),
+    "flame/phase/205/layer": (46378, 51926, 5414, 46307, '38d87e314fe39ba3', '42d12382b96fea53'),
+    "flame_head/auto/51/layer": (779, 3157, 535, 2571, '9348d1ef7625f938', '37400895cfd9ef65'),
+    "flame_head/auto/205/layer": (2038, 1898, 881, 812, 'e0db6af18216763a', 'b9aad9f710634b93'),
+    "synth/lru/9/layer": (0, 6522, 5171, 1342, '67eaf3d4446ea497', '26a236b39de701d5'),
+    "synth/lru/9/tick": (536, 5986, 319, 5658, '8aa91679e6a4175a', 'e526ef77b60ff2a8'),
+    "synth/lru/40/layer": (0, 6522, 6482, 0, '67eaf3d4446ea497', '1a0a8c0c864ab15a'),
+    "synth/lru/40/tick": (2206, 4316, 1594, 2682, 'fc181d25b6874d49', 'ac40f900d66a82b2'),
+    "synth/heat/9/layer": (0, 6522, 5171, 1342, '67eaf3d4446ea497', '7241a07789c368b4'),
+    "synth/heat/9/tick": (536, 5986, 319, 5658, '8aa91679e6a4175a', 'd16d899e3a62946c'),
+    "synth/heat/40/layer": (1734, 4788, 4748, 0, 'c9a7e413d520e634', 'bd98ec356244aebe'),
+    "synth/heat/40/tick": (2206, 4316, 1594, 2682, 'fc181d25b6874d49', 'f590330015926145'),
+    "synth/hybrid/9/layer": (575, 5947, 97, 5841, 'b97bb7727fd9882b', 'ba65552f0dafc499'),
+    "synth/hybrid/9/tick": (603, 5919, 28, 5882, 'b5ede1310c3a4d80', '00d3caad8369ddf4'),
+    "synth/hybrid/40/layer": (2125, 4397, 290, 4067, '4e799c4d2b6e5f2c', '7273d44000f75e84'),
+    "synth/hybrid/40/tick": (2195, 4327, 120, 4167, '415a62728d065b8a', 'a906f179272fa2a0'),
+    "synth/phase/9/layer": (590, 5932, 67, 5856, 'bad8ce12850a2f29', 'a77a22b098a74c5c'),
+    "synth/phase/9/tick": (603, 5919, 28, 5882, 'b5ede1310c3a4d80', '55e3509247621800'),
+    "synth/phase/40/layer": (2161, 4361, 232, 4089, 'c60ee4b240bd7e13', '7646ef3b660898c5'),
+    "synth/phase/40/tick": (2195, 4327, 120, 4167, '415a62728d065b8a', '315f0dc97d0e66f1'),
+    "synth/auto/9/layer": (586, 5936, 78, 5849, '3e3bc67207abd157', '27f05b7154644a21'),
+    "synth/auto/9/tick": (611, 5911, 35, 5867, 'd4d8b21b9d934425', '3c2fb931fed9a82f'),
+    "synth/auto/40/layer": (2227, 4295, 248, 4007, 'eb66d8073c5ce6b2', '0921482e54fc4b77'),
+    "synth/auto/40/tick": (2402, 4120, 600, 3480, '42b6b4afb9881a89', '9a16039fc7682fc5'),
+}
+
+
+def _digest(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _state_arrays(p) -> list:
+    if hasattr(p, "experts"):  # auto: scores, leader, then every shadow's arrays
+        out = [p.expert_scores, np.array([p.leader])]
+        for e in p.experts:
+            out += _state_arrays(e)
+        return out
+    return [getattr(p, k) for k in ("_last", "_raw", "_pos", "_resident")
+            if getattr(p, k, np.empty(0)).size]
+
+
+@pytest.fixture(scope="module")
+def preps():
+    out = {"synth": Prepared(synthetic_trace(96, batch=2, prefill_tokens=32, prefill_every=40,
+                                             n_layers=6, n_experts=32, seed=7))}
+    if FLAME.exists():
+        trace = load_trace(FLAME)
+        out["flame"] = Prepared(trace)
+        out["flame_head"] = Prepared(trace.split(0.04)[0])
+    return out
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python_loop"])
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_matches_the_python_implementation(preps, case, native):
+    label, name, slots, granularity = case.split("/")
+    if label not in preps:
+        pytest.skip("FLAME trace not present")
+    if name == "auto" and not native and label == "flame_head":
+        pytest.skip("the Python auto loop on FLAME is slow; the native run covers it")
+    prep, slots = preps[label], int(slots)
+    p = policies.make(name, prep.n_keys, slots)
+    c = replay_demand_fill(prep, p, slots, granularity, native=native)
+    got = (int(c.hit.sum()), c.demand_reads, c.evictions, c.rejected, _digest(c.hit),
+           _digest(*_state_arrays(p)))
+    assert got == GOLDEN[case], case
