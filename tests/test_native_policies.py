@@ -20,6 +20,7 @@ from hypothesis import given, settings, strategies as st
 from tierstore import policies
 from tierstore.policies.admission import ADMIT_ALL
 from tierstore.policies.auto import AutoPolicy
+from tierstore.policies.blend import BlendPolicy
 from tierstore.sim.counting import Prepared
 from tierstore.sim.demand import replay_demand_fill
 from tierstore.sim.native_replay import native_filter
@@ -32,7 +33,14 @@ if not hasattr(_C, "replay_demand"):
 
 FLAME = Path(os.environ.get("TIERSTORE_FLAME_TRACE",
                             "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"))
-NAMES = ("lru", "heat", "hybrid", "phase")
+NAMES = ("lru", "heat", "hybrid", "phase", "blend")
+
+
+def _make(name, n_keys, capacity, **params):
+    # blend is built directly: the registry lists it once the tuning branch registers it.
+    if name == "blend":
+        return BlendPolicy(n_keys, capacity, **params)
+    return policies.make(name, n_keys, capacity, **params)
 
 
 def _state(p) -> dict:
@@ -44,7 +52,7 @@ def _state(p) -> dict:
     out = {k: getattr(p, k) for k in ("_clock", "_t", "_base", "_gain", "_n_resident", "_group",
                                         "_per_tick")
            if hasattr(p, k)}
-    out.update({k: getattr(p, k).copy() for k in ("_last", "_raw", "_pos", "_resident")
+    out.update({k: getattr(p, k).copy() for k in ("_last", "_raw", "_pos", "_raw2", "_resident")
                 if hasattr(p, k)})
     return out
 
@@ -52,7 +60,7 @@ def _state(p) -> dict:
 def assert_same(prep: Prepared, name: str, slots: int, granularity="layer", admission=None,
                 **params) -> None:
     n_keys = prep.n_keys
-    fast, slow = (policies.make(name, n_keys, slots, **params) for _ in range(2))
+    fast, slow = (_make(name, n_keys, slots, **params) for _ in range(2))
     adm_f = admission(fast) if admission else None
     adm_s = admission(slow) if admission else None
     assert native_filter(fast, adm_f if adm_f is not None else _default(fast)) is not None
@@ -162,7 +170,12 @@ def test_auto_expert_list_is_data(monkeypatch):
     for make_experts in (lambda n, c: [policies.make("phase", n, c, half_life=8.0)],
                          lambda n, c: [policies.make("lru", n, c),
                                        policies.make("hybrid", n, c, half_life=64.0),
-                                       policies.make("heat", n, c, half_life=4.0)]):
+                                       policies.make("heat", n, c, half_life=4.0)],
+                         # the tuning branch's nine experts: blend first
+                         lambda n, c: [BlendPolicy(n, c, half_life=h) for h in (16, 4, 64, 2, 256)]
+                         + [policies.make("phase", n, c, half_life=16.0),
+                            policies.make("hybrid", n, c, half_life=512.0),
+                            policies.make("heat", n, c, half_life=128.0), policies.make("lru", n, c)]):
         monkeypatch.setattr(auto_module, "_experts", make_experts)
         for slots in (5, 12):
             assert_same(prep, "auto", slots)

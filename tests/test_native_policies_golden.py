@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tierstore import policies
+from tierstore.policies.blend import BlendPolicy
 from tierstore.sim.counting import Prepared
 from tierstore.sim.demand import replay_demand_fill
 from tierstore.sim.synth import synthetic_trace
@@ -56,6 +57,36 @@ GOLDEN = {
     "synth/auto/9/tick": (611, 5911, 35, 5867, 'd4d8b21b9d934425', '3c2fb931fed9a82f'),
     "synth/auto/40/layer": (2227, 4295, 248, 4007, 'eb66d8073c5ce6b2', '0921482e54fc4b77'),
     "synth/auto/40/tick": (2402, 4120, 600, 3480, '42b6b4afb9881a89', '9a16039fc7682fc5'),
+}
+
+# blend (BlendPolicy over the long heat), pinned to the tuning branch's Python
+# implementation (tuning c015c34: phase's Python order with blend's _rate, over
+# heat.py's long HeatPolicy); state digest over _last, _raw, _pos, _resident, long raw.
+GOLDEN_BLEND = {
+    "flame/blend/2/51/layer": (10217, 88087, 79000, 9036, 'cdceb65ad2f06ba3', '9b08bb9076f8d1a8'),
+    "flame/blend/2/51/tick": (11245, 87059, 71723, 15285, 'ac6553d3e2f6c09b', '22a1a098e4ba6612'),
+    "flame/blend/2/205/layer": (41782, 56522, 56317, 0, '8b959312c7837911', '4f1fb1d77ec5b67a'),
+    "flame/blend/2/205/tick": (42911, 55393, 55188, 0, '8b3d76d490269e06', '7cb71eb1f9b8945c'),
+    "flame/blend/16/51/layer": (13246, 85058, 16556, 68451, 'dd13a0a9f429e1db', '56a4b47f35d1aa34'),
+    "flame/blend/16/51/tick": (13451, 84853, 15716, 69086, '1230d91ade7843e5', '3349ec7eef2b1b35'),
+    "flame/blend/16/205/layer": (46504, 51800, 27722, 23873, '5ef240ae54057632', 'e5a63b1cfddc3bc9'),
+    "flame/blend/16/205/tick": (46613, 51691, 28090, 23396, 'c69e57c77377c10d', '1af6dc99bc691e16'),
+    "flame/blend/256/51/layer": (13264, 85040, 2552, 82437, '13d8a5ccd72acb23', '07ac71fdc60dec9a'),
+    "flame/blend/256/51/tick": (13305, 84999, 2467, 82481, '077aa50e9a21f69c', '4013c5443938e9dd'),
+    "flame/blend/256/205/layer": (46304, 52000, 5332, 46463, 'ac6b092d6a6f74dd', '79e552dd8d9552ab'),
+    "flame/blend/256/205/tick": (46374, 51930, 5254, 46471, '835042588a00eb9e', '7f26c305fbcebdf9'),
+    "synth/blend/2/9/layer": (553, 5969, 622, 5338, 'd3b1b6a33d08937a', '64bc40cabcf2a07c'),
+    "synth/blend/2/9/tick": (698, 5824, 131, 5684, '3173e1b95f81d1ed', 'a0fe05173c203ae6'),
+    "synth/blend/2/40/layer": (2307, 4215, 1401, 2774, '12c7f06be1f53b12', '5c3b92f7d5e6c43c'),
+    "synth/blend/2/40/tick": (2480, 4042, 831, 3171, '679547969a49b12d', '760af7e02448e29b'),
+    "synth/blend/16/9/layer": (604, 5918, 122, 5787, '844571b868a11398', '67ade1f4471d0998'),
+    "synth/blend/16/9/tick": (635, 5887, 55, 5823, '27e1c405d55f517a', '36bf2abdc22e411e'),
+    "synth/blend/16/40/layer": (2256, 4266, 338, 3888, '306e3f193c010d02', '7c31f894796ee33c'),
+    "synth/blend/16/40/tick": (2304, 4218, 198, 3980, '84b31022e0ddff24', 'a78bf318b3d5bc07'),
+    "synth/blend/256/9/layer": (585, 5937, 80, 5848, '75a448e832de58b4', '293b3d6ffed147c7'),
+    "synth/blend/256/9/tick": (603, 5919, 28, 5882, 'b5ede1310c3a4d80', '1524f4ea5f092e78'),
+    "synth/blend/256/40/layer": (2145, 4377, 253, 4084, 'cfaaed0d41047499', '9c7bf8fc55b61b0c'),
+    "synth/blend/256/40/tick": (2195, 4327, 120, 4167, '415a62728d065b8a', 'a61ad3645931da8c'),
 }
 
 
@@ -101,3 +132,17 @@ def test_matches_the_python_implementation(preps, case, native):
     got = (int(c.hit.sum()), c.demand_reads, c.evictions, c.rejected, _digest(c.hit),
            _digest(*_state_arrays(p)))
     assert got == GOLDEN[case], case
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python_loop"])
+@pytest.mark.parametrize("case", sorted(GOLDEN_BLEND))
+def test_blend_matches_the_python_implementation(preps, case, native):
+    label, _, half_life, slots, granularity = case.split("/")
+    if label not in preps:
+        pytest.skip("FLAME trace not present")
+    prep, slots = preps[label], int(slots)
+    p = BlendPolicy(prep.n_keys, slots, half_life=float(half_life))
+    c = replay_demand_fill(prep, p, slots, granularity, native=native)
+    got = (int(c.hit.sum()), c.demand_reads, c.evictions, c.rejected, _digest(c.hit),
+           _digest(p._last, p._raw, p._pos, p._resident, p._raw2))
+    assert got == GOLDEN_BLEND[case], case

@@ -1,5 +1,5 @@
 // Binding of store/policy.hpp: tierstore._C.PolicyCore, the rules of lru / heat / hybrid /
-// phase behind the Python policy classes (tierstore/policies/native.py and its faces).
+// phase / blend behind the Python policy classes (tierstore/policies/native.py and its faces).
 // One call per batch of keys; the GIL is kept (calls are short and touch only the core).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -92,10 +92,12 @@ IdArray rank(const PolicyCore& c, Keys keys) {
 void bind_policy(nb::module_& m) {
   nb::class_<PolicyCore>(m, "PolicyCore",
                          "One policy's rules over its face's arrays: kind 0 lru, 1 heat, "
-                         "2 hybrid, 3 phase (csrc/store/include/tierstore/store/policy.hpp).")
-      .def(nb::init<int, Flat<int64_t>, Flat<double>, Flat<int64_t>, Flat<bool>, double>(),
+                         "2 hybrid, 3 phase, 4 blend "
+                         "(csrc/store/include/tierstore/store/policy.hpp).")
+      .def(nb::init<int, Flat<int64_t>, Flat<double>, Flat<int64_t>, Flat<bool>, double,
+                    Flat<double>, double>(),
            "kind"_a, "last"_a.noconvert(), "raw"_a.noconvert(), "pos"_a.noconvert(),
-           "resident"_a.noconvert(), "half_life"_a)
+           "resident"_a.noconvert(), "half_life"_a, "raw2"_a.noconvert(), "half_life2"_a)
       .def("access", &access, "keys"_a, "weights"_a.none(),
            "on_access: one clock tick, heat += weight * gain, phase positions.")
       .def("advance_to", [](PolicyCore& c, double t) { return policy_advance_to(c.view, t); },
@@ -120,6 +122,10 @@ void bind_policy(nb::module_& m) {
                    [](PolicyCore& c, double v) { c.view.base = v; })
       .def_prop_rw("gain", [](const PolicyCore& c) { return c.view.gain; },
                    [](PolicyCore& c, double v) { c.view.gain = v; })
+      .def_prop_rw("base2", [](const PolicyCore& c) { return c.view.base2; },
+                   [](PolicyCore& c, double v) { c.view.base2 = v; })
+      .def_prop_rw("gain2", [](const PolicyCore& c) { return c.view.gain2; },
+                   [](PolicyCore& c, double v) { c.view.gain2 = v; })
       .def_prop_rw("n_resident", [](const PolicyCore& c) { return c.view.n_resident; },
                    [](PolicyCore& c, int64_t v) { c.view.n_resident = v; })
       .def_prop_rw("group", [](const PolicyCore& c) { return c.view.group; },

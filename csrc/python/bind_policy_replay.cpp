@@ -65,7 +65,8 @@ using AutoScalars = std::tuple<int64_t, int64_t>;
 std::tuple<AutoScalars, Counts> replay_auto_(std::vector<PolicyCore*> experts, Flat<bool> resident,
                                              int64_t n_resident, int64_t capacity,
                                              Flat<double> scores, int64_t leader,
-                                             double score_decay, Flat<const int64_t> keys,
+                                             double score_decay, bool score_tokens,
+                                             Flat<const int64_t> keys,
                                              Flat<const int64_t> counts, bool single,
                                              Flat<const int64_t> starts,
                                              Flat<const bool> tick_end, int64_t slots,
@@ -83,6 +84,7 @@ std::tuple<AutoScalars, Counts> replay_auto_(std::vector<PolicyCore*> experts, F
   a.scores = scores.data();
   a.leader = leader;
   a.score_decay = score_decay;
+  a.score_tokens = score_tokens;
   const ReplayTrace tr = replay_trace(keys, counts, single, starts, tick_end, hit.shape(0));
   ReplayCounts c;
   {
@@ -102,7 +104,8 @@ void bind_policy_replay(nb::module_& m) {
         "Demand-fill replay of a prepared trace through one PolicyCore (its n_resident "
         "set by the caller), in place; returns (demand_reads, evictions, rejected).");
   m.def("replay_auto", &replay_auto_, "experts"_a, "resident"_a.noconvert(), "n_resident"_a,
-        "capacity"_a, "scores"_a.noconvert(), "leader"_a, "score_decay"_a, "keys"_a,
+        "capacity"_a, "scores"_a.noconvert(), "leader"_a, "score_decay"_a,
+        "score_tokens"_a, "keys"_a,
         "counts"_a, "single"_a, "starts"_a, "tick_end"_a, "slots"_a, "filter"_a,
         "hit"_a.noconvert(),
         "Demand-fill replay through the self-tuning policy: experts = PolicyCores (index "

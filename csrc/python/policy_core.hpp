@@ -17,8 +17,8 @@ namespace tierstore::python {
 
 struct PolicyCore {
   PolicyCore(int kind, Flat<int64_t> last_, Flat<double> raw_, Flat<int64_t> pos_,
-             Flat<bool> resident_, double half_life)
-      : last(last_), raw(raw_), pos(pos_), resident(resident_) {
+             Flat<bool> resident_, double half_life, Flat<double> raw2_, double half_life2)
+      : last(last_), raw(raw_), pos(pos_), resident(resident_), raw2(raw2_) {
     if (kind < 0 || kind >= kPolicyKinds) throw nanobind::value_error("policy kind out of range");
     view.kind = static_cast<PolicyKind>(kind);
     view.n_keys = static_cast<int64_t>(resident.shape(0));
@@ -28,6 +28,8 @@ struct PolicyCore {
     view.pos = sized(pos.shape(0)) ? pos.data() : nullptr;
     view.resident = resident.data();
     view.half_life = half_life;
+    view.raw2 = sized(raw2.shape(0)) ? raw2.data() : nullptr;
+    view.half_life2 = half_life2;
     check_view(view);
   }
 
@@ -35,6 +37,7 @@ struct PolicyCore {
   Flat<double> raw;
   Flat<int64_t> pos;
   Flat<bool> resident;
+  Flat<double> raw2;
   PolicyView view;
 };
 

@@ -136,14 +136,15 @@ class AutoPolicy(DensePolicy):
 
     # -- native replay (tierstore.sim.native_replay, csrc/store/src/auto_replay.cpp) ----
     def native_state(self):
-        """(expert cores, resident, n_resident, capacity, scores, leader, score_decay) for
-        ``tierstore._C.replay_auto``: the cores and arrays are live, the native loop
-        updates them in place. None when an expert has no native state."""
+        """(expert cores, resident, n_resident, capacity, scores, leader, score_decay,
+        score_tokens) for ``tierstore._C.replay_auto``: the cores and arrays are live,
+        the native loop updates them in place; score_tokens: a shadow hit scores its
+        token count (False: one per key). None when an expert has no native state."""
         cores = [getattr(e, "native_state", lambda: None)() for e in self.experts]
         if any(c is None for c in cores):
             return None
         return (cores, self._resident, self._n_resident, self.capacity, self.expert_scores,
-                self.leader, self._score_decay)
+                self.leader, self._score_decay, True)
 
     def load_native_state(self, scalars) -> None:
         """Take back what ``replay_auto`` returns: (n_resident, leader)."""

@@ -32,12 +32,13 @@ def _core_class():
 
 class NativePolicy(DensePolicy):
     """A policy whose rules run in ``tierstore._C.PolicyCore`` (``kind``: 0 lru, 1 heat,
-    2 hybrid, 3 phase). Subclasses set ``kind`` and the class-level flags below."""
+    2 hybrid, 3 phase, 4 blend). Subclasses set ``kind`` and the class-level flags below."""
 
     kind = -1
     stamps = False  # keeps a last-use tick per key (lru, hybrid, phase)
     heats = False   # keeps a raw decayed heat per key (heat, hybrid, phase)
-    phased = False  # keeps the group position of each key's last read (phase)
+    phased = False  # keeps the group position of each key's last read (phase, blend)
+    blends = False  # keeps a second, longer-lived heat per key (blend)
 
     def __init__(self, n_keys: int, capacity: int, **params):
         super().__init__(n_keys, capacity, **params)  # rejects unknown parameters
@@ -45,11 +46,17 @@ class NativePolicy(DensePolicy):
         self._last = np.full(n, NEVER, dtype=np.int64) if self.stamps else _NO_INTS
         self._raw = np.zeros(n, dtype=np.float64) if self.heats else _NO_FLOATS
         self._pos = np.zeros(n, dtype=np.int64) if self.phased else _NO_INTS
+        self._raw2 = np.zeros(n, dtype=np.float64) if self.blends else _NO_FLOATS
         self._core = _core_class()(self.kind, self._last, self._raw, self._pos, self._resident,
-                                   float(self._core_half_life()))
+                                   float(self._core_half_life()), self._raw2,
+                                   float(self._core_half_life2()))
 
     def _core_half_life(self) -> float:
         """The half-life the core decays heat by (heat-like faces set theirs first)."""
+        return 1.0
+
+    def _core_half_life2(self) -> float:
+        """The long heat's half-life (blend faces set theirs first)."""
         return 1.0
 
     # -- events -------------------------------------------------------------------
@@ -117,7 +124,9 @@ class NativePolicy(DensePolicy):
         self._last[:] = NEVER
         self._raw[:] = 0.0
         self._pos[:] = 0
+        self._raw2[:] = 0.0
         core = self._core
+        core.base2, core.gain2 = 0.0, 1.0
         core.clock, core.t, core.base, core.gain = 0, 0.0, 0.0, 1.0
         core.group, core.per_tick, core.n_resident = 0, 1, 0
 

@@ -9,7 +9,7 @@ leaves (same hits, reads, evictions, rejections, tie-breaks;
 tests/test_native_policies.py compares the two).
 
 Used only where it is exact: a fresh (nothing resident) policy of exactly one of
-those classes on the step clock (``half_life_s`` reads the wall clock; an auto
+those classes (or blend) on the step clock (``half_life_s`` reads the wall clock; an auto
 expert without a native state, e.g. a new kind, keeps auto in Python), with the
 policy's own admission filter or ``ADMIT_ALL``. Anything else (Belady, the
 predictor, a custom admission, a subclass) stays on the Python loop, as does
@@ -21,13 +21,15 @@ import numpy as np
 
 from tierstore.policies.admission import ADMIT_ALL, PolicyFilter
 from tierstore.policies.auto import AutoPolicy
-from tierstore.policies.heat import HeatPolicy
-from tierstore.policies.hybrid import HybridPolicy
-from tierstore.policies.lru import LRUPolicy
-from tierstore.policies.phase import PhasePolicy
+from tierstore.policies.native import NativePolicy
 from tierstore.sim.counting import Counters, Prepared
 
-_NATIVE_CLASSES = (LRUPolicy, HeatPolicy, HybridPolicy, PhasePolicy, AutoPolicy)
+
+def _exact(policy) -> bool:
+    """True for auto and for a face class that names its own native kind (a subclass
+    that only overrides Python methods may behave otherwise: it replays in Python)."""
+    cls = type(policy)
+    return cls is AutoPolicy or (issubclass(cls, NativePolicy) and "kind" in cls.__dict__)
 
 
 def _native(name: str = "replay_demand"):
@@ -42,7 +44,7 @@ def native_filter(policy, admission) -> bool | None:
     """The admission-filter flag the native loop runs ``policy`` with under
     ``admission``; None when the native loop cannot model this pair exactly."""
     loop = "replay_auto" if type(policy) is AutoPolicy else "replay_demand"
-    if type(policy) not in _NATIVE_CLASSES or policy.n_resident or _native(loop) is None:
+    if not _exact(policy) or policy.n_resident or _native(loop) is None:
         return None
     if admission is ADMIT_ALL:
         return False
@@ -67,10 +69,10 @@ def replay_native(prep: Prepared, policy, slots: int, granularity: str,
              np.ascontiguousarray(prep.dcounts, dtype=np.int64), bool(prep.all_single),
              np.ascontiguousarray(starts, dtype=np.int64), np.ascontiguousarray(ends, dtype=bool))
     if type(policy) is AutoPolicy:
-        experts, resident, n_resident, capacity, scores, leader, score_decay = state
+        experts, resident, n_resident, capacity, scores, leader, score_decay, tokens = state
         scalars, (reads, evictions, rejected) = _native("replay_auto")(
             experts, resident, int(n_resident), int(capacity), scores, int(leader),
-            float(score_decay), *trace, int(slots), bool(filter_), cnt.hit)
+            float(score_decay), bool(tokens), *trace, int(slots), bool(filter_), cnt.hit)
         policy.load_native_state(scalars)
     else:
         reads, evictions, rejected = _native()(state, *trace, int(slots), bool(filter_), cnt.hit)

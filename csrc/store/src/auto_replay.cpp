@@ -13,12 +13,8 @@ namespace {
 class AutoReplayer {
  public:
   AutoReplayer(AutoView& a, const ReplayTrace& tr, int64_t slots, bool filter)
-      : a_(a), tr_(tr), slots_(slots), filter_(filter), pos_(a.n_keys, -1),
-        pinned_(a.n_keys, 0) {
+      : a_(a), tr_(tr), slots_(slots), filter_(filter), pinned_(a.n_keys, 0) {
     for (PolicyView& e : a_.experts) shadows_.push_back(std::make_unique<PolicyTier>(e, a.capacity));
-    for (int64_t k = 0; k < a_.n_keys; ++k) {
-      if (a_.resident[k]) add_resident(k);
-    }
   }
 
   ReplayCounts run(bool* hit) {
@@ -32,7 +28,9 @@ class AutoReplayer {
       if (b > a) shadows(a, b);
       if (!miss_.empty()) demand(a, b);
       if (tr_.tick_end[g]) {
-        for (auto& s : shadows_) s->decay();
+        for (size_t e = 0; e < shadows_.size(); ++e) {
+          if (shadows_[e]->decay() && static_cast<int64_t>(e) == lead_of_) lead_->rebuild();
+        }
         for (size_t e = 0; e < shadows_.size(); ++e) a_.scores[e] *= a_.score_decay;
       }
     }
@@ -68,17 +66,19 @@ class AutoReplayer {
       int64_t hits = 0;
       for (int64_t i = 0; i < n; ++i) {
         if (p.resident[keys[i]]) {
-          hits += counts ? counts[i] : 1;
+          hits += counts && a_.score_tokens ? counts[i] : 1;
         } else {
           smiss_.push_back(keys[i]);
         }
       }
       a_.scores[e] += static_cast<double>(hits);
-      s.access(keys, n, counts);
+      // The real set's order by this expert follows its state changes.
+      ResidentOrder* mirror = static_cast<int64_t>(e) == lead_of_ ? lead_.get() : nullptr;
+      s.access(keys, n, counts, mirror);
       if (smiss_.empty() || a_.capacity == 0) continue;
       const int64_t m = static_cast<int64_t>(smiss_.size());
       if (m > s.n_free() && p.filters()) policy_rank(p, smiss_.data(), m);
-      s.fill(smiss_, keys, n, p.filters(), unused);
+      s.fill(smiss_, keys, n, p.filters(), unused, mirror);
     }
     int64_t best = 0;
     for (size_t e = 1; e < shadows_.size(); ++e) {
@@ -98,14 +98,15 @@ class AutoReplayer {
       for (int64_t k : miss_) add_resident(k);
       return;
     }
-    const bool some_hit = n < b - a;  // a group that missed entirely protects nothing
-    cand_.clear();
-    if (some_hit) for (int64_t i = a; i < b; ++i) pinned_[tr_.keys[i]] = 1;
-    for (int64_t k : real_) {
-      if (!pinned_[k]) cand_.push_back(k);
+    if (lead_of_ != a_.leader) {
+      // The real resident set in the new leader's order, kept until another leads.
+      lead_ = std::make_unique<ResidentOrder>(lead, a_.resident);
+      lead_of_ = a_.leader;
     }
+    const bool some_hit = n < b - a;  // a group that missed entirely protects nothing
+    if (some_hit) for (int64_t i = a; i < b; ++i) pinned_[tr_.keys[i]] = 1;
+    lead_->victims(n - n_free, pinned_.data(), vic_);
     if (some_hit) for (int64_t i = a; i < b; ++i) pinned_[tr_.keys[i]] = 0;
-    policy_coldest(lead, cand_.data(), static_cast<int64_t>(cand_.size()), n - n_free, vic_);
     const int64_t nv = static_cast<int64_t>(vic_.size());
     counts_.rejected += n - n_free - nv;
     for (int64_t j = 0; j < n_free; ++j) add_resident(miss_[j]);
@@ -121,20 +122,15 @@ class AutoReplayer {
     }
   }
 
-  // The real resident set as a list too (victims scan it, not the n_keys mask).
+  // The real resident set, and its order by the expert lead_ follows.
   void add_resident(int64_t k) {
     a_.resident[k] = true;
-    pos_[k] = static_cast<int64_t>(real_.size());
-    real_.push_back(k);
+    if (lead_) lead_->insert(k);
     ++a_.n_resident;
   }
   void drop_resident(int64_t k) {
+    if (lead_) lead_->erase(k);
     a_.resident[k] = false;
-    const int64_t i = pos_[k], moved = real_.back();
-    real_[i] = moved;
-    pos_[moved] = i;
-    real_.pop_back();
-    pos_[k] = -1;
     --a_.n_resident;
   }
 
@@ -143,9 +139,10 @@ class AutoReplayer {
   const int64_t slots_;
   const bool filter_;
   std::vector<std::unique_ptr<PolicyTier>> shadows_;
-  std::vector<int64_t> real_, pos_;
+  std::unique_ptr<ResidentOrder> lead_;  // the real resident keys in expert lead_of_'s order
+  int64_t lead_of_ = -1;
   std::vector<uint8_t> pinned_;
-  std::vector<int64_t> miss_, smiss_, cand_, vic_, idx_, skeys_, scounts_;
+  std::vector<int64_t> miss_, smiss_, vic_, idx_, skeys_, scounts_;
   ReplayCounts counts_;
 };
 

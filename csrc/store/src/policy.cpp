@@ -21,6 +21,8 @@ void check_view(const PolicyView& p) {
   if (p.heats() && p.raw == nullptr)
     throw std::invalid_argument("policy: heat/hybrid/phase need the heat array");
   if (p.phased() && p.pos == nullptr) throw std::invalid_argument("policy: phase needs pos");
+  if (p.blended() && (p.raw2 == nullptr || !(p.half_life2 > 0.0)))
+    throw std::invalid_argument("policy: blend needs the long heat and its half-life");
   if (p.heats() && !(p.half_life > 0.0)) throw std::invalid_argument("policy: half-life <= 0");
   if (p.per_tick < 1) throw std::invalid_argument("policy: groups per tick < 1");
 }
@@ -35,6 +37,12 @@ void policy_access(PolicyView& p, const int64_t* keys, int64_t n, const double* 
       p.raw[keys[i]] += wi * p.gain;
     }
   }
+  if (p.blended()) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double wi = w ? w[i] : (counts ? static_cast<double>(counts[i]) : 1.0);
+      p.raw2[keys[i]] += wi * p.gain2;
+    }
+  }
   if (p.stamps()) {
     for (int64_t i = 0; i < n; ++i) p.last[keys[i]] = p.clock;
   }
@@ -45,19 +53,32 @@ void policy_access(PolicyView& p, const int64_t* keys, int64_t n, const double* 
   }
 }
 
-bool policy_advance_to(PolicyView& p, double t) {
-  if (!p.heats() || t <= p.t) return false;  // time never goes backwards
-  p.t = t;
-  double exponent = (t - p.base) / p.half_life;
+namespace {
+
+// One heat's clock at time t: gain = 2^((t - base)/h); past 2^256 the raw heats are
+// rescaled once and base moves to t. Returns true when they were rescaled.
+bool advance_heat(double t, double* raw, int64_t n, double& base, double& gain, double h) {
+  double exponent = (t - base) / h;
   bool rescaled = false;
   if (exponent > kRenormExponent) {
     const double scale = std::pow(2.0, -exponent);
-    for (int64_t k = 0; k < p.n_keys; ++k) p.raw[k] *= scale;
-    p.base = t;
+    for (int64_t k = 0; k < n; ++k) raw[k] *= scale;
+    base = t;
     exponent = 0.0;
     rescaled = true;
   }
-  p.gain = std::pow(2.0, exponent);
+  gain = std::pow(2.0, exponent);
+  return rescaled;
+}
+
+}  // namespace
+
+bool policy_advance_to(PolicyView& p, double t) {
+  if (!p.heats() || t <= p.t) return false;  // time never goes backwards
+  p.t = t;
+  bool rescaled = advance_heat(t, p.raw, p.n_keys, p.base, p.gain, p.half_life);
+  if (p.blended())  // the long heat: same clock, its own renormalisation
+    rescaled = advance_heat(t, p.raw2, p.n_keys, p.base2, p.gain2, p.half_life2) || rescaled;
   return rescaled;
 }
 
@@ -83,6 +104,7 @@ PolicyOrder::PolicyOrder(const PolicyView& p) : p_(p) {
     l_ = p.per_tick;
     l_double_ = static_cast<double>(l_);
   }
+  if (p.blended()) keep2_ = 1.0 - std::pow(2.0, -1.0 / p.half_life2);
 }
 
 void policy_coldest(const PolicyView& p, const int64_t* cand, int64_t m, int64_t n,

@@ -5,24 +5,29 @@
 
 namespace tierstore {
 
-void PolicyTier::access(const int64_t* keys, int64_t n, const int64_t* counts) {
+void PolicyTier::access(const int64_t* keys, int64_t n, const int64_t* counts,
+                        ResidentOrder* mirror) {
   // A resident key leaves the order while its state changes (resident_order.hpp).
   for (int64_t i = 0; i < n; ++i) {
     if (p_.resident[keys[i]]) order_.erase(keys[i]);
+    if (mirror && mirror->holds(keys[i])) mirror->erase(keys[i]);
   }
   policy_access(p_, keys, n, nullptr, counts);
   for (int64_t i = 0; i < n; ++i) {
     if (p_.resident[keys[i]]) order_.insert(keys[i]);
+    if (mirror && mirror->holds(keys[i])) mirror->insert(keys[i]);
   }
 }
 
-void PolicyTier::decay() {
+bool PolicyTier::decay() {
   // Rounding may merge two rescaled heats: their order is the tie-break's then.
-  if (policy_decay_steps(p_, 1)) order_.rebuild();
+  if (!policy_decay_steps(p_, 1)) return false;
+  order_.rebuild();
+  return true;
 }
 
 void PolicyTier::fill(std::vector<int64_t>& miss, const int64_t* block, int64_t nb,
-                      bool filter, ReplayCounts& counts) {
+                      bool filter, ReplayCounts& counts, ResidentOrder* mirror) {
   const int64_t n = static_cast<int64_t>(miss.size());
   const int64_t n_free = this->n_free();
   admit_.clear();
@@ -55,7 +60,11 @@ void PolicyTier::fill(std::vector<int64_t>& miss, const int64_t* block, int64_t 
   counts.evictions += static_cast<int64_t>(vic_.size());
   p_.n_resident -= static_cast<int64_t>(vic_.size());
   for (int64_t k : admit_) p_.resident[k] = true;
+  // lru stamps what it admits: a mirror's copy of those keys moves with the stamp.
+  const bool stamped = p_.kind == PolicyKind::kLru && mirror != nullptr;
+  if (stamped) for (int64_t k : admit_) if (mirror->holds(k)) mirror->erase(k);
   policy_admitted(p_, admit_.data(), static_cast<int64_t>(admit_.size()));
+  if (stamped) for (int64_t k : admit_) if (mirror->holds(k)) mirror->insert(k);
   for (int64_t k : admit_) order_.insert(k);
   p_.n_resident += static_cast<int64_t>(admit_.size());
 }

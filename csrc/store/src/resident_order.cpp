@@ -5,22 +5,31 @@
 
 namespace tierstore {
 
-ResidentOrder::Set& ResidentOrder::bucket(int64_t k) {
+size_t ResidentOrder::bucket_index(int64_t k) {
   const size_t b = p_.phased() ? static_cast<size_t>(p_.pos[k]) : 0;
   while (sets_.size() <= b) sets_.emplace_back(Colder{&p_});
-  return sets_[b];
+  return b;
 }
 
 void ResidentOrder::rebuild() {
   sets_.clear();
+  if (scan_) return;
   for (int64_t k = 0; k < p_.n_keys; ++k) {
-    if (p_.resident[k]) insert(k);
+    if (members_[k]) insert(k);
   }
 }
 
 void ResidentOrder::victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out) {
   out.clear();
   if (n <= 0) return;
+  if (scan_) {
+    std::vector<int64_t> cand;
+    for (int64_t k = 0; k < p_.n_keys; ++k) {
+      if (members_[k] && (pinned == nullptr || !pinned[k])) cand.push_back(k);
+    }
+    policy_coldest(p_, cand.data(), static_cast<int64_t>(cand.size()), n, out);
+    return;
+  }
   if (p_.phased()) {
     phase_victims(n, pinned, out);
     return;

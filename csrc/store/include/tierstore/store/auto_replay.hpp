@@ -2,7 +2,8 @@
 // follow-the-leader over shadow experts. The expert list is data (a PolicyView per expert,
 // any kinds and half-lives, in index order); the algorithm, as auto.py runs it:
 //   per read group (one on_access each, never merged), for each expert in index order:
-//     score += the group's token-weighted hits in its shadow cache; its on_access; its
+//     score += the group's hits in its shadow cache (token-weighted or distinct keys, as
+//     score_tokens says); its on_access; its
 //     misses filled into its shadow (capacity slots, the group's keys blocked, hottest
 //     first and its own admission filter when it has one)
 //   leader = the first expert of highest score
@@ -28,6 +29,7 @@ struct AutoView {
   double* scores = nullptr;         // one per expert
   int64_t leader = 0;
   double score_decay = 1.0;         // per step
+  bool score_tokens = true;         // a hit scores its token count (false: 1 per key)
 };
 
 // Replays `trace` into `policy` (state updated in place, as the Python loop would leave

@@ -13,6 +13,8 @@
 //   phase   hybrid, but primary = -(off/L + 1/max(lam, 1e-12)): minus the expected
 //           next-use distance in ticks, off = groups until the key's layer reads again
 //           within the tick, lam = per-tick use rate (policies/phase.py has the why)
+//   blend   phase, but lam = the mean of its rate and that of a second heat of a
+//           LONG_RATIO times longer half-life (raw2; policies/blend.py has the why)
 #pragma once
 
 #include <algorithm>
@@ -21,8 +23,8 @@
 
 namespace tierstore {
 
-enum class PolicyKind : int { kLru = 0, kHeat = 1, kHybrid = 2, kPhase = 3 };
-constexpr int kPolicyKinds = 4;
+enum class PolicyKind : int { kLru = 0, kHeat = 1, kHybrid = 2, kPhase = 3, kBlend = 4 };
+constexpr int kPolicyKinds = 5;
 
 // Views of one policy's arrays (n_keys each; `last` null for heat, `raw` null for lru,
 // `pos` null unless phase) and its scalar state. The arrays belong to the caller.
@@ -38,11 +40,14 @@ struct PolicyView {
   int64_t n_resident = 0;
   int64_t group = 0;     // phase: groups seen this tick
   int64_t per_tick = 1;  // phase: L, most groups seen in one tick
+  double* raw2 = nullptr;  // blend: the long heat (same clock t, its own base and gain)
+  double base2 = 0.0, gain2 = 1.0, half_life2 = 1.0;
 
   bool stamps() const { return kind != PolicyKind::kHeat; }
   bool heats() const { return kind != PolicyKind::kLru; }
-  bool phased() const { return kind == PolicyKind::kPhase; }
-  bool filters() const { return kind == PolicyKind::kHybrid || kind == PolicyKind::kPhase; }
+  bool phased() const { return kind == PolicyKind::kPhase || kind == PolicyKind::kBlend; }
+  bool blended() const { return kind == PolicyKind::kBlend; }
+  bool filters() const { return kind >= PolicyKind::kHybrid; }
 };
 
 // Throws std::invalid_argument when an array the kind needs is missing.
@@ -73,12 +78,17 @@ class PolicyOrder {
   explicit PolicyOrder(const PolicyView& p);
   // Larger = hotter (lru: the last-use tick as a double).
   double primary(int64_t k) const {
-    if (p_.kind == PolicyKind::kPhase) {
+    if (p_.phased()) {
       int64_t off = p_.pos[k] - c_;  // in (-L, L): pos < L and 0 <= c < L
       if (off <= 0) off += l_;       // (pos - c) mod L, 0 -> L
-      return -(static_cast<double>(off) / l_double_ + 1.0 / std::max(p_.raw[k] * factor_, 1e-12));
+      return -(static_cast<double>(off) / l_double_ + 1.0 / std::max(rate(k), 1e-12));
     }
     return p_.kind == PolicyKind::kLru ? static_cast<double>(p_.last[k]) : p_.raw[k];
+  }
+  // Phase's per-tick use rate of k (blend: the mean of the short and the long one).
+  double rate(int64_t k) const {
+    if (!p_.blended()) return p_.raw[k] * factor_;
+    return 0.5 * (p_.raw[k] * factor_ + p_.raw2[k] / p_.gain2 * keep2_);
   }
   // Ascending (primary, secondary, key): true when x is evicted before y.
   bool colder(int64_t x, int64_t y) const {
@@ -88,7 +98,8 @@ class PolicyOrder {
     return p_.last[x] != p_.last[y] ? p_.last[x] < p_.last[y] : x < y;
   }
   // The order within one phase bucket (same pos) and of the other kinds: does not depend
-  // on the tick's progress or the gain, only on the arrays (see resident_order.hpp).
+  // on the tick's progress or the gain, only on the arrays (see resident_order.hpp; not
+  // blend's: two heats decaying apart have no static order).
   static bool static_colder(const PolicyView& p, int64_t x, int64_t y) {
     if (p.kind == PolicyKind::kLru) return p.last[x] != p.last[y] ? p.last[x] < p.last[y] : x < y;
     if (p.raw[x] != p.raw[y]) return p.raw[x] < p.raw[y];
@@ -99,6 +110,7 @@ class PolicyOrder {
  private:
   const PolicyView& p_;
   double factor_ = 0.0, l_double_ = 1.0;  // phase: (1 - 2^(-1/h)) / gain, L
+  double keep2_ = 0.0;                    // blend: 1 - 2^(-1/h2)
   int64_t c_ = 0, l_ = 1;
 };
 

@@ -21,18 +21,28 @@ namespace tierstore {
 
 class ResidentOrder {
  public:
-  explicit ResidentOrder(const PolicyView& p) : p_(p) { rebuild(); }
+  // The keys with members[k] set (null: the policy's own resident mask), in p's order.
+  explicit ResidentOrder(const PolicyView& p, const bool* members = nullptr)
+      : p_(p), members_(members ? members : p.resident), where_(p.n_keys), bucket_of_(p.n_keys, 0) {
+    rebuild();
+  }
   ResidentOrder(const ResidentOrder&) = delete;
   ResidentOrder& operator=(const ResidentOrder&) = delete;
 
   void rebuild();
+  // erase(k) only for a key held (inserted and not erased since): each key remembers its
+  // node, so erasing costs no search.
   void erase(int64_t k) {
-    Set& s = bucket(k);
-    const auto it = s.find(k);
-    if (it != s.end()) s.erase(it);
+    if (!scan_) sets_[bucket_of_[k]].erase(where_[k]);
   }
-  void insert(int64_t k) { bucket(k).insert(k); }
-  // The n coldest resident keys with pinned[k] == 0 (pinned may be null), coldest first.
+  void insert(int64_t k) {
+    if (scan_) return;
+    const size_t b = bucket_index(k);
+    bucket_of_[k] = static_cast<uint32_t>(b);
+    where_[k] = sets_[b].insert(k).first;
+  }
+  bool holds(int64_t k) const { return members_[k]; }
+  // The n coldest members with pinned[k] == 0 (pinned may be null), coldest first.
   void victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
 
  private:
@@ -41,7 +51,7 @@ class ResidentOrder {
     bool operator()(int64_t x, int64_t y) const { return PolicyOrder::static_colder(*p, x, y); }
   };
   using Set = std::set<int64_t, Colder>;
-  Set& bucket(int64_t k);
+  size_t bucket_index(int64_t k);  // grows sets_ to hold the key's bucket
   void phase_victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
 
   // phase_victims: per bucket, the current run of keys sharing one exact primary, sorted
@@ -54,7 +64,11 @@ class ResidentOrder {
   };
 
   const PolicyView& p_;
+  const bool* members_;
+  const bool scan_ = p_.blended();  // blend has no static order: victims scan the members
   std::vector<Set> sets_;  // one (bucket 0) except for phase: one per group position
+  std::vector<Set::iterator> where_;  // per key held: its node
+  std::vector<uint32_t> bucket_of_;   // per key held: its bucket
   std::vector<Head> heads_;
 };
 
