@@ -60,8 +60,9 @@ GOLDEN = {
 }
 
 # blend (BlendPolicy over the long heat), pinned to the tuning branch's Python
-# implementation (tuning c015c34: phase's Python order with blend's _rate, over
-# heat.py's long HeatPolicy); state digest over _last, _raw, _pos, _resident, long raw.
+# implementation (tuning c015c34 and 916e67e give the same figures: phase's Python order
+# with blend's rate, over heat.py's long HeatPolicy); state digest over _last, _raw,
+# _pos, _resident, long raw.
 GOLDEN_BLEND = {
     "flame/blend/2/51/layer": (10217, 88087, 79000, 9036, 'cdceb65ad2f06ba3', '9b08bb9076f8d1a8'),
     "flame/blend/2/51/tick": (11245, 87059, 71723, 15285, 'ac6553d3e2f6c09b', '22a1a098e4ba6612'),

@@ -104,7 +104,10 @@ PolicyOrder::PolicyOrder(const PolicyView& p) : p_(p) {
     l_ = p.per_tick;
     l_double_ = static_cast<double>(l_);
   }
-  if (p.blended()) keep2_ = 1.0 - std::pow(2.0, -1.0 / p.half_life2);
+  if (p.blended()) {
+    keep1_ = 1.0 - std::pow(2.0, -1.0 / p.half_life);
+    keep2_ = 1.0 - std::pow(2.0, -1.0 / p.half_life2);
+  }
 }
 
 void policy_coldest(const PolicyView& p, const int64_t* cand, int64_t m, int64_t n,

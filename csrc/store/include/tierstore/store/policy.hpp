@@ -88,7 +88,8 @@ class PolicyOrder {
   // Phase's per-tick use rate of k (blend: the mean of the short and the long one).
   double rate(int64_t k) const {
     if (!p_.blended()) return p_.raw[k] * factor_;
-    return 0.5 * (p_.raw[k] * factor_ + p_.raw2[k] / p_.gain2 * keep2_);
+    // As blend.py spells it: the mean of heat * (1 - 2^(-1/h)) over both heats.
+    return 0.5 * (p_.raw[k] / p_.gain * keep1_ + p_.raw2[k] / p_.gain2 * keep2_);
   }
   // Ascending (primary, secondary, key): true when x is evicted before y.
   bool colder(int64_t x, int64_t y) const {
@@ -110,7 +111,7 @@ class PolicyOrder {
  private:
   const PolicyView& p_;
   double factor_ = 0.0, l_double_ = 1.0;  // phase: (1 - 2^(-1/h)) / gain, L
-  double keep2_ = 0.0;                    // blend: 1 - 2^(-1/h2)
+  double keep1_ = 0.0, keep2_ = 0.0;      // blend: 1 - 2^(-1/h), 1 - 2^(-1/h2)
   int64_t c_ = 0, l_ = 1;
 };
 
