@@ -21,15 +21,18 @@ ADDRESS_SPACE = 3 << 30     # the child's RLIMIT_AS: far above any honest case, 
                             # below what an unchecked header would ask for
 
 
-def tree_digest(root: str) -> dict:
+def tree_digest(root: str, skip: set | None = None) -> dict:
     """path -> (kind, content hash or link target), without following links or opening
-    anything but regular files (a FIFO must never be opened here)."""
+    anything but regular files (a FIFO must never be opened here). ``skip``: relative
+    paths left out (the caller digests them otherwise, e.g. sparse TiB files)."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in sorted(dirnames + filenames):
             p = os.path.join(dirpath, name)
             st = os.lstat(p)
             rel = os.path.relpath(p, root)
+            if skip and rel in skip:
+                continue
             if stat.S_ISREG(st.st_mode):
                 h = hashlib.sha256()
                 with open(p, "rb") as f:

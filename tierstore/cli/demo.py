@@ -34,10 +34,11 @@ def register(groups) -> None:
                         "(default: a temp directory, removed at the end)")
     p.add_argument("--keep", action="store_true",
                    help="keep the temp directory (its path is printed)")
-    p.add_argument("--plot", type=output_file("PNG file"), default=None,
-                   help=f"where to write the PNG (default: OUT/demo.png with --out or --keep, "
-                        f"else ./{DEFAULT_PLOT})")
-    p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    picture = p.add_mutually_exclusive_group()   # both: which one did the user mean?
+    picture.add_argument("--plot", type=output_file("PNG file"), default=None,
+                         help=f"where to write the PNG (default: OUT/demo.png with --out or "
+                              f"--keep, else ./{DEFAULT_PLOT})")
+    picture.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--steps", type=int_in(1, 100_000), default=None,
                    help="decode steps of the learning run (default: 200, 80 with --quick)")
     p.add_argument("--warm-steps", type=int_in(1, 100_000), default=None,

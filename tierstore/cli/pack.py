@@ -43,8 +43,9 @@ def register(sub) -> None:
     b.add_argument("--order", choices=["linear", "fragmajor"], default="linear",
                    help="nibble order of the e2m1 planes")
     b.add_argument("--seed", type=non_negative_int, default=0, help="synthetic weights seed")
-    b.add_argument("--ckpt-id", dest="ckpt_id", default=None,
-                   help="checkpoint id for the identity (default: hash of the safetensors files)")
+    b.add_argument("--ckpt-id", dest="ckpt_id", default=None, type=_ckpt_id,
+                   help="checkpoint id for the identity, with --from-safetensors (default: "
+                        "hash of the safetensors files)")
     b.set_defaults(func=cmd_build)
 
     i = sub.add_parser("inspect", help="geometry, layers, layout, identity of a pack")
@@ -152,8 +153,21 @@ def _check_space(out: str, nbytes: int) -> None:
                           f"{free / 1e9:.2f} GB free; choose another place or a smaller pack")
 
 
+def _ckpt_id(text: str) -> str:
+    """A checkpoint id: printable, non-empty (it is part of the identity and printed)."""
+    if not text or not text.isprintable() or len(text) > 4096:
+        raise argparse.ArgumentTypeError(f"expected a non-empty printable id of at most 4096 "
+                                         f"characters, found {text[:80]!r}")
+    return text
+
+
 def cmd_build(args) -> int:
     from tierstore.format.pack import Pack
+    if args.synthetic and args.ckpt_id is not None:
+        # a synthetic pack's identity is its geometry and seed; an id given here was
+        # silently dropped, so the pack did not carry what the user asked for
+        raise ConfigError("--ckpt-id applies to --from-safetensors only; a --synthetic "
+                          "pack's checkpoint id is derived from --seed")
     if args.synthetic:
         L, E, slot = args.synthetic
         _check_space(args.out, L * E * ((slot + 4095) // 4096 * 4096))

@@ -27,6 +27,7 @@ from tierstore.format.build import FORMATS, quantizer_abi
 from tierstore.format import layouts
 from tierstore.format.layouts import expert_layout
 from tierstore.format.writer import PackWriter
+from tierstore.files.untrusted import open_regular
 
 _NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp\.)?experts\.(\d+)\."
                    r"(w13|w2|w1|w3|gate_proj|up_proj|down_proj)"
@@ -45,6 +46,8 @@ def _scan(src: str) -> tuple[dict, list[str]]:
     found: dict = defaultdict(lambda: defaultdict(dict))
     for name in files:
         path = os.path.join(src, name)
+        # safe_open blocks forever in open() on a FIFO and maps a device: regular files only
+        os.close(open_regular(path, "safetensors file"))
         try:
             with safe_open(path, framework="pt") as f:
                 keys = list(f.keys())

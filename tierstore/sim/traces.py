@@ -24,7 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
-from tierstore.errors import FormatError
+from tierstore.errors import CapacityError, FormatError
 from tierstore.files.atomic import write_atomic_with
 from tierstore.files.untrusted import open_regular, read_json
 
@@ -107,6 +107,23 @@ def _meta_path(path: Path) -> Path:
         else Path(str(path) + ".meta.json")
 
 
+def _int64_rows(path, arr: np.ndarray) -> np.ndarray:
+    """The [rows, 3] int64 copy validation works on, refused (naming the file) when it
+    cannot fit in memory: a header may declare billions of rows over a sparse file."""
+    need = int(arr.shape[0]) * 3 * 8
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        ram = 0
+    too_big = f"{path}: {arr.shape[0]} rows need {need / 2**30:.1f} GiB to load"
+    if ram and need > ram // 2:
+        raise CapacityError(f"{too_big}, more than half of this machine's memory")
+    try:
+        return np.asarray(arr[:, :3], dtype=np.int64)
+    except MemoryError:
+        raise CapacityError(f"{too_big}: out of memory") from None
+
+
 def load_trace(path: str | os.PathLike, *, n_experts: int | None = None) -> Trace:
     """Read and validate a capture-format trace (memory-mapped, checked in one
     vectorised pass). ``n_experts`` defaults to meta.json's ``num_experts``,
@@ -131,7 +148,7 @@ def load_trace(path: str | os.PathLike, *, n_experts: int | None = None) -> Trac
         meta = read_json(mp, MAX_META_BYTES, "trace metadata")
         if not isinstance(meta, dict):
             raise FormatError(f"{mp}: trace metadata must be a JSON object")
-    rows = np.asarray(arr[:, :3], dtype=np.int64)
+    rows = _int64_rows(path, arr)
     ticks, layers, experts = rows[:, 0], rows[:, 1], rows[:, 2]
     if n_experts is None:
         n_experts = int(meta.get("num_experts") or (experts.max() + 1 if rows.size else 1))
