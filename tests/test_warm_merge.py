@@ -46,7 +46,9 @@ def test_merge_is_order_independent_and_conserves_shares(a, b):
 @given(a=warm_files())
 def test_merge_of_one_file_keeps_its_order(a):
     m = merge([a])
-    distinct = np.all(np.diff(a.pool.heat) < 0)
+    # merge ranks by the normalised shares: heats one ulp apart can round to one share,
+    # and a tie is broken by key, so "distinct" is judged on the shares
+    distinct = np.all(np.diff(a.pool.heat / a.pool.heat.sum()) < 0)
     if distinct:
         assert m.pool.keys.tolist() == a.pool.keys.tolist()
     assert m.pool.heat == pytest.approx(a.pool.heat / a.pool.heat.sum())
