@@ -1,4 +1,5 @@
-"""The phase policy: hybrid's frequency order plus the within-tick next-use offset."""
+"""The phase policy: hybrid's frequency order plus the within-tick next-use offset (and
+blend, phase over two half-lives, under the same random groups)."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,9 +39,10 @@ def test_phase_prefers_the_more_popular_key_over_the_nearer_one():
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 11), min_size=0, max_size=5), min_size=1, max_size=40),
-       st.integers(1, 6))
-def test_phase_invariants_under_random_groups(groups, cap):
-    p = policies.make("phase", 12, cap, half_life=8.0)
+       st.integers(1, 6), st.sampled_from([("phase", 8.0), ("blend", 2.0)]))
+def test_phase_and_blend_invariants_under_random_groups(groups, cap, policy):
+    name, h = policy
+    p = policies.make(name, 12, cap, half_life=h)
     for i, g in enumerate(groups):
         p.on_access(g)
         miss = np.setdiff1d(np.asarray(g, dtype=np.int64), p.resident())
@@ -50,6 +52,9 @@ def test_phase_invariants_under_random_groups(groups, cap):
             blocked[np.asarray(g, dtype=np.int64)] = True
             v = p.victims(miss.size - free, blocked)
             assert not blocked[v].any() and p.is_resident(v).all()
+            if name == "blend":  # (blend's order is Python; phase's is the core's)
+                # coldest first: no victim's expected next use is sooner than the next one's
+                assert np.all(np.diff(p._order()[0][v]) >= 0)
             p.on_evict(v)
             miss = miss[:free + v.size]
         p.on_admit(miss)

@@ -3,9 +3,10 @@
 ``make(name, n_keys, capacity, **params)`` builds one instance (one per tier:
 instances share no state); ``available()`` lists the names. Parameters:
 
-- ``lru``, ``auto`` (self-tuning: follows the best of twelve shadowed fixed
+- ``lru``, ``auto`` (self-tuning: follows the best of nine shadowed fixed
   policies, see policies/auto.py): none.
-- ``heat``, ``hybrid``, ``phase`` (hybrid + within-tick next-use order, policies/phase.py): ``half_life`` (decode steps, default
+- ``heat``, ``hybrid``, ``phase`` (hybrid + within-tick next-use order, policies/phase.py),
+  ``blend`` (phase over the mean of a short and a 32x longer rate, policies/blend.py): ``half_life`` (decode steps, default
   ``tierstore.settings.HEAT_HALF_LIFE_STEPS`` = 256, the store's and the simulator's) or ``half_life_s`` (seconds of wall clock).
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from tierstore.errors import ConfigError
 from tierstore.policies.auto import AutoPolicy
 from tierstore.policies.base import NO_KEY, Policy
+from tierstore.policies.blend import BlendPolicy
 from tierstore.policies.heat import HeatPolicy
 from tierstore.policies.hybrid import HybridPolicy
 from tierstore.policies.lru import LRUPolicy
@@ -24,6 +26,7 @@ _REGISTRY: dict[str, type[Policy]] = {
     "hybrid": HybridPolicy,
     "auto": AutoPolicy,
     "phase": PhasePolicy,
+    "blend": BlendPolicy,
 }
 
 
@@ -49,4 +52,4 @@ def make(name: str, n_keys: int, capacity: int, **params) -> Policy:
     return cls(n_keys, capacity, **params)
 
 
-__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "AutoPolicy", "PhasePolicy", "make", "available", "has_half_life"]
+__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "AutoPolicy", "PhasePolicy", "BlendPolicy", "make", "available", "has_half_life"]

@@ -3,40 +3,52 @@ routing it sees, with no per-trace knob.
 
 Algorithm (expert selection over shadow caches, in the spirit of ARC's ghost
 lists and LeCaR's regret, but choosing among whole policies):
-- Experts: LRU, and decayed frequency (``heat``) and heat-with-admission
-  (``hybrid``: may skip caching a miss colder than its victim) at half-lives of
-  32, 128, 512 and 2048 steps, and ``phase`` (hybrid whose victims are the keys
-  of latest expected next use, counting each key's layer position within the
-  tick: policies/phase.py) at 128 (the prior), 32 and 512: twelve policies
-  spanning recency to long-term popularity, forced admission to admit-or-skip.
+- Experts (``EXPERTS``, nine): ``blend`` (policies/blend.py: phase's expected
+  next-use order over the mean of a short and a 32x longer decayed use rate) at
+  half-lives 16 (the prior), 4, 64, 2 and 256 steps; ``phase`` at 16, ``hybrid``
+  at 512, ``heat`` at 128 and LRU: bursts to long-term popularity, forced
+  admission to admit-or-skip.
 - Each expert runs a shadow cache of the same capacity (keys only, no bytes):
   every ``on_access`` call is one read of the slot table, its misses filled
   through the one fill routine (``tierstore.policies.fill``) with the call's
-  keys protected, exactly as the simulator's demand fill.
-- Each expert's score is its shadow's token-weighted hits, decayed with a
-  half-life of ``SCORE_HALF_LIFE`` steps (regret over a recent window, so the
-  choice follows phase changes).
+  keys protected, exactly as the simulator's demand fill (so a shadow is that
+  expert replayed alone).
+- Each expert's score is its shadow's hits, each distinct key of a call once (a
+  hit saves one read however many tokens it serves: the bandwidth view's unit),
+  decayed with a half-life of ``SCORE_HALF_LIFE`` steps (regret over a recent
+  window, so the choice follows phase changes).
 - The real tier follows the leader (highest score; ties to the earlier expert):
   victims are the leader's coldest among the real resident keys, promotion
   order is the leader's ranking, and ``admit`` is the leader's filter.
-Cost: twelve shadows make ``on_access`` ~13x a plain policy's; fine at the
+Cost: nine shadows make ``on_access`` ~10x a plain policy's; fine at the
 store's one fold per step, and the simulator's replay shows it (M acc/s).
 
-Measured (bench/results/hits_eval_*.md): on FLAME auto follows phase(128) and
-closes ~0.12-0.25 of the LRU->MIN gap; on decode-shaped synthetic traces with
-token-to-token locality it follows LRU. A next-layer co-occurrence predictor
-(protect keys the next layer is predicted to read) was tried and moved FLAME by
-2 reads in 85k: not kept.
+Measured (share of the LRU -> MIN gap closed, bandwidth view, 10 / 20 / 40 %
+pools; bench/results/hits_eval_*.md has the tables): FLAME +0.131 / +0.208 /
++0.253 (the previous twelve experts: +0.13 / +0.20 / +0.25), the synthetic DS4
+trace (seed 0, 256 ticks) +0.091 / +0.199 / +0.290 (was -0.01 / +0.02 / +0.22,
+following LRU); the best fixed policy in hindsight there is blend(64) on FLAME
+(+0.136 / +0.209 / +0.253) and blend(4) / blend(2) / blend(2) on synthetic
+(+0.103 / +0.206 / +0.292): auto trails it by the early ticks it spends finding
+it. Tried and not kept: a next-tick use probability learned online (logistic
+regression over decayed rates at half-lives 1-256, phase's order over it):
+FLAME +0.127 / +0.198 / +0.233 but synthetic -0.13 / -0.07 / -0.10; counting a
+key once per tick in the heat (a prefill's tokens as one use): synthetic worse at
+20 / 40 % (a prompt's token counts carry topic popularity).
 
-Departures: no per-layer quota expert (the victim API does not name the
-candidate's layer); scores reward hits only (every demand policy reads each
-miss once, so hits are also the bandwidth view's currency).
+Departures: no per-layer quota expert: with the best static per-layer split
+chosen in hindsight (each layer's hybrid(64) hits at every quota, split by
+greedy marginal gain) FLAME gains +0.126 / +0.215 / +0.246 of the LRU -> MIN gap
+at 10 / 20 / 40 % pools against global phase(64)'s +0.136 / +0.208 / +0.250, and
+the synthetic generator's layers are alike, so quotas buy nothing on the traces
+we have. Scores reward hits only (every demand policy reads each miss once).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from tierstore.policies.admission import PolicyFilter
+from tierstore.policies.blend import BlendPolicy
 from tierstore.policies.dense import DensePolicy
 from tierstore.policies.fill import plan_fill
 from tierstore.policies.heat import HeatPolicy
@@ -44,19 +56,20 @@ from tierstore.policies.hybrid import HybridPolicy
 from tierstore.policies.lru import LRUPolicy
 from tierstore.policies.phase import PhasePolicy
 
-HALF_LIVES = (32.0, 128.0, 512.0, 2048.0)
-PHASE_HALF_LIVES = (128.0, 32.0, 512.0)  # first = the prior
+_CLASSES = {"blend": BlendPolicy, "phase": PhasePolicy, "hybrid": HybridPolicy,
+            "heat": HeatPolicy, "lru": LRUPolicy}
+# (policy, half-life in steps), in index order; the first is the prior (ties, and
+# no evidence yet, go to the lower index). Blend spans bursts (2, 4) to long-term
+# popularity (256: a 8192-step memory); phase(16), hybrid(512), heat(128) and lru
+# keep one expert of each other kind for traces unlike the two measured.
+EXPERTS = (("blend", 16.0), ("blend", 4.0), ("blend", 64.0), ("blend", 2.0), ("blend", 256.0),
+           ("phase", 16.0), ("hybrid", 512.0), ("heat", 128.0), ("lru", None))
 SCORE_HALF_LIFE = 128.0  # steps over which an expert's past hits count half
 
 
 def _experts(n_keys: int, capacity: int) -> list[DensePolicy]:
-    # The first is the prior (ties, and no evidence yet, go to it): phase at 128
-    # steps (hybrid's order plus the within-tick next-use offset, policies/phase.py).
-    out: list[DensePolicy] = [PhasePolicy(n_keys, capacity, half_life=h) for h in PHASE_HALF_LIVES]
-    out += [HeatPolicy(n_keys, capacity, half_life=h) for h in HALF_LIVES]
-    out += [HybridPolicy(n_keys, capacity, half_life=h) for h in HALF_LIVES]
-    out.append(LRUPolicy(n_keys, capacity))
-    return out
+    return [_CLASSES[name](n_keys, capacity) if h is None
+            else _CLASSES[name](n_keys, capacity, half_life=h) for name, h in EXPERTS]
 
 
 class AutoPolicy(DensePolicy):
@@ -100,7 +113,8 @@ class AutoPolicy(DensePolicy):
         blocked[arr] = True
         for i, (e, adm) in enumerate(zip(self.experts, self._filters)):
             r = e.is_resident(arr)
-            self.expert_scores[i] += float(np.count_nonzero(r)) if w is None else float(w[r].sum())
+            # A hit saves one read however many tokens it serves: the bandwidth view's unit.
+            self.expert_scores[i] += float(np.count_nonzero(r))
             e.on_access(arr, w)
             miss = arr[~r]
             if miss.size == 0 or self.capacity == 0:
