@@ -10,7 +10,7 @@ import tierstore as ts
 from tierstore import policies
 from tierstore.policies.admission import ADMIT_ALL
 from tierstore.policies.blend import LONG_RATIO
-from tierstore.sim import Prepared, replay_demand_fill, synth
+from tierstore.sim import Prepared, replay_demand_fill, replay_lazy, synth
 from tierstore.testing.packs import make_random_pack
 from tierstore.testing.store_replay import replay_store
 
@@ -91,3 +91,22 @@ def test_store_fires_and_simulator_agree_exactly_under_blend(tmp_path, trace, gr
     assert got.token_hits == int(prep.dcounts[cnt.hit].sum())
     assert got.reads == cnt.demand_reads and got.evictions == cnt.evictions
     assert 0 < got.distinct_hits < prep.dkeys.size
+
+
+def test_store_lazy_promotions_and_simulator_agree_exactly_under_blend(tmp_path):
+    # blend's order (next use) is not its admission score (short heat), so a lazy
+    # pass can turn away a pair before the last one: the store's slot take then
+    # evicts the coldest keys, and the simulator's lazy model must do the same.
+    trace = synth.synthetic_trace(60, n_layers=4, n_experts=16, top_k=3, prefill_tokens=6,
+                                  prefill_every=30, seed=2)
+    prep = Prepared(trace)
+    slots = trace.n_keys // 4
+    cnt = replay_lazy(prep, policies.make("blend", trace.n_keys, slots, half_life=4.0), slots, 8)
+    pack = make_random_pack(tmp_path / "pack", trace.n_layers, trace.n_experts, 64, seed=1)
+    with ts.ExpertStore(pack, vram_slots=slots, ram_gb=0, device="cpu",
+                        policy={"name": "blend", "half_life": 4.0}, lazy_per_step=8,
+                        max_promote=trace.n_keys, threads=1) as store:
+        got = replay_store(store, trace, "lazy")
+        rejected = store.stats().lazy_rejected
+    assert got.distinct_hits == int(cnt.hit.sum()) and got.reads == cnt.demand_reads
+    assert got.evictions == cnt.evictions and rejected == cnt.rejected > 0

@@ -175,6 +175,12 @@ def replay_lazy(prep: Prepared, policy: Policy, slots: int, cap: int, *,
         if candidates == "seen":
             policy.decay()  # the store's step(): fold, decay, then pick
             fill = plan_lazy(policy, u[~r], cap, tier.n_free, None, adm)
+            cnt.rejected += fill.rejected
+            # The store then takes slots for the admitted keys (SlotStates.take: the
+            # coldest victims, no admission), which are not the pairs' victims when a
+            # pair before the last was turned away (an order unlike the scores: blend).
+            fill = plan_fill(policy, fill.keys, tier.n_free, None)
+            fill.rejected = 0
         else:
             tier.pinned[u] = True
             fill = plan_lazy(policy, hottest_nonresident(policy.scores(), resident, cap),
