@@ -170,22 +170,21 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     jobs = []
     if FLAME.exists() and "flame" in which:
-        jobs.append((traces.load_trace(FLAME), budgets))
+        jobs.append(("flame", traces.load_trace(FLAME), budgets))
     if "synthetic" in which:
-        jobs.append((synth.synthetic_trace(args.ticks, seed=0, prefill_tokens=256,
-                                           prefill_every=1024), budgets))
+        jobs.append(("synthetic", synth.synthetic_trace(args.ticks, seed=0, prefill_tokens=256,
+                                                        prefill_every=1024), budgets))
     if "heldout" in which:
         for label, kw in HELDOUT.items():
             tr = synth.synthetic_trace(**kw)
             tr.name = f"{label}[{', '.join(f'{k}={v}' for k, v in kw.items())}]"
-            jobs.append((tr, ()))
+            jobs.append((None, tr, ()))
     blocks = []
-    for trace, budgets in jobs:
-        heldout = trace.name.startswith("heldout")
-        blk = run_trace(trace, budgets, DEMAND_MODELS if heldout else MODELS)
+    for tag, trace, budgets in jobs:  # tag None: a held-out trace (no prefetch models, no plot)
+        blk = run_trace(trace, budgets, DEMAND_MODELS if tag is None else MODELS)
         blocks.append(blk)
-        if not heldout:
-            plot(blk, out / f"hits_eval_{blk['trace'].split('[')[0]}.png")
+        if tag is not None:
+            plot(blk, out / f"hits_eval_{tag}.png")
         print(f"{blk['trace']} done at {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     meta = {"machine": platform.platform(), "python": sys.version.split()[0],
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
