@@ -174,8 +174,8 @@ def main(argv=None) -> int:
     if "synthetic" in which:
         jobs.append(("synthetic", synth.synthetic_trace(args.ticks, seed=0, prefill_tokens=256,
                                                         prefill_every=1024), budgets))
-    if "heldout" in which:
-        for label, kw in HELDOUT.items():
+    for label, kw in HELDOUT.items():  # "heldout": all of them; or name them one by one
+        if "heldout" in which or label in which:
             tr = synth.synthetic_trace(**kw)
             tr.name = f"{label}[{', '.join(f'{k}={v}' for k, v in kw.items())}]"
             jobs.append((None, tr, ()))
