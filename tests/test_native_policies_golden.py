@@ -3,7 +3,9 @@ faces of tierstore/policies/native.py), pinned to what the Python implementation
 replaced produced (tierstore at commit 6bca503, replay_demand_fill(native=False)): per
 (trace, policy, slots, granularity) the hits, demand reads, evictions, rejections, a
 digest of the per-access hit mask and one of the final state arrays. Both the Python
-loop over the faces and the native replays must reproduce them exactly."""
+loop over the faces and the native replays must reproduce them exactly. The auto
+entries are the nine-expert auto of tuning's change (blend experts, distinct-hit
+scores: policies/auto.py), from its Python loop."""
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +37,8 @@ GOLDEN = {
     "flame/hybrid/205/layer": (46146, 52158, 5944, 46009, '42a1813b963b0dfe', '3f343725703d1081'),
     "flame/phase/51/layer": (13312, 84992, 2527, 82414, 'e1e947c59c312c49', '92e41f27f5c86167'),
     "flame/phase/205/layer": (46378, 51926, 5414, 46307, '38d87e314fe39ba3', '42d12382b96fea53'),
-    "flame_head/auto/51/layer": (779, 3157, 535, 2571, '9348d1ef7625f938', '37400895cfd9ef65'),
-    "flame_head/auto/205/layer": (2038, 1898, 881, 812, 'e0db6af18216763a', 'b9aad9f710634b93'),
+    "flame_head/auto/51/layer": (785, 3151, 562, 2538, 'a46b10f993af244e', 'ea204cd41f7dba17'),
+    "flame_head/auto/205/layer": (2009, 1927, 1060, 662, 'a4efb9f49e7842b2', '0a41955eca0afaf4'),
     "synth/lru/9/layer": (0, 6522, 5171, 1342, '67eaf3d4446ea497', '26a236b39de701d5'),
     "synth/lru/9/tick": (536, 5986, 319, 5658, '8aa91679e6a4175a', 'e526ef77b60ff2a8'),
     "synth/lru/40/layer": (0, 6522, 6482, 0, '67eaf3d4446ea497', '1a0a8c0c864ab15a'),
@@ -53,10 +55,10 @@ GOLDEN = {
     "synth/phase/9/tick": (603, 5919, 28, 5882, 'b5ede1310c3a4d80', '55e3509247621800'),
     "synth/phase/40/layer": (2161, 4361, 232, 4089, 'c60ee4b240bd7e13', '7646ef3b660898c5'),
     "synth/phase/40/tick": (2195, 4327, 120, 4167, '415a62728d065b8a', '315f0dc97d0e66f1'),
-    "synth/auto/9/layer": (586, 5936, 78, 5849, '3e3bc67207abd157', '27f05b7154644a21'),
-    "synth/auto/9/tick": (611, 5911, 35, 5867, 'd4d8b21b9d934425', '3c2fb931fed9a82f'),
-    "synth/auto/40/layer": (2227, 4295, 248, 4007, 'eb66d8073c5ce6b2', '0921482e54fc4b77'),
-    "synth/auto/40/tick": (2402, 4120, 600, 3480, '42b6b4afb9881a89', '9a16039fc7682fc5'),
+    "synth/auto/9/layer": (599, 5923, 348, 5566, 'e2826bdfb15d699f', '5fec764ae8bad107'),
+    "synth/auto/9/tick": (696, 5826, 128, 5689, 'ecb3eaa2d37cb92b', 'dbef37b9f98e4438'),
+    "synth/auto/40/layer": (2293, 4229, 1401, 2788, '72f9e2a7168c1bbd', '0bbc98d7da23289f'),
+    "synth/auto/40/tick": (2474, 4048, 818, 3190, 'e1215d5b71f9a6d1', '20f25f12e977391c'),
 }
 
 # blend (BlendPolicy over the long heat), pinned to the tuning branch's Python

@@ -158,7 +158,7 @@ class AutoPolicy(DensePolicy):
         if any(c is None for c in cores):
             return None
         return (cores, self._resident, self._n_resident, self.capacity, self.expert_scores,
-                self.leader, self._score_decay, True)
+                self.leader, self._score_decay, False)  # distinct hits, as on_access
 
     def load_native_state(self, scalars) -> None:
         """Take back what ``replay_auto`` returns: (n_resident, leader)."""
