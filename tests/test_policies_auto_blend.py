@@ -37,9 +37,9 @@ def test_blend_keeps_the_key_that_keeps_coming_back_where_phase_keeps_the_last_o
 
 def test_blend_rate_is_the_mean_of_its_two_half_lives():
     rng = np.random.default_rng(3)
-    b = policies.make("blend", 20, 5, half_life=4.0)
-    short = policies.make("heat", 20, 5, half_life=4.0)
-    long_ = policies.make("heat", 20, 5, half_life=4.0 * LONG_RATIO)
+    b = policies.make("blend", 20, 20, half_life=4.0)
+    short = policies.make("heat", 20, 20, half_life=4.0)
+    long_ = policies.make("heat", 20, 20, half_life=4.0 * LONG_RATIO)
     assert b.long_half_life == 4.0 * LONG_RATIO
     for _ in range(30):
         keys = rng.choice(20, 4, replace=False)
@@ -49,12 +49,14 @@ def test_blend_rate_is_the_mean_of_its_two_half_lives():
             p.decay()
     want = 0.5 * (short.scores() * (1 - 2 ** (-1 / 4.0))
                   + long_.scores() * (1 - 2 ** (-1 / (4.0 * LONG_RATIO))))
-    np.testing.assert_allclose(b._rate(), want, rtol=1e-12)
+    # One call per tick: every key is a whole tick away, so blend evicts by rate alone.
+    b.on_admit(np.arange(20))
+    assert b.victims(20).tolist() == np.argsort(want, kind="stable").tolist()
     # Admission is hybrid's on the short heat: hotter candidate only.
     hot, cold = int(np.argmax(short.scores())), int(np.argmin(short.scores()))
     assert b.admit(hot, cold) and not b.admit(cold, hot)
     b.reset()
-    assert b.scores().max() == 0 and b._rate().max() == 0 and b.resident().size == 0
+    assert b.scores().max() == 0 and b.resident().size == 0
 
 
 def test_blend_on_the_wall_clock_decays_both_memories():
@@ -64,8 +66,6 @@ def test_blend_on_the_wall_clock_decays_both_memories():
     p.decay(now=t + 1.0)
     # one half-life later: the short heat halved, the long one (32 s) not
     assert p.scores()[0] == pytest.approx(0.5)
-    rate = p._rate()[0]
-    assert rate == pytest.approx(0.5 * (0.5 * 0.5 + 2 ** (-1 / 32) * (1 - 2 ** (-1 / 32))))
     assert p.long_half_life == LONG_RATIO
 
 

@@ -52,9 +52,6 @@ def test_phase_and_blend_invariants_under_random_groups(groups, cap, policy):
             blocked[np.asarray(g, dtype=np.int64)] = True
             v = p.victims(miss.size - free, blocked)
             assert not blocked[v].any() and p.is_resident(v).all()
-            if name == "blend":  # (blend's order is Python; phase's is the core's)
-                # coldest first: no victim's expected next use is sooner than the next one's
-                assert np.all(np.diff(p._order()[0][v]) >= 0)
             p.on_evict(v)
             miss = miss[:free + v.size]
         p.on_admit(miss)
