@@ -284,9 +284,9 @@ class ExpertStore(BackgroundJobs, Lifecycle):
     def step(self) -> None:
         """End of a decode step: fold heat, decay, queue lazy promotions (at most
         ``lazy_per_step``, hottest first, through the admission filter), snapshots."""
+        self._orphans.drain(self.lock, self._pool)
         with no_interrupts(), self.lock:
             self._check_open("step")
-            self._orphans.drain(self._pool)
             self._fold_records()
             if self._prefill is not None:
                 self._release_prefill()
@@ -311,7 +311,7 @@ class ExpertStore(BackgroundJobs, Lifecycle):
     def stats(self) -> StoreStats:
         with self.lock:
             self._check_open("stats")
-            self._orphans.drain(self._pool)
+            self._orphans.drain(self.lock, self._pool, settle=False)
             self._fold_records()
             snap_args = (self._pool, self._arena, self.step_count)
             engine_stats = self.engine.stats() if hasattr(self.engine, "stats") else None

@@ -41,8 +41,8 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
     fire returns once it is queued (result.wait_layer publishes; store/pipeline.py)."""
     pool, mover, lock = store._pool, store._mover, store.lock
     result = FireResult(keys=_EMPTY, sources={"pool": 0, "arena": 0, "read": 0})
+    store._orphans.drain(lock, pool)   # batches and pins of results a Ctrl-C orphaned
     with lock:
-        store._orphans.drain(pool)   # pins of results a Ctrl-C orphaned
         store._fold_records()
         pool.pin(keys)
         pinned = keys

@@ -14,10 +14,16 @@ waits for the call to end (its reads are bounded; the native wait does not retur
 Python any sooner anyway) and is raised on leaving it. A fire interrupted so drops its
 own pins before the KeyboardInterrupt is raised (the caller never gets the result).
 
+A pipelined fire's ``wait_layer`` / ``wait_all`` are sections too: a Ctrl-C there
+settles the whole batch (every layer published, or rolled back on a read error) before
+the KeyboardInterrupt is raised, so no batch is left in flight; the result stays pinned
+for the caller's ``release`` (or the net below).
+
 What no section can cover is the few bytecodes between a section's end and the caller's
-assignment of the result. ``OrphanPins`` is the net for that: a fire on the main thread
-registers its result, and a result that is garbage collected unreleased hands its keys
-to the store, which unpins them at its next fire, step or stats call.
+assignment of the result (or between a call's start and its section). ``OrphanPins`` is
+the net for that: a fire on the main thread registers its result, and a result that is
+garbage collected unreleased hands its keys and its pipelined batch to the store, which
+settles the batch and unpins the keys at its next fire, step or stats call.
 """
 from __future__ import annotations
 
@@ -31,9 +37,11 @@ _DEFERRED = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def no_interrupts() -> Iterator[list]:
+def no_interrupts(on_interrupt=None) -> Iterator[list]:
     """Defer SIGINT/SIGTERM for the body (main thread only). Yields the list of signals
-    caught so far: non-empty means the exception will be raised when the body ends."""
+    caught so far: non-empty means the exception will be raised when the body ends.
+    ``on_interrupt()``: run (still deferred) after the body when a signal was caught, to
+    finish what the caller would otherwise leave half done (a pipelined batch)."""
     if threading.current_thread() is not threading.main_thread():
         yield []
         return
@@ -47,24 +55,31 @@ def no_interrupts() -> Iterator[list]:
     try:
         yield caught
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-        for sig, frame in caught:      # now that the section is whole, deliver them
-            handler = previous[sig]
-            if callable(handler):
-                handler(sig, frame)
+        try:
+            if caught and on_interrupt is not None:
+                on_interrupt()
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+            for sig, frame in caught:      # now that the section is whole, deliver them
+                handler = previous[sig]
+                if callable(handler):
+                    handler(sig, frame)
 
 
 class OrphanPins:
-    """Keys of fire results that were dropped without ``release`` (see the module doc).
-    ``adopt`` runs on the main thread only: other threads never get a KeyboardInterrupt."""
+    """Keys (and pipelined batches) of fire results that were dropped without ``release``
+    (see the module doc). ``adopt`` runs on the main thread only: other threads never get a
+    KeyboardInterrupt."""
 
     def __init__(self):
-        self._keys: list = []     # list.append / pop are atomic: the finalizer may run anywhere
+        self._dropped: list = []   # list.append / pop are atomic: the finalizer may run anywhere
 
     def adopt(self, result) -> None:
-        if threading.current_thread() is threading.main_thread() and len(result.keys):
-            result.guard = weakref.finalize(result, self._keys.append, result.keys)
+        if threading.current_thread() is threading.main_thread() and (
+                len(result.keys) or result.pending is not None):
+            result.guard = weakref.finalize(result, self._dropped.append,
+                                            (result.keys, result.pending, result.pending_stream))
 
     @staticmethod
     def disown(result) -> None:
@@ -73,11 +88,23 @@ class OrphanPins:
             result.guard.detach()
             result.guard = None
 
-    def drain(self, pool) -> int:
-        """Unpin what dropped results held (caller holds the store lock); keys unpinned."""
-        n = 0
-        while self._keys:
-            keys = self._keys.pop()
-            pool.unpin(keys)
-            n += len(keys)
+    def drain(self, lock, pool, settle: bool = True) -> int:
+        """Settle what dropped results left in flight, then unpin their keys; keys unpinned.
+        Called WITHOUT ``lock`` held when ``settle``: settling waits for reads and for other
+        threads that publish or roll back the same batch under that lock. Without
+        ``settle`` (stats(), which a poolmon snapshot calls under the lock) a result whose
+        batch is still in flight stays queued for the next fire or step."""
+        n, later = 0, []
+        while self._dropped:
+            with no_interrupts():
+                keys, load, stream = item = self._dropped.pop()
+                if load is not None and not load.batch.done.is_set():
+                    if not settle:
+                        later.append(item)
+                        continue
+                    load.settle(stream)    # never raises; a failed layer is rolled back
+                with lock:
+                    pool.unpin(keys)
+                n += len(keys)
+        self._dropped.extend(later)
         return n

@@ -113,8 +113,13 @@ class LayerLoad:
 
     def wait_layer(self, layer: int, stream) -> None:
         """Publish ``layer``'s slots on ``stream`` once its reads landed (host waits for
-        those reads only). A layer with nothing in flight returns at once."""
-        self._publish(self.group_of.get(layer, -1), stream, report=True)
+        those reads only). A layer with nothing in flight returns at once. A Ctrl-C here
+        settles the whole batch before it is raised (store/interrupts.py)."""
+        group = self.group_of.get(layer, -1)
+        if group not in self.pending and group not in self.failed:
+            return self._wait_published(group, stream)   # the common call: nothing to wait for
+        with no_interrupts(on_interrupt=lambda: self.settle(stream)):
+            self._publish(group, stream, report=True)
 
     def settle(self, stream) -> None:
         """Another fire needs keys this batch is loading: publish every layer whose reads
@@ -197,12 +202,14 @@ class LayerLoad:
         return self.error if self.error is not None else RuntimeError("layer load failed")
 
     def wait_all(self, stream) -> None:
-        """Publish every layer still pending (in layer order)."""
-        for layer in sorted(self.pending):
-            self.wait_layer(layer, stream)
-        if self.failed and not self.reported:
-            self.reported = True
-            raise self.error
+        """Publish every layer still pending (in layer order); one interrupt-deferred
+        section, so a Ctrl-C is raised once the batch is settled."""
+        with no_interrupts(on_interrupt=lambda: self.settle(stream)):
+            for layer in sorted(self.pending):
+                self.wait_layer(layer, stream)
+            if self.failed and not self.reported:
+                self.reported = True
+                raise self.error
 
     # -- internals ----------------------------------------------------------------------
     def _complete(self) -> None:
