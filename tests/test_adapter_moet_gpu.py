@@ -40,14 +40,14 @@ def test_capture_in_global_mode_while_a_manager_pass_reads(monkeypatch, tmp_path
         eng = MoetEngine(m, planes(), n_experts=E, dev=CUDA, top_k=2, tokens=4).boot()
         tier = m._TIER
         in_pass = threading.Event()
-        real = tier._store.rows_for
+        real = tier._store.rows_block
 
         def slow_rows(pairs, scan=False, out=None):
             if threading.current_thread() is tier._thread:
                 in_pass.set()
                 time.sleep(1.0)             # host work only: the capture runs meanwhile
             return real(pairs, scan=scan, out=out)
-        monkeypatch.setattr(tier._store, "rows_for", slow_rows)
+        monkeypatch.setattr(tier._store, "rows_block", slow_rows)
         tier.wait_manager_idle()
         for key in range(L):
             m.mark_seen(tier.seen[key], torch.arange(8, device=CUDA))

@@ -50,13 +50,13 @@ def test_bookkeeping_survives_any_sequence(ops, n_slots):
             t = m.get_tier(n_experts=E, dev=torch.device("cpu"), w13_bytes=W13, w2_bytes=W2)
             for k, (a, b) in PLANES.items():
                 t.add_layer_host_planes(k, a, b)
-            real = t._store.rows_for
+            real = t._store.rows_block
             for kind, arg, cap, fail in ops:
-                def rows_for(pairs, scan=False, out=None, fail=fail):
+                def rows_block(pairs, scan=False, out=None, fail=fail):
                     if fail:
                         raise TierIOError("pack", 0, 5, what="injected read")
                     return real(pairs, scan=scan, out=out)
-                t._store.rows_for = rows_for
+                t._store.rows_block = rows_block
                 if kind == "fire":
                     for li, ei in arg:
                         m.mark_seen(t.seen[li], torch.tensor([ei]))
@@ -71,10 +71,10 @@ def test_bookkeeping_survives_any_sequence(ops, n_slots):
                     except TierIOError:
                         assert fail
                 else:
-                    t._store.rows_for = real
+                    t._store.rows_block = real
                     t.step_end()
                     t._settle()      # the pass step_end started is published
                 _invariants(t)
-            t._store.rows_for = real
+            t._store.rows_block = real
     finally:
         mp.undo()

@@ -31,6 +31,8 @@ import time
 import numpy as np
 import torch
 
+from tierstore.adapters.moet_copy import by_layer
+
 log = logging.getLogger("tierstore.adapters.moet")
 
 
@@ -229,9 +231,10 @@ class ManagerMixin:
             cand = cand[: len(slots)]
             if not len(slots):
                 return
+        cand, slots, victims = by_layer(cand, slots, victims)
         pairs = np.stack([cand // self.E, cand % self.E], axis=1)
-        try:
-            rows = self._store.rows_for(pairs, out=self._manager_stage(len(pairs)))
+        try:   # host work only: the stage was allocated on the runner thread (_handoff)
+            rows = self._store.rows_block(pairs, out=self._manager_stage(len(pairs)))
         except BaseException:
             with self._lock:
                 o.cancel(slots, victims)
@@ -254,7 +257,7 @@ class ManagerMixin:
         by ``_handoff``; the pass only ever gets the existing one."""
         alloc = getattr(self._store, "alloc_stage", None)
         if alloc is None or n <= 0 or len(self._store) == 0:
-            return None     # host rows are stable views
+            return None     # nothing to read: the pass never gets here
         if self._mgr_stage is None or self._mgr_stage.shape[0] < n:
             if threading.current_thread() is self._thread:
                 raise RuntimeError("moet tier: manager stage must be allocated by the runner")

@@ -5,8 +5,8 @@ Both stores answer what the tier asks (vLLM-Moet's ``moe_w2_store`` interface):
 ``rows_for(pairs, scan=False) -> list[Tensor]``, ``release()``, ``stats()``.
 
 * ``HostRowStore`` (VLLM_MOE_W2_STORE_DIR unset): per-layer ``[E, slot_bytes]``
-  host tensors, pinned when asked and CUDA is present; rows are views valid
-  until ``release``.
+  host tensors, pinned when asked and CUDA is present (without CUDA: pageable, and the
+  pool is host memory too); rows are views valid until ``release``.
 * ``PackRowStore`` (STORE_DIR set): the layer is written into a tierstore pack
   in that directory by ``PackWriter`` (crash-safe, resumable; vLLM-Moet's name
   ``<tag>.v2.<key20>.rank<r>of<w>.pack`` and sidecar, so both engines read it),
@@ -17,6 +17,12 @@ Both stores answer what the tier asks (vLLM-Moet's ``moe_w2_store`` interface):
   or into ``out`` when the caller passes its own stage. With
   VLLM_MOE_W2_TIERSTORE_VERIFY=1 the engine checks each row read from the file
   against the sidecar's XXH3-64 (natively, in its reader threads).
+
+Besides vLLM-Moet's ``rows_for`` (a list of row views), both stores serve the tier's
+batched copy (adapters/moet_copy.py): ``rows_block(pairs, scan=False, out=None)`` is the
+rows as one host ``[n, slot_bytes]`` tensor (a view of ``out`` or of the store's own
+stage, valid until the next call on that stage) and ``alloc_stage(n)`` a caller-owned
+stage (the manager's), pinned when CUDA is present.
 
 Thread safety: the tier calls both under its own lock.
 """
@@ -83,6 +89,7 @@ class HostRowStore:
         self.n_layers, self.E, self.slot_bytes = int(n_layers), int(n_experts), int(slot_bytes)
         self._pinned = bool(pinned) and torch.cuda.is_available()
         self._layers: dict[int, torch.Tensor] = {}
+        self._stage: torch.Tensor | None = None
 
     def __contains__(self, layer_key) -> bool:
         return int(layer_key) in self._layers
@@ -100,8 +107,40 @@ class HostRowStore:
     def rows_for(self, pairs, scan: bool = False, out=None) -> list[torch.Tensor]:
         return [self._layers[int(li)][int(ei)] for li, ei in pairs]
 
+    def alloc_stage(self, n: int) -> torch.Tensor:
+        """A host [n, slot_bytes] stage, pinned like the layers (a CUDA call when pinned:
+        the runner thread allocates, the manager only fills)."""
+        stage = torch.empty(max(int(n), 1), self.slot_bytes, dtype=torch.uint8)
+        return stage.pin_memory() if self._pinned else stage
+
+    def rows_block(self, pairs, scan: bool = False, out=None) -> torch.Tensor:
+        """The rows of ``pairs`` gathered into ``out`` (or the store's own stage, which grows
+        on the calling thread) as one [n, slot_bytes] tensor: one index_select per layer,
+        straight into place when that layer's pairs are consecutive (the tier sorts them)."""
+        keys = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        n = len(keys)
+        if out is None:
+            if self._stage is None or self._stage.shape[0] < n:
+                rows = max(n, 2 * (0 if self._stage is None else self._stage.shape[0]))
+                self._stage = self.alloc_stage(rows)
+            out = self._stage
+        block = out[:n, :self.slot_bytes]
+        layers = keys[:, 0]
+        cut = np.flatnonzero(np.diff(layers)) + 1
+        for a, b in zip([0, *cut.tolist()], [*cut.tolist(), n]):   # runs of one layer
+            layer = int(layers[a])
+            if layer not in self._layers:
+                raise ConfigError(f"host store: layer {layer} was never added")
+            experts = torch.from_numpy(np.ascontiguousarray(keys[a:b, 1]))
+            if block.is_contiguous():
+                torch.index_select(self._layers[layer], 0, experts, out=block[a:b])
+            else:
+                block[a:b] = self._layers[layer].index_select(0, experts)
+        return block
+
     def release(self) -> None:
         self._layers = {}
+        self._stage = None
 
 
 class PackRowStore:
@@ -215,14 +254,19 @@ class PackRowStore:
     def rows_for(self, pairs, scan: bool = False, out: torch.Tensor | None = None):
         """uint8 [slot_bytes] host rows of ``pairs`` (unique), views of ``out`` or of the
         shared stage (valid until the next call). Raises TierIOError naming the row."""
+        return list(self.rows_block(pairs, scan=scan, out=out).unbind(0))
+
+    def rows_block(self, pairs, scan: bool = False, out: torch.Tensor | None = None):
+        """The rows of ``pairs`` as one [n, slot_bytes] view of ``out`` or of the shared
+        stage (rows at the pack's stride; valid until the next call): one engine batch."""
         keys = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
         n = len(keys)
         if n == 0:
-            return []
+            return torch.empty(0, self.slot_bytes, dtype=torch.uint8)
         store = self.expert_store()
         stage = out if out is not None else self._stage_for(n)
         store.read_rows(keys, stage, scan=scan, verify=self.env.ts_checksums)
-        return [stage[i, : self.slot_bytes] for i in range(n)]
+        return stage[:n, :self.slot_bytes]
 
     def release(self) -> None:
         self._close_writer()

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from tierstore.adapters.moet_config import MoetEnv, from_env
+from tierstore.adapters.moet_copy import by_layer, copy_block
 from tierstore.adapters.moet_manager import ManagerMixin
 from tierstore.adapters.moet_slots import SlotOwners
 from tierstore.adapters.moet_store import make_store
@@ -180,16 +181,14 @@ class TierstoreDeltaTier(ManagerMixin):
                           np.concatenate([np.full(len(gone), -1), np.asarray(slots, np.int64)]),
                           stream)
 
-    def _copy_rows(self, slots, rows) -> None:
-        """Rows into pool slots on the side stream after the forward's queued work."""
+    def _copy_rows(self, slots, block: torch.Tensor) -> None:
+        """A row block (``block[i]`` -> slot ``slots[i]``) into the pool as one batched
+        copy (adapters/moet_copy.py), on the side stream after the forward's queued work."""
         if not self._cuda:
-            for s, row in zip(slots, rows):
-                self.pool[s].copy_(row)
+            copy_block(self.pool, slots, block)
             return
         self._stream.wait_stream(torch.cuda.current_stream(self.dev))
-        with torch.cuda.stream(self._stream):
-            for s, row in zip(slots, rows):
-                self.pool[s].copy_(row, non_blocking=True)
+        copy_block(self.pool, slots, block, self._stream)
 
     def _snapshot(self, src: torch.Tensor, host: torch.Tensor) -> np.ndarray:
         """A host copy of ``src`` as it is after the forward's queued work (a host sync)."""
@@ -223,9 +222,10 @@ class TierstoreDeltaTier(ManagerMixin):
         keys = keys[: len(slots)]
         if not len(slots):
             return 0, 0
+        keys, slots, victims = by_layer(keys, slots, victims)
         pairs = np.stack([keys // self.E, keys % self.E], axis=1)
         try:
-            rows = self._store.rows_for(pairs, scan=scan)
+            rows = self._store.rows_block(pairs, scan=scan)
         except BaseException:
             self._owners.cancel(slots, victims)   # every slot back; victims keep their rows
             raise
