@@ -102,30 +102,3 @@ def test_host_store_pins_only_when_cuda_is_there():
     assert store._layers[0].is_pinned() == cuda and block.is_pinned() == cuda
     assert stage.is_pinned() == cuda
     assert not HostRowStore(L, E, SLOT, pinned=False).alloc_stage(2).is_pinned()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("scratch_rows", [1, 3, 64])
-def test_cuda_scatter_is_exact_and_makes_no_host_sync(scratch_rows):
-    dev = torch.device("cuda", 0)
-    rng = np.random.default_rng(scratch_rows)
-    n_slots, n, sb, stride = 40, 17, 12288, 12288 + 4096
-    stage = torch.from_numpy(rng.integers(0, 256, (n, stride), dtype=np.uint8)).pin_memory()
-    slots = rng.permutation(n_slots)[:n]
-    before = torch.from_numpy(rng.integers(0, 256, (n_slots, sb), dtype=np.uint8))
-    pool = before.to(dev)
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.stream(side):
-            scatter_rows(pool, slots, stage[:, :sb], scratch_bytes=scratch_rows * stride)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    side.synchronize()
-    assert torch.equal(pool.cpu(), _expected(before, slots, stage[:, :sb]))
-    pool2 = before.to(dev)
-    copy_block(pool2, np.arange(5, 5 + n), stage[:, :sb].contiguous().pin_memory(), side)
-    side.synchronize()
-    assert torch.equal(pool2.cpu(), _expected(before, np.arange(5, 5 + n), stage[:, :sb]))

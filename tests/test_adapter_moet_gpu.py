@@ -6,10 +6,12 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from moet_surface_helpers import E, L, env, moet_env, pack_reference, planes
+from tierstore.adapters.moet_copy import copy_block, scatter_rows
 from tierstore.testing.moet_engine import MoetEngine
 
 pytestmark = [pytest.mark.gpu,
@@ -93,3 +95,50 @@ def test_step_end_makes_no_host_sync(monkeypatch, tmp_path):
         assert tier._staged is None          # step_end published it, without a sync
         tier.wait_manager_idle()
         assert bool((tier.slot_table[2, :6] >= 0).all().item())
+
+
+def _rows_into(pool, slots, block):
+    out = pool.clone()
+    for i, s in enumerate(slots):   # the reference: one row at a time
+        out[s] = block[i]
+    return out
+
+
+@pytest.mark.parametrize("scratch_rows", [1, 3, 64])
+def test_cuda_scatter_is_exact_and_makes_no_host_sync(scratch_rows):
+    dev = torch.device("cuda", 0)
+    rng = np.random.default_rng(scratch_rows)
+    n_slots, n, sb, stride = 40, 17, 12288, 12288 + 4096
+    stage = torch.from_numpy(rng.integers(0, 256, (n, stride), dtype=np.uint8)).pin_memory()
+    slots = rng.permutation(n_slots)[:n]
+    before = torch.from_numpy(rng.integers(0, 256, (n_slots, sb), dtype=np.uint8))
+    pool = before.to(dev)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.stream(side):
+            scatter_rows(pool, slots, stage[:, :sb], scratch_bytes=scratch_rows * stride)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    side.synchronize()
+    assert torch.equal(pool.cpu(), _rows_into(before, slots, stage[:, :sb]))
+    pool2 = before.to(dev)
+    copy_block(pool2, np.arange(5, 5 + n), stage[:, :sb].contiguous().pin_memory(), side)
+    side.synchronize()
+    assert torch.equal(pool2.cpu(), _rows_into(before, np.arange(5, 5 + n), stage[:, :sb]))
+
+
+def test_host_store_rows_are_pinned_and_fires_copy_them_exactly(monkeypatch):
+    with moet_env(monkeypatch, env(None, slots=14)) as m:     # no STORE_DIR: HostRowStore
+        eng = MoetEngine(m, planes(), n_experts=E, dev=CUDA, top_k=2, tokens=2).boot()
+        tier = m._TIER
+        assert tier._store._layers[0].is_pinned()
+        assert tier._store.rows_block(np.array([[0, 1], [1, 2]])).is_pinned()
+        promoted = 0
+        for _ in range(8):
+            rec = eng.step(fire=True, on_step=lambda phase: eng.check(None))
+            assert rec["out"] == eng.expected_out()
+            promoted += rec["promoted"]
+        assert promoted > 0 and eng.check(None) > 0
+
