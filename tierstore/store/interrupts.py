@@ -52,15 +52,19 @@ def no_interrupts(on_interrupt=None) -> Iterator[list]:
         if callable(old) or old == signal.default_int_handler:
             previous[sig] = old
             signal.signal(sig, lambda s, f: caught.append((s, f)))
+    ran = False
     try:
         yield caught
     finally:
         try:
             if caught and on_interrupt is not None:
+                ran = True
                 on_interrupt()
         finally:
             for sig, old in previous.items():
                 signal.signal(sig, old)
+            if caught and on_interrupt is not None and not ran:
+                on_interrupt()   # a signal caught after the check above, before the restore
             for sig, frame in caught:      # now that the section is whole, deliver them
                 handler = previous[sig]
                 if callable(handler):
