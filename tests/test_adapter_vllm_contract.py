@@ -97,4 +97,4 @@ def test_ci_vllm_requirements_are_pinned_and_never_name_torch():
         assert name not in {"torch", "torchvision", "torchaudio", "triton", "nvidia-nccl-cu13"}, line
     with open(os.path.join(root, ".ci", "run")) as f:
         run = f.read()
-    assert "--no-deps -r .ci/vllm-requirements.txt" in run and "TIERSTORE_REQUIRE_VLLM=1" in run
+    assert "--no-deps -r .ci/vllm-requirements.txt" in run and "TIERSTORE_TEST_REQUIRE_VLLM=1" in run

@@ -3,7 +3,7 @@
 Layers are built by vLLM's own FusedMoEFactory (MoERunner -> RoutedExperts ->
 our method), loaded through RoutedExperts.load_weights (vLLM's own loader loop),
 routed by vLLM's router and compared with the torch reference. CI installs the
-vLLM wheel (.ci/vllm-requirements.txt) and sets TIERSTORE_REQUIRE_VLLM=1, so these
+vLLM wheel (.ci/vllm-requirements.txt) and sets TIERSTORE_TEST_REQUIRE_VLLM=1, so these
 fail there instead of skipping."""
 from __future__ import annotations
 

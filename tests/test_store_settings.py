@@ -88,6 +88,31 @@ def test_unknown_variable_warns_once_and_names_it(monkeypatch):
         spec.parse(env)                      # once per process and name
 
 
+def test_the_test_suites_own_switches_are_not_reported_as_unknown():
+    spec = settings.EnvSpec("TIERSTORE_", settings.SPEC.vars.values())
+    env = {"TIERSTORE_TEST_REQUIRE_VLLM": "1", "TIERSTORE_TEST_ANYTHING": "x"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec.parse(env)
+    assert spec.unknown({"TIERSTORE_TESTX": "1"}) == ["TIERSTORE_TESTX"]  # only the exact prefix
+
+
+def test_a_command_under_ci_s_environment_still_answers_in_one_line(tmp_path):
+    # .ci/run sets TIERSTORE_TEST_REQUIRE_VLLM=1 for the whole pytest run, and every
+    # subprocess inherits it: a warning line would break the one-line error contract.
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, TIERSTORE_TEST_REQUIRE_VLLM="1",
+               PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+    missing = tmp_path / "fp4.rank0of1.pack"
+    os.mkfifo(missing)   # refused only after the pack reader (which reads the settings) ran
+    p = subprocess.run([sys.executable, "-m", "tierstore", "pack", "inspect", str(missing)],
+                       capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode != 0 and len(lines) == 1 and str(tmp_path) in lines[0], p.stderr
+
+
 def test_policy_names_match_the_policy_registry():
     from tierstore import policies
     assert tuple(policies.available()) == settings.POLICY_NAMES

@@ -13,14 +13,14 @@ import torch
 
 from tierstore.adapters import vllm as hook
 
-REQUIRE = os.environ.get("TIERSTORE_REQUIRE_VLLM") == "1"   # .ci/run: absent vLLM fails
+REQUIRE = os.environ.get("TIERSTORE_TEST_REQUIRE_VLLM") == "1"   # .ci/run: absent vLLM fails
 
 
 def need_vllm():
     if hook.vllm_available():
         return
     if REQUIRE:
-        pytest.fail("TIERSTORE_REQUIRE_VLLM=1 but vLLM does not import; see .ci/vllm-requirements.txt")
+        pytest.fail("TIERSTORE_TEST_REQUIRE_VLLM=1 but vLLM does not import; see .ci/vllm-requirements.txt")
     pytest.skip("vLLM is not installed (CI installs it: .ci/vllm-requirements.txt)")
 
 

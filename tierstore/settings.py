@@ -269,6 +269,12 @@ _non_negative = number(0.0)
 # within 0.003 of hit rate at 10/20/40% pools (bench/results/hits.md).
 HEAT_HALF_LIFE_STEPS = 256.0
 
+# TIERSTORE_TEST_*: the test suite's own switches (.ci/run sets TIERSTORE_TEST_REQUIRE_VLLM=1);
+# the library never reads them, and they are not typos of a setting: no "unknown" warning
+# (a warning line on stderr would break every command's one-line error contract under CI).
+TEST_PREFIX = "TIERSTORE_TEST_"
+_PREFIXES.add(TEST_PREFIX)
+
 SPEC = EnvSpec("TIERSTORE_", (
     _knob("threads", 8, integer(1, 1024), "reader threads of the store's I/O engine"),
     _knob("direct", "auto", choice("auto", "on", "off", what="O_DIRECT mode"),
