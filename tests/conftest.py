@@ -40,3 +40,17 @@ def private_temp_root(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(root))
     monkeypatch.setattr(tempfile, "tempdir", str(root))
     return root
+
+
+@pytest.fixture(autouse=True)
+def _sigint_handler_left_as_found():
+    """A test (or the code it runs in-process, e.g. a CLI command's main) that leaves
+    SIGINT's handler changed would silently disarm every later Ctrl-C test of the run:
+    put it back and fail the test that changed it."""
+    import signal
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"this test left SIGINT's handler changed: {before!r} -> {after!r}")
