@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli_process import interrupt_after_line
 from conftest import private_temp_root
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
@@ -267,23 +268,10 @@ def test_interrupted_create_leaves_no_temp_file(tmp_path, sig):
 
 
 def _interrupt_after_line(argv, cwd, sig, line: str, timeout=120):
-    """Run the command and send ``sig`` the moment its stderr shows ``line``: a point in
-    the run that does not depend on how fast this machine is (or whether it has a GPU)."""
+    """Run the command and send ``sig`` the moment its stderr shows ``line``."""
     p = subprocess.Popen([sys.executable, "-m", "tierstore", *argv], cwd=cwd, env=_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = []
-    try:
-        deadline = time.monotonic() + timeout
-        for text in p.stderr:
-            seen.append(text)
-            if line in text or time.monotonic() > deadline:
-                break
-        p.send_signal(sig)
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    return p.returncode, out, "".join(seen) + err, any(line in t for t in seen)
+    return interrupt_after_line(p, line, sig, timeout)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from tierstore.cli import main
 
+from cli_process import interrupt_after_line
 from hostile.cli import cli_cases, make_place
 from hostile.common import child_env, tree_digest, without_new_locks
 
@@ -173,20 +174,7 @@ def test_a_fifo_given_to_a_real_process_is_refused_at_once(place, tmp_path, argv
 
 def _interrupt_after(argv, cwd, line: str, sig=signal.SIGINT, timeout=120):
     """Send ``sig`` once stderr shows ``line`` (a point in the run, not a guess at speed)."""
-    p = _tierstore(argv, cwd)
-    seen = []
-    try:
-        deadline_at = time.monotonic() + timeout
-        for text in p.stderr:
-            seen.append(text)
-            if line in text or time.monotonic() > deadline_at:
-                break
-        p.send_signal(sig)
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    return p.returncode, out, "".join(seen) + err, any(line in t for t in seen)
+    return interrupt_after_line(_tierstore(argv, cwd), line, sig, timeout)
 
 
 def test_sigint_in_a_fresh_build_removes_it_and_leaves_the_neighbour_intact(tmp_path):
