@@ -42,6 +42,19 @@ def private_temp_root(tmp_path_factory, monkeypatch):
     return root
 
 
+def _arm_sigint() -> None:
+    # A run started in the background by a non-interactive shell (`cmd &`, nohup, some CI
+    # runners) inherits SIGINT as SIG_IGN, and Python then never raises KeyboardInterrupt:
+    # every Ctrl-C test would fail for a reason that is not the product's. Arm it as an
+    # interactive run has it; children then start with the default disposition too.
+    import signal
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_arm_sigint()
+
+
 @pytest.fixture(autouse=True)
 def _sigint_handler_left_as_found():
     """A test (or the code it runs in-process, e.g. a CLI command's main) that leaves
