@@ -20,11 +20,7 @@ class AutoReplayer {
   ReplayCounts run(bool* hit) {
     for (int64_t g = 0; g < tr_.n_groups; ++g) {
       const int64_t a = tr_.starts[g], b = tr_.starts[g + 1];
-      miss_.clear();
-      for (int64_t i = a; i < b; ++i) {
-        hit[i] = a_.resident[tr_.keys[i]];
-        if (!hit[i]) miss_.push_back(tr_.keys[i]);
-      }
+      split_group(tr_, a, b, a_.resident, hit, miss_);
       if (b > a) shadows(a, b);
       if (!miss_.empty()) demand(a, b);
       if (tr_.tick_end[g]) {

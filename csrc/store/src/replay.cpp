@@ -87,11 +87,7 @@ ReplayCounts replay_demand(PolicyView& p, const ReplayTrace& tr, int64_t slots, 
   int64_t pending = 0;             // first access not yet given to the policy
   for (int64_t g = 0; g < tr.n_groups; ++g) {
     const int64_t a = tr.starts[g], b = tr.starts[g + 1];
-    miss.clear();
-    for (int64_t i = a; i < b; ++i) {
-      hit[i] = p.resident[tr.keys[i]];
-      if (!hit[i]) miss.push_back(tr.keys[i]);
-    }
+    split_group(tr, a, b, p.resident, hit, miss);
     if (!merge || !miss.empty()) {
       tier.access(tr.keys + pending, b - pending, tr.counts ? tr.counts + pending : nullptr);
       pending = b;

@@ -29,6 +29,17 @@ struct ReplayTrace {
   int64_t n_groups = 0;
 };
 
+// One group's read of the slot table: hit[i] for each access of [a, b) and the missed
+// keys, in read order (both replays, demand and auto, start every group with it).
+inline void split_group(const ReplayTrace& tr, int64_t a, int64_t b, const bool* resident,
+                        bool* hit, std::vector<int64_t>& miss) {
+  miss.clear();
+  for (int64_t i = a; i < b; ++i) {
+    hit[i] = resident[tr.keys[i]];
+    if (!hit[i]) miss.push_back(tr.keys[i]);
+  }
+}
+
 struct ReplayCounts {
   int64_t demand_reads = 0, evictions = 0, rejected = 0;
 };
