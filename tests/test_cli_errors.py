@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli_process import interrupt_after_line
+from cli_process import child_env, interrupt_after_line
 from conftest import private_temp_root
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
@@ -221,25 +221,20 @@ def test_expert_store_caps_explicit_sizes_at_the_pack_rows(tmp_path):
 
 
 # -- real processes: exit status, signals, nothing left behind ----------------------------
-def _env():
-    extra = os.environ.get("PYTHONPATH")     # TMPDIR: private_tmp
-    return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + extra if extra else "")}
-
-
 @pytest.mark.parametrize("argv", [
     ["bench", "hits", "--synthetic", "--ticks", "0"],
     ["pack", "build", "/proc/tierstore-x", "--synthetic", "2,4,4096"],
     ["demo", "--out", "/proc/version"],
 ])
 def test_subprocess_bad_arguments(argv, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tierstore", *argv], cwd=tmp_path, env=_env(),
+    r = subprocess.run([sys.executable, "-m", "tierstore", *argv], cwd=tmp_path, env=child_env(),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
     assert not os.listdir(tmp_path)
 
 
 def _interrupt(argv, cwd, sig, wait_for: str, timeout=120):
-    p = subprocess.Popen([sys.executable, "-m", "tierstore", *argv], cwd=cwd, env=_env(),
+    p = subprocess.Popen([sys.executable, "-m", "tierstore", *argv], cwd=cwd, env=child_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + timeout
@@ -269,7 +264,7 @@ def test_interrupted_create_leaves_no_temp_file(tmp_path, sig):
 
 def _interrupt_after_line(argv, cwd, sig, line: str, timeout=120):
     """Run the command and send ``sig`` the moment its stderr shows ``line``."""
-    p = subprocess.Popen([sys.executable, "-m", "tierstore", *argv], cwd=cwd, env=_env(),
+    p = subprocess.Popen([sys.executable, "-m", "tierstore", *argv], cwd=cwd, env=child_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return interrupt_after_line(p, line, sig, timeout)
 

@@ -16,6 +16,8 @@ from tierstore import settings
 from tierstore.format import Pack
 from tierstore.testing.packs import make_random_pack, random_layer_rows
 
+from cli_process import child_env
+
 from store_helpers import assert_store_consistent
 
 L, E, SLOT = 3, 16, 5000
@@ -243,8 +245,7 @@ def test_warm_inspect_of_a_huge_layer_id_is_small_and_fast(tmp_path, capsys):
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30));"
             "from tierstore.cli import main; sys.exit(main(['warm', 'inspect', sys.argv[1]]))")
     r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                           filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))})
+                       timeout=60, env=child_env())
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr and "out of range" in r.stdout
     del resource

@@ -103,8 +103,8 @@ def test_a_command_under_ci_s_environment_still_answers_in_one_line(tmp_path):
     import os
     import subprocess
     import sys
-    env = dict(os.environ, TIERSTORE_TEST_REQUIRE_VLLM="1",
-               PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+    from cli_process import child_env
+    env = child_env(TIERSTORE_TEST_REQUIRE_VLLM="1")
     missing = tmp_path / "fp4.rank0of1.pack"
     os.mkfifo(missing)   # refused only after the pack reader (which reads the settings) ran
     p = subprocess.run([sys.executable, "-m", "tierstore", "pack", "inspect", str(missing)],

@@ -14,6 +14,8 @@ import stat
 import subprocess
 import sys
 
+from cli_process import child_env
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(TESTS)
 CASE_SECONDS = 2.0          # every case, on the 2-core CI machine
@@ -56,19 +58,13 @@ def without_new_locks(before: dict, after: dict) -> dict:
             if k in before or not (k.endswith(".lock") and v == ("file", 0, EMPTY))}
 
 
-def child_env() -> dict:
-    """The environment of a child: this checkout first on the path, the rest kept."""
-    extra = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, TESTS, extra) if p)}
-
-
 def run_batch(mode: str, cases: list[dict], timeout: float = 240.0,
               address_space: int = ADDRESS_SPACE) -> dict:
     """Run ``hostile.child`` on ``cases`` (JSON-able dicts) in one capped child process;
     returns name -> result dict."""
     payload = json.dumps({"mode": mode, "address_space": address_space, "cases": cases})
     r = subprocess.run([sys.executable, "-m", "hostile.child"], input=payload, text=True,
-                       capture_output=True, timeout=timeout, env=child_env(), cwd=TESTS)
+                       capture_output=True, timeout=timeout, env=child_env(TESTS), cwd=TESTS)
     assert r.returncode == 0, f"batch child failed ({r.returncode}): {r.stderr[-3000:]}"
     results = json.loads(r.stdout)
     missing = {c["name"] for c in cases} - set(results)

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from tierstore.cli import main
 
-from cli_process import interrupt_after_line
+from cli_process import child_env, interrupt_after_line
 from hostile.cli import cli_cases, make_place
-from hostile.common import child_env, tree_digest, without_new_locks
+from hostile.common import tree_digest, without_new_locks
 
 BIG = 16 << 20   # the sparse one-TiB files: compared by size and mtime, not read
 
