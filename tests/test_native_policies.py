@@ -1,7 +1,9 @@
 """The native demand replays (tierstore.sim.native_replay: csrc/store/src/replay.cpp,
 auto_replay.cpp) against the Python loop (replay_demand_fill(native=False), the
 oracle). Both run the one implementation of the rules (policies/native.py over
-csrc/store/src/policy.cpp); what this compares is the replay loops themselves: their
+csrc/store/src/policy.cpp, and auto's AutoCore, csrc/store/src/auto_core.cpp, which
+the Python loop calls once per group as the live store does); what this compares is
+the replay loops themselves: their
 incremental resident orders (phase's buckets), fills, grouping of accesses and, for
 auto, the shadows and the leader's decisions. Same hits, reads, evictions and
 rejections, and the policy left in the same state, for lru / heat / hybrid / phase /
@@ -18,6 +20,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tierstore import policies
+from tierstore.errors import ConfigError
 from tierstore.policies.admission import ADMIT_ALL
 from tierstore.policies.auto import AutoPolicy
 from tierstore.policies.blend import BlendPolicy
@@ -182,12 +185,19 @@ def test_auto_expert_list_is_data(monkeypatch):
 
 
 def test_not_native_where_inexact():
-    # A wall-clock heat, a policy already holding keys, or auto stay on the Python loop.
+    # A wall-clock heat or a policy already holding keys stay on the Python loop.
     assert policies.make("heat", 10, 4, half_life_s=1.0).native_state() is None
     assert policies.make("hybrid", 10, 4, half_life_s=1.0).native_state() is None
     p = policies.make("lru", 10, 4)
     p.on_admit(np.array([3]))
     assert native_filter(p, ADMIT_ALL) is None
-    auto = policies.make("auto", 10, 4)
-    auto.experts[3] = policies.make("heat", 10, 4, half_life_s=2.0)
-    assert auto.native_state() is None  # an expert with no native state: Python loop
+
+
+def test_auto_refuses_an_expert_without_a_step_clock_core(monkeypatch):
+    # auto's rules are native only: a wall-clock expert is a configuration error, not a
+    # silent Python fallback.
+    from tierstore.policies import auto as auto_module
+    monkeypatch.setattr(auto_module, "_experts", lambda n, c: [
+        policies.make("lru", n, c), policies.make("heat", n, c, half_life_s=2.0)])
+    with pytest.raises(ConfigError, match="expert 'heat' has no native core"):
+        policies.make("auto", 10, 4)

@@ -13,6 +13,7 @@ void bind_fold(nb::module_& m);    // bind_fold.cpp: the store's routing fold
 void bind_bounds(nb::module_& m);  // bind_bounds.cpp: read ceilings measured in C++
 void bind_policy(nb::module_& m);         // bind_policy.cpp: the policies' rules (PolicyCore)
 void bind_policy_replay(nb::module_& m);  // bind_policy_replay.cpp: native demand replay
+void bind_policy_auto(nb::module_& m);    // bind_policy_auto.cpp: auto's core and replay
 }  // namespace tierstore::python
 
 NB_MODULE(_C, m) {
@@ -29,4 +30,5 @@ NB_MODULE(_C, m) {
   tierstore::python::bind_bounds(m);
   tierstore::python::bind_policy(m);
   tierstore::python::bind_policy_replay(m);
+  tierstore::python::bind_policy_auto(m);
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "tierstore/store/policy.hpp"
+#include "tierstore/store/replay.hpp"
 
 #include "flat_array.hpp"
 
@@ -40,5 +41,10 @@ struct PolicyCore {
   Flat<double> raw2;
   PolicyView view;
 };
+
+// The prepared trace's arrays as a ReplayTrace (bind_policy_replay.cpp); value_error when
+// their lengths disagree. Shared by both replays' bindings.
+ReplayTrace replay_trace(Flat<const int64_t> keys, Flat<const int64_t> counts, bool single,
+                         Flat<const int64_t> starts, Flat<const bool> tick_end, size_t n_hit);
 
 }  // namespace tierstore::python

@@ -20,6 +20,12 @@ lists and LeCaR's regret, but choosing among whole policies):
 - The real tier follows the leader (highest score; ties to the earlier expert):
   victims are the leader's coldest among the real resident keys, promotion
   order is the leader's ranking, and ``admit`` is the leader's filter.
+Implemented once, natively (csrc/store/include/tierstore/store/auto_core.hpp,
+``tierstore._C.AutoCore``): this class is its face (key checks, the weights'
+folding, the experts' faces and the decisions, which are the leader's core's),
+and the simulator's native replay (``tierstore.sim.native_replay``) runs the
+same core over a whole trace, so the live store and the simulator cannot
+disagree. Every expert must have a native core on the step clock.
 Cost: nine shadows make ``on_access`` ~10x a plain policy's; fine at the
 store's one fold per step, and the simulator's replay shows it (M acc/s).
 
@@ -47,13 +53,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from tierstore.policies.admission import PolicyFilter
+from tierstore.errors import ConfigError
 from tierstore.policies.blend import BlendPolicy
 from tierstore.policies.dense import DensePolicy
-from tierstore.policies.fill import plan_fill
 from tierstore.policies.heat import HeatPolicy
 from tierstore.policies.hybrid import HybridPolicy
 from tierstore.policies.lru import LRUPolicy
+from tierstore.policies.native import native_module
 from tierstore.policies.phase import PhasePolicy
 
 _CLASSES = {"blend": BlendPolicy, "phase": PhasePolicy, "hybrid": HybridPolicy,
@@ -62,6 +68,7 @@ _CLASSES = {"blend": BlendPolicy, "phase": PhasePolicy, "hybrid": HybridPolicy,
 # no evidence yet, go to the lower index). Blend spans bursts (2, 4) to long-term
 # popularity (256: a 8192-step memory); phase(16), hybrid(512), heat(128) and lru
 # keep one expert of each other kind for traces unlike the two measured.
+# The list is data: the native core takes any list of native experts.
 EXPERTS = (("blend", 16.0), ("blend", 4.0), ("blend", 64.0), ("blend", 2.0), ("blend", 256.0),
            ("phase", 16.0), ("hybrid", 512.0), ("heat", 128.0), ("lru", None))
 SCORE_HALF_LIFE = 128.0  # steps over which an expert's past hits count half
@@ -80,22 +87,40 @@ class AutoPolicy(DensePolicy):
 
     def __init__(self, n_keys: int, capacity: int, **params):
         super().__init__(n_keys, capacity, **params)
-        self.experts = _experts(self.n_keys, self.capacity)
-        self._filters = [PolicyFilter(e) for e in self.experts]
-        self.expert_scores = np.zeros(len(self.experts))
+        self._experts = _experts(self.n_keys, self.capacity)
+        cores = [getattr(e, "native_state", lambda: None)() for e in self._experts]
+        for e, c in zip(self._experts, cores):
+            if c is None:
+                raise ConfigError(f"policy 'auto': expert {e.name!r} has no native core on the "
+                                  "step clock (auto's rules run natively)")
+        # Scores: this array, updated in place by the core (never rebind it).
+        self.expert_scores = np.zeros(len(self._experts))
         self._score_decay = 2.0 ** (-1.0 / SCORE_HALF_LIFE)
-        self._blocked = np.zeros(self.n_keys, dtype=bool)
-        self.leader = 0  # the prior
+        self._core = native_module().AutoCore(cores, self.capacity, self.expert_scores,
+                                              self._score_decay)
+
+    @property
+    def experts(self) -> list[DensePolicy]:
+        """The experts' faces, their resident counts taken from their cores."""
+        for e in self._experts:
+            e.load_native_state()
+        return self._experts
+
+    @property
+    def leader(self) -> int:
+        return self._core.leader
 
     @property
     def leader_policy(self) -> DensePolicy:
-        return self.experts[self.leader]
+        e = self._experts[self._core.leader]
+        e.load_native_state()
+        return e
 
     def leader_name(self) -> str:
         e = self.leader_policy
         return e.name if isinstance(e, LRUPolicy) else f"{e.name}(half_life={e.half_life:g})"
 
-    # -- events -------------------------------------------------------------------
+    # -- events (the core's) --------------------------------------------------------
     def on_access(self, keys, weights=None, now=None) -> None:
         arr = self._checked(keys, "on_access")
         if weights is None:  # repeats = one access per token: fold them into weights
@@ -103,37 +128,23 @@ class AutoPolicy(DensePolicy):
             w = None if counts.max(initial=1) == 1 else counts.astype(np.float64)
         else:
             w = np.asarray(weights, dtype=np.float64).reshape(-1)
-            if arr.size > 1 and np.any(arr[1:] < arr[:-1]):
-                # Key order breaks the shadows' ranking ties: make it the callers' common one.
+            if w.size != arr.size:
+                raise ConfigError(f"policy 'auto'.on_access: {w.size} weights for "
+                                  f"{arr.size} keys")
+            if arr.size > 1 and np.any(arr[1:] <= arr[:-1]):
+                # Key order breaks the shadows' ranking ties: make it the callers' common one
+                # (ascending); a key given twice is one access of the summed weight.
                 order = np.argsort(arr, kind="stable")
                 arr, w = arr[order], w[order]
+                first = np.flatnonzero(np.r_[True, arr[1:] != arr[:-1]])
+                if first.size < arr.size:
+                    arr, w = arr[first], np.add.reduceat(w, first)
         if arr.size == 0:
             return
-        blocked = self._blocked
-        blocked[arr] = True
-        for i, (e, adm) in enumerate(zip(self.experts, self._filters)):
-            r = e.is_resident(arr)
-            # A hit saves one read however many tokens it serves: the bandwidth view's unit.
-            self.expert_scores[i] += float(np.count_nonzero(r))
-            e.on_access(arr, w)
-            miss = arr[~r]
-            if miss.size == 0 or self.capacity == 0:
-                continue
-            free = self.capacity - e.n_resident
-            if miss.size > free and adm.filters:
-                miss = e.rank(miss)
-            fill = plan_fill(e, miss, free, blocked, adm)
-            if fill.victims.size:
-                e.on_evict(fill.victims)
-            if fill.keys.size:
-                e.on_admit(fill.keys)
-        blocked[arr] = False
-        self.leader = int(np.argmax(self.expert_scores))
+        self._core.access(np.ascontiguousarray(arr), w)
 
     def decay(self, now=None, steps: int = 1) -> None:
-        for e in self.experts:
-            e.decay(now=now, steps=steps)
-        self.expert_scores *= self._score_decay ** steps
+        self._core.decay(int(steps))
 
     # -- decisions (the leader's) ---------------------------------------------------
     def coldest_of(self, cand, n):
@@ -150,33 +161,25 @@ class AutoPolicy(DensePolicy):
 
     # -- native replay (tierstore.sim.native_replay, csrc/store/src/auto_replay.cpp) ----
     def native_state(self):
-        """(expert cores, resident, n_resident, capacity, scores, leader, score_decay,
-        score_tokens) for ``tierstore._C.replay_auto``: the cores and arrays are live,
-        the native loop updates them in place; score_tokens: a shadow hit scores its
-        token count (False: one per key). None when an expert has no native state."""
-        cores = [getattr(e, "native_state", lambda: None)() for e in self.experts]
-        if any(c is None for c in cores):
-            return None
-        return (cores, self._resident, self._n_resident, self.capacity, self.expert_scores,
-                self.leader, self._score_decay, False)  # distinct hits, as on_access
+        """(core, resident, n_resident) for ``tierstore._C.replay_auto``: the core and
+        the mask are live, the native loop updates them in place."""
+        return self._core, self._resident, self._n_resident
 
-    def load_native_state(self, scalars) -> None:
-        """Take back what ``replay_auto`` returns: (n_resident, leader)."""
-        for e in self.experts:
-            e.load_native_state()
-        self._n_resident, self.leader = int(scalars[0]), int(scalars[1])
+    def load_native_state(self, n_resident: int) -> None:
+        """Take back the real resident count ``replay_auto`` returns."""
+        self._n_resident = int(n_resident)
 
     def reset(self) -> None:
         super().reset()
-        for e in self.experts:
+        for e in self._experts:
             e.reset()
-        self.expert_scores[:] = 0.0
-        self.leader = 0
+        self._core.reset()  # the shadows' orders over the reset arrays, scores 0, prior leads
 
     def check_invariants(self) -> None:
         super().check_invariants()
         for e in self.experts:
             e.check_invariants()
+            assert e.n_resident <= self.capacity, "a shadow over capacity"
         assert np.all(np.isfinite(self.expert_scores)) and np.all(self.expert_scores >= 0), \
             "expert scores must be finite and >= 0"
-        assert 0 <= self.leader < len(self.experts), "leader out of range"
+        assert 0 <= self.leader < len(self._experts), "leader out of range"

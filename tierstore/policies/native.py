@@ -21,13 +21,15 @@ _NO_INTS = np.empty(0, dtype=np.int64)
 _NO_FLOATS = np.empty(0, dtype=np.float64)
 
 
-def _core_class():
+def native_module():
+    """``tierstore._C``, whose rules run every policy but Belady's; TierstoreError
+    when the extension is not built."""
     try:
         from tierstore import _C
     except ImportError as e:
         raise TierstoreError("policies: the native extension tierstore._C is not built "
-                             f"(its rules run lru/heat/hybrid/phase): {e}") from None
-    return _C.PolicyCore
+                             f"(its rules run lru/heat/hybrid/phase/blend/auto): {e}") from None
+    return _C
 
 
 class NativePolicy(DensePolicy):
@@ -47,7 +49,7 @@ class NativePolicy(DensePolicy):
         self._raw = np.zeros(n, dtype=np.float64) if self.heats else _NO_FLOATS
         self._pos = np.zeros(n, dtype=np.int64) if self.phased else _NO_INTS
         self._raw2 = np.zeros(n, dtype=np.float64) if self.blends else _NO_FLOATS
-        self._core = _core_class()(self.kind, self._last, self._raw, self._pos, self._resident,
+        self._core = native_module().PolicyCore(self.kind, self._last, self._raw, self._pos, self._resident,
                                    float(self._core_half_life()), self._raw2,
                                    float(self._core_half_life2()))
 

@@ -1,16 +1,17 @@
 """The native demand-fill replay (issue #14): ``tierstore._C.replay_demand`` runs
 ``replay_demand_fill``'s loop for the lru / heat / hybrid / phase policies in C++
 (csrc/store/src/replay.cpp), and ``tierstore._C.replay_auto`` the self-tuning
-policy's (csrc/store/src/auto_replay.cpp: its shadow experts, whatever their list,
-and the follow-the-leader decisions), over the policy object's own core
+policy's (csrc/store/src/auto_replay.cpp: its follow-the-leader decisions over the
+AutoCore that the live store's AutoPolicy runs, shadows and all), over the policy
+object's own core
 (``native_state()``: the rules the live store runs, policies/native.py), which they
 update in place: afterwards the policy is in exactly the state the Python loop
 leaves (same hits, reads, evictions, rejections, tie-breaks;
 tests/test_native_policies.py compares the two).
 
 Used only where it is exact: a fresh (nothing resident) policy of exactly one of
-those classes (or blend) on the step clock (``half_life_s`` reads the wall clock; an auto
-expert without a native state, e.g. a new kind, keeps auto in Python), with the
+those classes (or blend, or auto) on the step clock (``half_life_s`` reads the wall
+clock), with the
 policy's own admission filter or ``ADMIT_ALL``. Anything else (Belady, the
 predictor, a custom admission, a subclass) stays on the Python loop, as does
 everything when the extension is not built.
@@ -69,11 +70,10 @@ def replay_native(prep: Prepared, policy, slots: int, granularity: str,
              np.ascontiguousarray(prep.dcounts, dtype=np.int64), bool(prep.all_single),
              np.ascontiguousarray(starts, dtype=np.int64), np.ascontiguousarray(ends, dtype=bool))
     if type(policy) is AutoPolicy:
-        experts, resident, n_resident, capacity, scores, leader, score_decay, tokens = state
-        scalars, (reads, evictions, rejected) = _native("replay_auto")(
-            experts, resident, int(n_resident), int(capacity), scores, int(leader),
-            float(score_decay), bool(tokens), *trace, int(slots), bool(filter_), cnt.hit)
-        policy.load_native_state(scalars)
+        core, resident, n_resident = state
+        n_resident, (reads, evictions, rejected) = _native("replay_auto")(
+            core, resident, int(n_resident), *trace, int(slots), bool(filter_), cnt.hit)
+        policy.load_native_state(n_resident)
     else:
         reads, evictions, rejected = _native()(state, *trace, int(slots), bool(filter_), cnt.hit)
         policy.load_native_state()

@@ -1,5 +1,4 @@
-// See auto_replay.hpp: the self-tuning policy's replay over the rules of policy.hpp and
-// the shadow tiers of replay.hpp.
+// See auto_replay.hpp: the self-tuning policy's replay, AutoCore's rules over a real tier.
 #include "tierstore/store/auto_replay.hpp"
 
 #include <algorithm>
@@ -12,31 +11,26 @@ namespace {
 
 class AutoReplayer {
  public:
-  AutoReplayer(AutoView& a, const ReplayTrace& tr, int64_t slots, bool filter)
-      : a_(a), tr_(tr), slots_(slots), filter_(filter), pinned_(a.n_keys, 0) {
-    for (PolicyView& e : a_.experts) shadows_.push_back(std::make_unique<PolicyTier>(e, a.capacity));
-  }
+  AutoReplayer(AutoCore& core, bool* resident, int64_t& n_resident, const ReplayTrace& tr,
+               int64_t slots, bool filter)
+      : core_(core), resident_(resident), n_resident_(n_resident), tr_(tr), slots_(slots),
+        filter_(filter), pinned_(core.n_keys(), 0) {}
 
   ReplayCounts run(bool* hit) {
     for (int64_t g = 0; g < tr_.n_groups; ++g) {
       const int64_t a = tr_.starts[g], b = tr_.starts[g + 1];
-      split_group(tr_, a, b, a_.resident, hit, miss_);
-      if (b > a) shadows(a, b);
+      split_group(tr_, a, b, resident_, hit, miss_);
+      if (b > a) access(a, b);
       if (!miss_.empty()) demand(a, b);
-      if (tr_.tick_end[g]) {
-        for (size_t e = 0; e < shadows_.size(); ++e) {
-          if (shadows_[e]->decay() && static_cast<int64_t>(e) == lead_of_) lead_->rebuild();
-        }
-        for (size_t e = 0; e < shadows_.size(); ++e) a_.scores[e] *= a_.score_decay;
-      }
+      if (tr_.tick_end[g] && core_.decay(1, lead_of_)) lead_->rebuild();
     }
     return counts_;
   }
 
  private:
-  // auto.py on_access: the group's keys in ascending order (the callers' common order,
-  // which breaks the shadows' ranking ties), then every shadow reads, scores and fills.
-  void shadows(int64_t a, int64_t b) {
+  // The group's keys in ascending order (the live face's order: it breaks the shadows'
+  // ranking ties), then one AutoCore access.
+  void access(int64_t a, int64_t b) {
     const int64_t n = b - a;
     const int64_t* keys = tr_.keys + a;
     const int64_t* counts = tr_.counts ? tr_.counts + a : nullptr;
@@ -54,50 +48,26 @@ class AutoReplayer {
       keys = skeys_.data();
       counts = counts ? scounts_.data() : nullptr;
     }
-    ReplayCounts unused;
-    for (size_t e = 0; e < shadows_.size(); ++e) {
-      PolicyTier& s = *shadows_[e];
-      PolicyView& p = s.policy();
-      smiss_.clear();
-      int64_t hits = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        if (p.resident[keys[i]]) {
-          hits += counts && a_.score_tokens ? counts[i] : 1;
-        } else {
-          smiss_.push_back(keys[i]);
-        }
-      }
-      a_.scores[e] += static_cast<double>(hits);
-      // The real set's order by this expert follows its state changes.
-      ResidentOrder* mirror = static_cast<int64_t>(e) == lead_of_ ? lead_.get() : nullptr;
-      s.access(keys, n, counts, mirror);
-      if (smiss_.empty() || a_.capacity == 0) continue;
-      const int64_t m = static_cast<int64_t>(smiss_.size());
-      if (m > s.n_free() && p.filters()) policy_rank(p, smiss_.data(), m);
-      s.fill(smiss_, keys, n, p.filters(), unused, mirror);
-    }
-    int64_t best = 0;
-    for (size_t e = 1; e < shadows_.size(); ++e) {
-      if (a_.scores[e] > a_.scores[best]) best = static_cast<int64_t>(e);
-    }
-    a_.leader = best;
+    // The real set's order by the leader follows the leader's state changes.
+    core_.access(keys, n, nullptr, counts, lead_.get(), lead_of_);
   }
 
   // sim/demand.py Filler.demand + plan_fill with auto's decisions (the leader's).
   void demand(int64_t a, int64_t b) {
-    const PolicyView& lead = a_.experts[static_cast<size_t>(a_.leader)];
+    const int64_t leader = core_.leader();
+    const PolicyView& lead = core_.expert(static_cast<size_t>(leader));
     const int64_t n = static_cast<int64_t>(miss_.size());
     counts_.demand_reads += n;
-    const int64_t n_free = std::max<int64_t>(slots_ - a_.n_resident, 0);
+    const int64_t n_free = std::max<int64_t>(slots_ - n_resident_, 0);
     if (n > n_free && filter_) policy_rank(lead, miss_.data(), n);
     if (n <= n_free) {
       for (int64_t k : miss_) add_resident(k);
       return;
     }
-    if (lead_of_ != a_.leader) {
+    if (lead_of_ != leader) {
       // The real resident set in the new leader's order, kept until another leads.
-      lead_ = std::make_unique<ResidentOrder>(lead, a_.resident);
-      lead_of_ = a_.leader;
+      lead_ = std::make_unique<ResidentOrder>(lead, resident_);
+      lead_of_ = leader;
     }
     const bool some_hit = n < b - a;  // a group that missed entirely protects nothing
     if (some_hit) for (int64_t i = a; i < b; ++i) pinned_[tr_.keys[i]] = 1;
@@ -120,41 +90,36 @@ class AutoReplayer {
 
   // The real resident set, and its order by the expert lead_ follows.
   void add_resident(int64_t k) {
-    a_.resident[k] = true;
+    resident_[k] = true;
     if (lead_) lead_->insert(k);
-    ++a_.n_resident;
+    ++n_resident_;
   }
   void drop_resident(int64_t k) {
     if (lead_) lead_->erase(k);
-    a_.resident[k] = false;
-    --a_.n_resident;
+    resident_[k] = false;
+    --n_resident_;
   }
 
-  AutoView& a_;
+  AutoCore& core_;
+  bool* resident_;
+  int64_t& n_resident_;
   const ReplayTrace& tr_;
   const int64_t slots_;
   const bool filter_;
-  std::vector<std::unique_ptr<PolicyTier>> shadows_;
   std::unique_ptr<ResidentOrder> lead_;  // the real resident keys in expert lead_of_'s order
   int64_t lead_of_ = -1;
   std::vector<uint8_t> pinned_;
-  std::vector<int64_t> miss_, smiss_, vic_, idx_, skeys_, scounts_;
+  std::vector<int64_t> miss_, vic_, idx_, skeys_, scounts_;
   ReplayCounts counts_;
 };
 
 }  // namespace
 
-ReplayCounts replay_auto(AutoView& a, const ReplayTrace& tr, int64_t slots, bool filter,
-                         bool* hit) {
-  if (a.experts.empty()) throw std::invalid_argument("replay_auto: no experts");
-  for (const PolicyView& e : a.experts) {
-    check_view(e);
-    if (e.n_keys != a.n_keys) throw std::invalid_argument("replay_auto: expert of another size");
-  }
-  if (a.resident == nullptr || a.scores == nullptr)
-    throw std::invalid_argument("replay_auto: no resident mask or scores");
-  check_trace_keys(tr, a.n_keys);
-  AutoReplayer r(a, tr, slots, filter);
+ReplayCounts replay_auto(AutoCore& core, bool* resident, int64_t& n_resident,
+                         const ReplayTrace& tr, int64_t slots, bool filter, bool* hit) {
+  if (resident == nullptr) throw std::invalid_argument("replay_auto: no resident mask");
+  check_trace_keys(tr, core.n_keys());
+  AutoReplayer r(core, resident, n_resident, tr, slots, filter);
   return r.run(hit);
 }
 

@@ -5,23 +5,23 @@
 
 namespace tierstore {
 
-void PolicyTier::access(const int64_t* keys, int64_t n, const int64_t* counts,
-                        ResidentOrder* mirror) {
+void PolicyTier::access(const int64_t* keys, int64_t n, const double* w,
+                        const int64_t* counts, ResidentOrder* mirror) {
   // A resident key leaves the order while its state changes (resident_order.hpp).
   for (int64_t i = 0; i < n; ++i) {
     if (p_.resident[keys[i]]) order_.erase(keys[i]);
     if (mirror && mirror->holds(keys[i])) mirror->erase(keys[i]);
   }
-  policy_access(p_, keys, n, nullptr, counts);
+  policy_access(p_, keys, n, w, counts);
   for (int64_t i = 0; i < n; ++i) {
     if (p_.resident[keys[i]]) order_.insert(keys[i]);
     if (mirror && mirror->holds(keys[i])) mirror->insert(keys[i]);
   }
 }
 
-bool PolicyTier::decay() {
+bool PolicyTier::decay(int64_t steps) {
   // Rounding may merge two rescaled heats: their order is the tie-break's then.
-  if (!policy_decay_steps(p_, 1)) return false;
+  if (!policy_decay_steps(p_, steps)) return false;
   order_.rebuild();
   return true;
 }
@@ -89,7 +89,8 @@ ReplayCounts replay_demand(PolicyView& p, const ReplayTrace& tr, int64_t slots, 
     const int64_t a = tr.starts[g], b = tr.starts[g + 1];
     split_group(tr, a, b, p.resident, hit, miss);
     if (!merge || !miss.empty()) {
-      tier.access(tr.keys + pending, b - pending, tr.counts ? tr.counts + pending : nullptr);
+      tier.access(tr.keys + pending, b - pending, nullptr,
+                  tr.counts ? tr.counts + pending : nullptr);
       pending = b;
     }
     if (!miss.empty()) {
@@ -102,7 +103,7 @@ ReplayCounts replay_demand(PolicyView& p, const ReplayTrace& tr, int64_t slots, 
       tier.fill(miss, tr.keys + a, some_hit ? b - a : 0, filter, counts);
     }
     if (tr.tick_end[g]) {
-      if (pending < b) tier.access(tr.keys + pending, b - pending,
+      if (pending < b) tier.access(tr.keys + pending, b - pending, nullptr,
                                    tr.counts ? tr.counts + pending : nullptr);
       pending = b;
       tier.decay();

@@ -52,12 +52,15 @@ class PolicyTier {
 
   PolicyView& policy() { return p_; }
   int64_t n_free() const { return slots_ > p_.n_resident ? slots_ - p_.n_resident : 0; }
-  // on_access over keys[0:n] (distinct; counts null = 1 each), keeping the order current, and
-  // `mirror` too (another order over this policy's state, e.g. of another key set).
-  void access(const int64_t* keys, int64_t n, const int64_t* counts,
+  // on_access over keys[0:n] (distinct; w / counts as policy_access), keeping the order
+  // current, and `mirror` too (another order over this policy's state, e.g. of another key set).
+  void access(const int64_t* keys, int64_t n, const double* w, const int64_t* counts,
               ResidentOrder* mirror = nullptr);
-  // Returns true when the heats were rescaled (a mirror must rebuild).
-  bool decay();
+  // A tick ends (`steps` steps). Returns true when the heats were rescaled (a mirror must
+  // rebuild).
+  bool decay(int64_t steps = 1);
+  // The policy's arrays changed from outside (a reset): order them again.
+  void rebuild() { order_.rebuild(); }
   // Fill `miss` (not resident, in the order they win slots); victims never among
   // block[0:nb] (nb = 0: none blocked). `filter`: the policy's admission filter applies.
   void fill(std::vector<int64_t>& miss, const int64_t* block, int64_t nb, bool filter,

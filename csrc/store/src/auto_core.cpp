@@ -1,0 +1,74 @@
+// See auto_core.hpp: the self-tuning policy's access and decay over policy.hpp's rules and
+// replay.hpp's shadow tiers.
+#include "tierstore/store/auto_core.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace tierstore {
+
+AutoCore::AutoCore(std::vector<PolicyView*> experts, int64_t capacity, double* scores,
+                   double score_decay)
+    : views_(std::move(experts)), capacity_(capacity), scores_(scores),
+      score_decay_(score_decay) {
+  if (views_.empty()) throw std::invalid_argument("auto: no experts");
+  if (scores_ == nullptr) throw std::invalid_argument("auto: no scores");
+  if (capacity_ < 0) throw std::invalid_argument("auto: capacity < 0");
+  n_keys_ = views_[0]->n_keys;
+  for (size_t e = 0; e < views_.size(); ++e) {
+    check_view(*views_[e]);
+    if (views_[e]->n_keys != n_keys_) throw std::invalid_argument("auto: expert of another size");
+    // Two shadows over one state would each think they own it.
+    for (size_t f = 0; f < e; ++f) {
+      if (views_[f] == views_[e] || views_[f]->resident == views_[e]->resident)
+        throw std::invalid_argument("auto: an expert appears twice");
+    }
+    tiers_.push_back(std::make_unique<PolicyTier>(*views_[e], capacity_));
+  }
+}
+
+void AutoCore::access(const int64_t* keys, int64_t n, const double* w, const int64_t* counts,
+                      ResidentOrder* mirror, int64_t mirror_of) {
+  if (n <= 0) return;
+  ReplayCounts unused;  // a shadow's reads count nowhere
+  for (size_t e = 0; e < tiers_.size(); ++e) {
+    PolicyTier& s = *tiers_[e];
+    PolicyView& p = s.policy();
+    miss_.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      if (!p.resident[keys[i]]) miss_.push_back(keys[i]);
+    }
+    scores_[e] += static_cast<double>(n - static_cast<int64_t>(miss_.size()));
+    ResidentOrder* m = static_cast<int64_t>(e) == mirror_of ? mirror : nullptr;
+    s.access(keys, n, w, counts, m);
+    if (miss_.empty() || capacity_ == 0) continue;
+    const int64_t nm = static_cast<int64_t>(miss_.size());
+    if (nm > s.n_free() && p.filters()) policy_rank(p, miss_.data(), nm);
+    s.fill(miss_, keys, n, p.filters(), unused, m);
+  }
+  int64_t best = 0;
+  for (size_t e = 1; e < tiers_.size(); ++e) {
+    if (scores_[e] > scores_[best]) best = static_cast<int64_t>(e);
+  }
+  leader_ = best;
+}
+
+bool AutoCore::decay(int64_t steps, int64_t watch) {
+  bool watched = false;
+  for (size_t e = 0; e < tiers_.size(); ++e) {
+    if (tiers_[e]->decay(steps) && static_cast<int64_t>(e) == watch) watched = true;
+  }
+  // As auto.py spelled it: score_decay ** steps, then one multiply.
+  const double f = steps == 1 ? score_decay_ : std::pow(score_decay_, static_cast<double>(steps));
+  for (size_t e = 0; e < tiers_.size(); ++e) scores_[e] *= f;
+  return watched;
+}
+
+void AutoCore::reset() {
+  for (auto& t : tiers_) t->rebuild();
+  std::fill(scores_, scores_ + tiers_.size(), 0.0);
+  leader_ = 0;
+}
+
+}  // namespace tierstore
