@@ -10,6 +10,23 @@ namespace tierstore {
 
 namespace {
 constexpr double kRenormExponent = 256.0;  // renormalise raw heat past 2^256
+
+// 1 - 2^(-1/h): the replays build a PolicyOrder per decision and pow was 14% of auto's
+// replay, so the last few half-lives' values are remembered (the same pow, so bit-equal).
+double keep_of(double h) {
+  constexpr int kSlots = 16;
+  thread_local double hs[kSlots], keeps[kSlots];
+  thread_local int used = 0, next = 0;
+  for (int i = 0; i < used; ++i) {
+    if (hs[i] == h) return keeps[i];
+  }
+  const double keep = 1.0 - std::pow(2.0, -1.0 / h);
+  hs[next] = h;
+  keeps[next] = keep;
+  next = (next + 1) % kSlots;
+  used = std::max(used, next == 0 ? kSlots : next);
+  return keep;
+}
 }  // namespace
 
 void check_view(const PolicyView& p) {
@@ -99,14 +116,14 @@ void policy_admitted(PolicyView& p, const int64_t* keys, int64_t n) {
 
 PolicyOrder::PolicyOrder(const PolicyView& p) : p_(p) {
   if (p.phased()) {
-    factor_ = (1.0 - std::pow(2.0, -1.0 / p.half_life)) / p.gain;
+    factor_ = keep_of(p.half_life) / p.gain;
     c_ = std::max<int64_t>(p.group - 1, 0);
     l_ = p.per_tick;
     l_double_ = static_cast<double>(l_);
   }
   if (p.blended()) {
-    keep1_ = 1.0 - std::pow(2.0, -1.0 / p.half_life);
-    keep2_ = 1.0 - std::pow(2.0, -1.0 / p.half_life2);
+    keep1_ = keep_of(p.half_life);
+    keep2_ = keep_of(p.half_life2);
   }
 }
 

@@ -13,7 +13,7 @@ size_t ResidentOrder::bucket_index(int64_t k) {
 
 void ResidentOrder::rebuild() {
   sets_.clear();
-  if (scan_) return;
+  if (scan_) return blend_->rebuild();
   for (int64_t k = 0; k < p_.n_keys; ++k) {
     if (members_[k]) insert(k);
   }
@@ -22,14 +22,7 @@ void ResidentOrder::rebuild() {
 void ResidentOrder::victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out) {
   out.clear();
   if (n <= 0) return;
-  if (scan_) {
-    std::vector<int64_t> cand;
-    for (int64_t k = 0; k < p_.n_keys; ++k) {
-      if (members_[k] && (pinned == nullptr || !pinned[k])) cand.push_back(k);
-    }
-    policy_coldest(p_, cand.data(), static_cast<int64_t>(cand.size()), n, out);
-    return;
-  }
+  if (scan_) return blend_->victims(n, pinned, out);
   if (p_.phased()) {
     phase_victims(n, pinned, out);
     return;

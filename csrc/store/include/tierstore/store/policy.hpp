@@ -78,18 +78,28 @@ class PolicyOrder {
   explicit PolicyOrder(const PolicyView& p);
   // Larger = hotter (lru: the last-use tick as a double).
   double primary(int64_t k) const {
-    if (p_.phased()) {
-      int64_t off = p_.pos[k] - c_;  // in (-L, L): pos < L and 0 <= c < L
-      if (off <= 0) off += l_;       // (pos - c) mod L, 0 -> L
-      return -(static_cast<double>(off) / l_double_ + 1.0 / std::max(rate(k), 1e-12));
-    }
+    if (p_.phased()) return primary_of(off_over_l(p_.pos[k]), rate(k));
     return p_.kind == PolicyKind::kLru ? static_cast<double>(p_.last[k]) : p_.raw[k];
   }
   // Phase's per-tick use rate of k (blend: the mean of the short and the long one).
   double rate(int64_t k) const {
     if (!p_.blended()) return p_.raw[k] * factor_;
+    return blend_rate(p_.raw[k], p_.raw2[k]);
+  }
+  // Blend's rate of raw heats (r1, r2): monotone in each (every step is), so it bounds the
+  // rate of any key whose heats are at least these (blend_order.hpp relies on it).
+  double blend_rate(double r1, double r2) const {
     // As blend.py spells it: the mean of heat * (1 - 2^(-1/h)) over both heats.
-    return 0.5 * (p_.raw[k] / p_.gain * keep1_ + p_.raw2[k] / p_.gain2 * keep2_);
+    return 0.5 * (r1 / p_.gain * keep1_ + r2 / p_.gain2 * keep2_);
+  }
+  // Phase's primary from a rate and the offset term off/L (primary() spelled in two parts).
+  static double primary_of(double off_over_l, double rate) {
+    return -(off_over_l + 1.0 / std::max(rate, 1e-12));
+  }
+  double off_over_l(int64_t pos) const {
+    int64_t off = pos - c_;  // in (-L, L): pos < L and 0 <= c < L; (pos - c) mod L, 0 -> L
+    if (off <= 0) off += l_;
+    return static_cast<double>(off) / l_double_;
   }
   // Ascending (primary, secondary, key): true when x is evicted before y.
   bool colder(int64_t x, int64_t y) const {

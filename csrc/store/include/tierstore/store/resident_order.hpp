@@ -8,13 +8,16 @@
 // last read at the same group: within one bucket it is a monotone function of the raw
 // heat, so each bucket is kept in hybrid's static order and victims() merges the buckets
 // by the exact phase order (keys whose phase primaries round to equal are re-sorted by
-// (last, key), the exact tie-break).
+// (last, key), the exact tie-break). Blend (no static order even within a bucket) keeps a
+// BlendOrder (blend_order.hpp).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <vector>
 
+#include "tierstore/store/blend_order.hpp"
 #include "tierstore/store/policy.hpp"
 
 namespace tierstore {
@@ -24,6 +27,7 @@ class ResidentOrder {
   // The keys with members[k] set (null: the policy's own resident mask), in p's order.
   explicit ResidentOrder(const PolicyView& p, const bool* members = nullptr)
       : p_(p), members_(members ? members : p.resident), where_(p.n_keys), bucket_of_(p.n_keys, 0) {
+    if (scan_) blend_ = std::make_unique<BlendOrder>(p_, members_);
     rebuild();
   }
   ResidentOrder(const ResidentOrder&) = delete;
@@ -33,10 +37,11 @@ class ResidentOrder {
   // erase(k) only for a key held (inserted and not erased since): each key remembers its
   // node, so erasing costs no search.
   void erase(int64_t k) {
-    if (!scan_) sets_[bucket_of_[k]].erase(where_[k]);
+    if (scan_) return blend_->erase(k);
+    sets_[bucket_of_[k]].erase(where_[k]);
   }
   void insert(int64_t k) {
-    if (scan_) return;
+    if (scan_) return blend_->insert(k);
     const size_t b = bucket_index(k);
     bucket_of_[k] = static_cast<uint32_t>(b);
     where_[k] = sets_[b].insert(k).first;
@@ -65,7 +70,8 @@ class ResidentOrder {
 
   const PolicyView& p_;
   const bool* members_;
-  const bool scan_ = p_.blended();  // blend has no static order: victims scan the members
+  const bool scan_ = p_.blended();  // blend has no static order: its own BlendOrder
+  std::unique_ptr<BlendOrder> blend_;
   std::vector<Set> sets_;  // one (bucket 0) except for phase: one per group position
   std::vector<Set::iterator> where_;  // per key held: its node
   std::vector<uint32_t> bucket_of_;   // per key held: its bucket
