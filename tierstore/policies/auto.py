@@ -40,7 +40,13 @@ it. Tried and not kept: a next-tick use probability learned online (logistic
 regression over decayed rates at half-lives 1-256, phase's order over it):
 FLAME +0.127 / +0.198 / +0.233 but synthetic -0.13 / -0.07 / -0.10; counting a
 key once per tick in the heat (a prefill's tokens as one use): synthetic worse at
-20 / 40 % (a prompt's token counts carry topic popularity).
+20 / 40 % (a prompt's token counts carry topic popularity). Bounded, not built
+(bench/results/hits_bounds_flame.md, FLAME 51 slots): an eviction order that
+knows the rest of this token's routes (same-tick cross-layer, an oracle) gains
++0.001 (a key is read once a tick, at its layer); blend(64) already equals the
+best static set in hindsight (0.138 vs 0.137); co-occurrence-weighted rates and
+OPTgen-learned per-key rates (prototypes) gain nothing; only future popularity
+(true counts of the next 256 ticks: +0.22 of the gap) would reach 0.20 there.
 
 Departures: no per-layer quota expert: with the best static per-layer split
 chosen in hindsight (each layer's hybrid(64) hits at every quota, split by
