@@ -62,7 +62,9 @@ def test_store_prefetch_and_simulator_agree_exactly(tmp_path, label, trace, name
     per_layer = int(np.diff(prep.gstarts).max())
     slots = max(3 * per_layer, trace.n_keys // 5)  # a layer's fire always fits beside the pins
     params = {} if name == "auto" else ({"half_life": 32.0} if name == "hybrid" else {})
-    budget = {"read_ratio": 1.5}  # reads beyond LRU's, so even an LRU base prefetches
+    # Reads beyond LRU's, so even an LRU base prefetches; the store is told top_k (the
+    # replay reads it from the trace) to count a group's tokens the same way.
+    budget = {"read_ratio": 1.5, "top_k": int(trace.meta["top_k"])}
     cnt, pf = replay_with_prefetch(prep, policies.make(name, trace.n_keys, slots, **params),
                                    slots, admission=ADMIT_ALL, **budget)
     pack = make_random_pack(tmp_path / "pack", trace.n_layers, trace.n_experts, 64, seed=1)

@@ -13,6 +13,11 @@ global gain as in heat.py, so a tick costs O(1) and not O(counts)):
   layer l now; the same pooled, shrunk estimate.
 - the two mix with weights learned online: each one's decayed mean probability
   mass on what was then actually routed.
+- a read group of T tokens (a prefill, a batch) is one observation of weight
+  1/T: its pairs did not all share a token, so it says little about what one
+  token routes next. ``present`` turns the per-token estimate into the chance
+  that any of the next group's T tokens routes the expert, 1 - (1 - q)^T; a
+  layer with no observations yet is uniform (q = k / E).
 Everything is learned from the past only: ``learn`` is told what was routed,
 ``predict`` answers from the counts so far.
 """
@@ -54,20 +59,37 @@ class CoRouting:
             self._t, exponent = 0.0, 0.0
         self._gain = 2.0 ** exponent
 
-    def observe(self, layer: int, experts: np.ndarray) -> None:
-        """``layer`` routed ``experts`` (their marginal: the predictions' prior)."""
-        self.marginal[layer][experts] += self._gain
-        self.marginal_n[layer] += self._gain
+    def observe(self, layer: int, experts: np.ndarray, weight: float = 1.0) -> None:
+        """``layer`` routed ``experts`` (their marginal: the predictions' prior);
+        ``weight``: 1 / the group's tokens (module doc)."""
+        self.marginal[layer][experts] += self._gain * weight
+        self.marginal_n[layer] += self._gain * weight
 
-    def learn(self, layer: int, src: np.ndarray, dst: np.ndarray, *, temporal: bool) -> None:
+    def learn(self, layer: int, src: np.ndarray, dst: np.ndarray, *, temporal: bool,
+              weight: float = 1.0) -> None:
         """``src`` experts (layer ``layer``; or layer ``layer`` one tick earlier) were
-        followed by ``dst`` (layer ``layer + distance``; or ``layer`` now)."""
+        followed by ``dst`` (layer ``layer + distance``; or ``layer`` now); ``weight``:
+        1 / the tokens of the larger group (module doc)."""
         if src.size == 0 or dst.size == 0:
             return
         counts, totals = ((self.temporal, self.temporal_n) if temporal
                           else (self.cross, self.cross_n))
-        counts[layer][np.ix_(src, dst)] += self._gain
-        totals[layer][src] += self._gain
+        w = self._gain * weight
+        counts[layer][np.ix_(src, dst)] += w
+        totals[layer][src] += w
+
+    def seen(self, layer: int) -> bool:
+        """Whether ``layer`` has been observed (else ``present`` is uniform)."""
+        return bool(self.marginal_n[layer] > 0)
+
+    @staticmethod
+    def present(q: np.ndarray | None, tokens: float, per_token: float, n_experts: int) -> np.ndarray:
+        """P(routed by any of ``tokens`` tokens) from the per-token estimate ``q``
+        (None: no observation, uniform ``per_token / n_experts``)."""
+        if q is None:
+            q = np.full(n_experts, min(per_token / max(n_experts, 1), 1.0))
+        q = np.clip(q, 0.0, 1.0)
+        return q if tokens <= 1.0 else 1.0 - (1.0 - q) ** tokens
 
     def predict(self, layer: int, src: np.ndarray, *, temporal: bool) -> np.ndarray:
         """float64 [n_experts]: P(each expert routed) at layer ``layer + distance``

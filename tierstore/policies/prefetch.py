@@ -26,17 +26,26 @@ Budget, in reads, self-tuned (no per-trace knob):
   demand fill makes on the same accesses (``lru_reads``); the tier's reads are
   its misses (every miss counted as a read, so a tier that serves misses from
   elsewhere is counted conservatively) plus the prefetches issued;
-- a prefetch is issued only while ``read_ratio * lru_reads - reads`` plus the
-  expected savings of the prefetches still in flight (their count times the
-  measured precision) is >= 1: with ``read_ratio = 1`` total reads stay at LRU's
-  (a useful prefetch replaces the demand read it saves; only wasted ones and
-  their victims' misses spend the credit that a better replacement policy earns);
-- precision (usefulness) is measured: a fetched row is useful when its target
-  layer routes it (it is pinned until then, so it is still resident), wasted
-  otherwise; it also caps a proposal at the measured routed experts per read;
-- candidates are the target layer's experts with predicted probability >=
-  ``threshold``, best first; resident ones are held (pinned, no read), the
-  others fetched while the budget lasts.
+- a useful prefetch replaces the demand read it anticipates, so a candidate of
+  calibrated probability p costs 1 - p reads in expectation (a wasted read). The
+  credit is ``read_ratio * lru_reads - reads`` plus the expected savings of the
+  prefetches still in flight (the sum of their p), less one read per recently
+  wasted prefetch (decayed, half-life ``PRECISION_HALF_LIFE`` ticks): its victim
+  may miss later, after the budget saw the prefetch. A proposal fetches the
+  best candidates while their summed expected cost plus ``Z`` standard
+  deviations of it stays within the credit. With ``read_ratio = 1`` total reads
+  stay at LRU's; candidates that pay for themselves (p = 1) need no credit, so
+  only inaccurate prediction is ever refused (bench/prefetch_bound.py);
+- the probabilities are calibrated online: every non-resident candidate scored
+  (fetched or not) is checked when its target layer reads, per bin of its raw
+  estimate, so a model that is not accurate gets low calibrated p, spends
+  nothing and the tier is its demand policy;
+- a price (``threshold`` on the calibrated p) rises when the credit cut a
+  proposal short and falls while credit is left over, so scarce reads go to
+  the likeliest candidates over time;
+- candidates are the target layer's experts ranked by predicted probability of
+  being routed by the group's tokens; resident ones among the expected routed
+  count are held (pinned, no read), only non-resident ones are fetched.
 Past only: every decision at a read depends on the reads before it and on the
 current read, never on later ones (tests/test_prefetch.py permutes the future).
 """
@@ -56,17 +65,23 @@ _EMPTY = np.empty(0, dtype=np.int64)
 PRECISION_HALF_LIFE = 64.0  # ticks over which measured usefulness counts half
 THRESHOLD_STEP = 1.02       # the threshold's multiplicative step per proposal
 MIN_THRESHOLD, MAX_THRESHOLD = 0.1, 0.9
-SAFETY = 0.005              # share of the budget held back (late victim misses)
+Z = 2.0                     # standard deviations of a proposal's cost kept in credit
+N_BINS = 20                 # calibration bins over the raw probability
+CAL_PRIOR = 2.0             # observations' weight of the raw estimate in a bin
+CAL_FLOOR = 0.01            # raw probability below which a candidate is not scored
 
 
 class Prefetcher:
     """Online prefetch proposals for one tier of ``capacity`` slots over
-    ``n_layers`` x ``n_experts`` dense keys (see module doc). Not thread safe:
-    the tier serialises calls."""
+    ``n_layers`` x ``n_experts`` dense keys (see module doc). ``top_k``: experts
+    a token routes per layer (tokens of a group = its routings / top_k; None:
+    the fewest routings a group had so far). ``cross`` / ``temporal``: which
+    predictors run (both by default). Not thread safe: the tier serialises calls."""
 
     def __init__(self, n_layers: int, n_experts: int, capacity: int, *, read_ratio: float = 1.0,
                  lead: int = 1, threshold: float = 0.2, half_life: float = 512.0,
-                 max_per_read: int | None = None):
+                 max_per_read: int | None = None, top_k: int | None = None,
+                 cross: bool = True, temporal: bool = True):
         L, E = int(n_layers), int(n_experts)
         if L <= 0 or E <= 0 or int(capacity) < 0:
             raise ConfigError(f"prefetch: need n_layers, n_experts > 0 and capacity >= 0, "
@@ -76,25 +91,38 @@ class Prefetcher:
         if not (read_ratio >= 0 and 0.0 < threshold <= 1.0):
             raise ConfigError(f"prefetch: read_ratio must be >= 0 and threshold in (0, 1], "
                               f"got {read_ratio}, {threshold}")
+        if top_k is not None and int(top_k) <= 0:
+            raise ConfigError(f"prefetch: top_k must be > 0, got {top_k}")
         self.n_layers, self.n_experts, self.n_keys = L, E, L * E
         self.capacity, self.lead = int(capacity), int(lead)
         self.read_ratio, self.threshold = float(read_ratio), float(threshold)
         self.hold_threshold = float(threshold)  # resident keys are held at the starting bar
         self.max_per_read = None if max_per_read is None else int(max_per_read)
+        self.top_k = None if top_k is None else int(top_k)
+        self.use_cross, self.use_temporal = bool(cross), bool(temporal)
         self.model = CoRouting(L, E, self.lead, half_life)
         self.shadow = LRUPolicy(self.n_keys, max(self.capacity, 1))
         self._shadow_blocked = np.zeros(self.n_keys, dtype=bool)
         self.held_mask = np.zeros(self.n_keys, dtype=bool)
         self._held: list[np.ndarray] = [_EMPTY] * L     # target layer -> pinned keys
         self._fetched: list[np.ndarray] = [_EMPTY] * L  # target layer -> keys read for it
+        self._fetched_p: list[np.ndarray] = [_EMPTY] * L  # their calibrated p
+        self._scored: list[tuple | None] = [None] * L   # target layer -> (keys, bins) scored
         self._pending: list[tuple | None] = [None] * L  # target layer -> (p_cross, p_temp)
         self._this: list[np.ndarray | None] = [None] * L  # layer -> experts this tick
         self._prev: list[np.ndarray | None] = [None] * L  # layer -> experts last tick
+        self._tok_this = np.zeros(L)  # layer -> tokens of its group this tick (0: none)
+        self._tok_prev = np.zeros(L)
         self._decay = 2.0 ** (-1.0 / PRECISION_HALF_LIFE)
         self._useful_w = self._issued_w = 0.0   # decayed, for the precision estimate
-        self._k_w = self._reads_w = 0.0         # decayed routed experts per read
+        self._wasted_w = 0.0                    # decayed wasted prefetches (credit margin)
+        self._cal_n = np.zeros(N_BINS)          # decayed candidates scored per bin
+        self._cal_hit = np.zeros(N_BINS)        # of which routed by their target
+        self._k_seen = 0                        # fewest routings of a group so far
         self.lru_reads = self.misses = self.issued = self.useful = self.held_resident = 0
         self.in_flight = 0
+        self.in_flight_p = 0.0                  # expected savings of the reads in flight
+        self.last_cost = 0.0                    # the last proposal's expected cost (tests)
 
     # -- accounting -------------------------------------------------------------------
     @property
@@ -108,16 +136,22 @@ class Prefetcher:
         return (self._useful_w + 0.5) / (self._issued_w + 1.0)
 
     def credit(self) -> float:
-        """Reads the budget allows now (see module doc), less a safety share and one
-        proposal's worth held back: the misses a prefetch's victims cause come
-        later than the prefetch, so the budget sees them late."""
-        return (self.read_ratio * (1.0 - SAFETY) * self.lru_reads - self.reads
-                + self.precision * self.in_flight - self._cap())
+        """Expected reads the budget allows now (see module doc)."""
+        return (self.read_ratio * self.lru_reads - self.reads + self.in_flight_p
+                - self._wasted_w)
+
+    def calibrated(self, p: np.ndarray) -> np.ndarray:
+        """The measured chance that a candidate of raw probability ``p`` is routed
+        by its target layer (per bin, shrunk toward ``p``)."""
+        b = self._bins(p)
+        return (self._cal_hit[b] + CAL_PRIOR * p) / (self._cal_n[b] + CAL_PRIOR)
 
     # -- events -----------------------------------------------------------------------
-    def on_read(self, layer: int, experts: np.ndarray, hit: np.ndarray) -> np.ndarray:
+    def on_read(self, layer: int, experts: np.ndarray, hit: np.ndarray,
+                routings: int | None = None) -> np.ndarray:
         """Layer ``layer`` read the slot table for ``experts`` (unique, ascending),
-        ``hit`` = which were resident. Returns the keys to unpin."""
+        ``hit`` = which were resident; ``routings``: the group's routed (token,
+        expert) pairs (default: one per expert). Returns the keys to unpin."""
         layer = int(layer)
         experts = np.asarray(experts, dtype=np.int64)
         keys = layer * self.n_experts + experts
@@ -130,97 +164,154 @@ class Prefetcher:
             used = int(np.count_nonzero(np.isin(fetched, keys, assume_unique=True)))
             self.useful += used
             self._useful_w += used
+            self._wasted_w += fetched.size - used
             self.in_flight -= fetched.size
-            self._fetched[layer] = _EMPTY
+            self.in_flight_p -= float(self._fetched_p[layer].sum())
+            self._fetched[layer] = self._fetched_p[layer] = _EMPTY
+        scored = self._scored[layer]
+        if scored is not None:
+            routed = np.isin(scored[0], keys, assume_unique=True)
+            self._cal_n += np.bincount(scored[1], minlength=N_BINS)
+            self._cal_hit += np.bincount(scored[1], weights=routed, minlength=N_BINS)
+            self._scored[layer] = None
         self.misses += int(hit.size - np.count_nonzero(hit))
-        self._k_w += experts.size
-        self._reads_w += 1.0
+        r = int(experts.size if routings is None else routings)
+        if experts.size and (self._k_seen == 0 or r < self._k_seen):
+            self._k_seen = r
+        self._tok_this[layer] = self._tokens(r) if experts.size else 0.0
         self._learn(layer, experts)
         self._shadow_read(keys)
         return release
 
     def propose(self, layer: int, resident: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """After ``layer``'s read (``resident``: bool [n_keys], resident or loading):
-        (fetch, hold) dense keys, ``fetch`` to read now (hottest first), ``hold``
+        (fetch, hold) dense keys, ``fetch`` to read now (likeliest first), ``hold``
         (``fetch`` included) to pin until their layer reads (see module doc)."""
-        m = int(layer) + self.lead
+        layer = int(layer)
+        m = layer + self.lead
         wraps = m >= self.n_layers
         m -= self.n_layers if wraps else 0
-        model = self.model
-        layer = int(layer)
-        p_cross = None if wraps else model.predict(layer, self._this[layer], temporal=False)
-        src = self._this[m] if wraps else self._prev[m]
-        p_temp = None if src is None else model.predict(m, src, temporal=True)
-        p = model.mix(p_cross, p_temp)
-        self._pending[m] = (p_cross, p_temp)
+        E = self.n_experts
+        self.last_cost = 0.0
+        p = self.predict(layer, m, wraps)
         if p is None:
             return _EMPTY, _EMPTY
-        cand = np.flatnonzero(p >= min(self.threshold, self.hold_threshold))
-        if cand.size == 0:
-            self._tune(False, max(int(math.floor(self.credit())), 0))
-            return _EMPTY, _EMPTY
-        cand = cand[np.argsort(-p[cand], kind="stable")][:self._cap()]
-        pk = p[cand]
-        keys = m * self.n_experts + cand
-        fresh = ~self.held_mask[keys]  # not already held for this layer (it did not read)
-        keys, pk = keys[fresh], pk[fresh]
+        keys = m * E + np.arange(E)
+        free = ~self.held_mask[keys]  # not already held for this layer (it did not read)
         res = resident[keys]
-        keep = keys[res & (pk >= self.hold_threshold)]
-        want = keys[~res & (pk >= self.threshold)]
-        allow = max(int(math.floor(self.credit())), 0)
-        fetch = want[:allow]
-        self._tune(want.size > allow, allow - fetch.size)
+        expect = max(int(math.ceil(float(p.sum()))), 1)
+        cap = expect if self.max_per_read is None else min(expect, self.max_per_read)
+        # Hold the resident ones among the expected routed count, likeliest first.
+        order = np.argsort(-p, kind="stable")[:expect]
+        keep = keys[order[free[order] & res[order] & (p[order] >= self.hold_threshold)]]
+        # Fetch candidates: non-resident, scored for calibration, ranked by calibrated p.
+        scored = np.flatnonzero(free & ~res & (p >= CAL_FLOOR))
+        # Fetch only among the likeliest ``expect``: a token routes a fixed count, so a
+        # key outside them competes with likelier ones (measured: FLAME at 205 slots,
+        # 0.41 of the gap fetching any candidate, 0.51 only these).
+        top = np.zeros(E, dtype=bool)
+        top[order] = True
+        cand = scored[top[scored]]
+        fetch = _EMPTY
+        if scored.size:
+            self._scored[m] = (keys[scored], self._bins(p[scored]))
+        if cand.size:
+            pc = self.calibrated(p[cand])
+            top = np.argsort(-pc, kind="stable")
+            cand, pc = cand[top], pc[top]
+            ok = pc >= self.threshold
+            cand, pc = cand[ok][:cap], pc[ok][:cap]
+            credit = self.credit()
+            cost = 1.0 - pc
+            need = np.cumsum(cost) + Z * np.sqrt(np.cumsum(pc * (1.0 - pc)))
+            # A candidate of cost 0 never adds expected reads, whatever the credit.
+            n = (int(np.searchsorted(need > max(credit, 0.0), True)) if self.read_ratio > 0
+                 else 0)
+            self._tune(n < cand.size, credit - (float(need[n - 1]) if n else 0.0))
+            fetch, fp = keys[cand[:n]], pc[:n]
+            self.last_cost = float(cost[:n].sum())
+        else:
+            self._tune(False, self.credit())
         hold = np.concatenate((keep, fetch))
         if hold.size:
             self.held_mask[hold] = True
             self._held[m] = np.concatenate((self._held[m], hold)) if self._held[m].size else hold
         if fetch.size:
-            self._fetched[m] = (np.concatenate((self._fetched[m], fetch))
-                                if self._fetched[m].size else fetch)
+            self._fetched[m] = np.concatenate((self._fetched[m], fetch))
+            self._fetched_p[m] = np.concatenate((self._fetched_p[m], fp))
             self.issued += fetch.size
             self._issued_w += fetch.size
             self.in_flight += fetch.size
+            self.in_flight_p += float(fp.sum())
         self.held_resident += keep.size
         return fetch, hold
+
+    def predict(self, layer: int, m: int, wraps: bool) -> np.ndarray | None:
+        """float64 [n_experts]: P(routed by the target group) of layer ``m``'s experts,
+        after ``layer`` read (``wraps``: ``m`` reads next tick); None: no prediction.
+        The one place a proposal's probabilities come from (a bound overrides it)."""
+        model, E = self.model, self.n_experts
+        src_c = None if wraps or not self.use_cross else self._this[layer]
+        p_cross = None if src_c is None else model.predict(layer, src_c, temporal=False)
+        src_t = (self._this[m] if wraps else self._prev[m]) if self.use_temporal else None
+        p_temp = None if src_t is None else model.predict(m, src_t, temporal=True)
+        self._pending[m] = (p_cross, p_temp)
+        if p_cross is None and p_temp is None and (wraps or not self.use_cross):
+            return None
+        q = model.mix(p_cross, p_temp) if model.seen(m) else None
+        # The target group's tokens: this layer's (same tick), or at a wrap into the
+        # next tick the fewer of the last two ticks' (a prefill is not followed by one).
+        tokens = (min(self._tok_this[m], self._tok_prev[m]) if wraps
+                  else self._tok_this[layer])
+        return model.present(q, max(tokens, 1.0), self._per_token(), E)
 
     def end_tick(self) -> None:
         self.model.tick()
         self._prev, self._this = self._this, [None] * self.n_layers
+        self._tok_prev, self._tok_this = self._tok_this, np.zeros(self.n_layers)
         d = self._decay
         self._useful_w *= d
         self._issued_w *= d
-        self._k_w *= d
-        self._reads_w *= d
+        self._wasted_w *= d
+        self._cal_n *= d
+        self._cal_hit *= d
 
     # -- internals --------------------------------------------------------------------
-    def _tune(self, short: bool, spare: int) -> None:
+    def _tune(self, short: bool, spare: float) -> None:
         """The threshold is the price of a read: raised when the budget cut a
         proposal short, lowered while credit is left over after one, so the
         reads the budget allows go to the likeliest candidates over time."""
         if short:
             self.threshold = min(self.threshold * THRESHOLD_STEP, MAX_THRESHOLD)
-        elif spare >= self._cap():
+        elif spare >= 1.0:
             self.threshold = max(self.threshold / THRESHOLD_STEP, MIN_THRESHOLD)
 
-    def _cap(self) -> int:
-        k = self._k_w / self._reads_w if self._reads_w > 0 else 1.0
-        cap = max(int(math.ceil(k)), 1)
-        return cap if self.max_per_read is None else min(cap, self.max_per_read)
+    def _per_token(self) -> float:
+        return float(self.top_k if self.top_k is not None else max(self._k_seen, 1))
+
+    def _tokens(self, routings: int) -> float:
+        return max(routings / self._per_token(), 1.0)
+
+    @staticmethod
+    def _bins(p: np.ndarray) -> np.ndarray:
+        return np.minimum((p * N_BINS).astype(np.int64), N_BINS - 1)
 
     def _learn(self, layer: int, experts: np.ndarray) -> None:
         model = self.model
         pend = self._pending[layer]
         if pend is not None:
-            model.score(pend[0], pend[1], experts, max(int(round(self._k_w / self._reads_w)), 1))
+            model.score(pend[0], pend[1], experts, max(int(round(self._per_token())), 1))
             self._pending[layer] = None
+        tok = max(self._tok_this[layer], 1.0)
         src = layer - self.lead
         if src >= 0 and self._this[src] is not None:
-            model.learn(src, self._this[src], experts, temporal=False)
+            model.learn(src, self._this[src], experts, temporal=False,
+                        weight=1.0 / max(tok, self._tok_this[src]))
         if self._prev[layer] is not None:
-            model.learn(layer, self._prev[layer], experts, temporal=True)
+            model.learn(layer, self._prev[layer], experts, temporal=True,
+                        weight=1.0 / max(tok, self._tok_prev[layer]))
         self._this[layer] = experts
-        model.observe(layer, experts)
-
+        model.observe(layer, experts, 1.0 / tok)
     def _shadow_read(self, keys: np.ndarray) -> None:
         """Plain LRU demand fill of the same read (the budget's reference)."""
         sh = self.shadow

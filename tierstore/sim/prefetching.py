@@ -52,6 +52,7 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
     cnt, resident, pinned, held = tier.cnt, tier.resident, tier.pinned, prefetcher.held_mask
     dkeys, dcounts, single = prep.dkeys, prep.dcounts, prep.all_single
     bounds, ends = prep.gstarts.tolist(), prep.g_tick_end.tolist()
+    routings = np.add.reduceat(dcounts, prep.gstarts[:-1]) if dcounts.size else dcounts
     if lead_time is not None and lead_time.lead != prefetcher.lead:
         raise ConfigError(f"prefetch: lead time model has lead {lead_time.lead}, the "
                           f"prefetcher {prefetcher.lead}")
@@ -66,7 +67,7 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
         if clock is not None:
             cnt.landed[a:b] = clock.landed(u, r)
         policy.on_access(u, None if single else dcounts[a:b])
-        prefetcher.on_read(layer, u - layer * E, r)
+        prefetcher.on_read(layer, u - layer * E, r, int(routings[g]))
         fetch, _hold = prefetcher.propose(layer, resident)
         np.copyto(pinned, held)  # the held keys block eviction as the store's pins do
         if fetch.size:
@@ -101,8 +102,12 @@ def replay_with_prefetch(prep: Prepared, base: Policy, slots: int, *, admission=
                          demand_fill: bool = True, lead_time: LeadTime | None = None,
                          **prefetch_params) -> tuple[Counters, Prefetcher]:
     """``replay_prefetching`` with a fresh Prefetcher(``prefetch_params``) over
-    ``base``; ``lead_time`` sets the prefetcher's ``lead`` too."""
+    ``base``; ``lead_time`` sets the prefetcher's ``lead`` too, the trace's
+    ``top_k`` (meta.json) its ``top_k`` unless given."""
     if lead_time is not None:
         prefetch_params = {**prefetch_params, "lead": lead_time.lead}
+    top_k = prep.trace.meta.get("top_k") if isinstance(prep.trace.meta, dict) else None
+    if "top_k" not in prefetch_params and isinstance(top_k, int) and top_k > 0:
+        prefetch_params = {**prefetch_params, "top_k": top_k}
     pf = Prefetcher(prep.trace.n_layers, prep.trace.n_experts, int(slots), **prefetch_params)
     return replay_prefetching(prep, base, slots, pf, admission, demand_fill, lead_time), pf

@@ -54,7 +54,8 @@ class StorePrefetch:
             ids = topk_ids.detach().reshape(-1).cpu().numpy()
         else:
             ids = np.asarray(topk_ids).reshape(-1)
-        experts = np.unique(ids[(ids >= 0) & (ids < self.n_experts)]).astype(np.int64)
+        valid = ids[(ids >= 0) & (ids < self.n_experts)]
+        experts = np.unique(valid).astype(np.int64)
         store, pf = self.store, self.prefetcher
         with store.lock:
             store._check_open("record")
@@ -65,7 +66,7 @@ class StorePrefetch:
             pool = store._pool
             keys = int(layer) * self.n_experts + experts
             hit = pool.resident_slot[keys] >= 0
-            release = pf.on_read(int(layer), experts, hit)
+            release = pf.on_read(int(layer), experts, hit, int(valid.size))
             if self._current.size:
                 pool.unpin(self._current)
             if release.size:
