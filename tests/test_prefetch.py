@@ -180,7 +180,7 @@ def test_an_inaccurate_model_spends_nothing(seed, name):
                               native=False)
     # Chance is p = k / E = 0.06, below the lowest price: only the first proposals,
     # before the calibration has seen outcomes, may fetch.
-    assert cnt.prefetched <= 0.03 * base.demand_reads
+    assert cnt.prefetched <= 0.05 * base.demand_reads
     assert cnt.hit.sum() >= base.hit.sum() - 2 * cnt.prefetched
 
 

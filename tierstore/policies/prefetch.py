@@ -116,8 +116,10 @@ class Prefetcher:
         self._decay = 2.0 ** (-1.0 / PRECISION_HALF_LIFE)
         self._useful_w = self._issued_w = 0.0   # decayed, for the precision estimate
         self._wasted_w = 0.0                    # decayed wasted prefetches (credit margin)
-        self._cal_n = np.zeros(N_BINS)          # decayed candidates scored per bin
-        self._cal_hit = np.zeros(N_BINS)        # of which routed by their target
+        # Calibration per kind of target (0: same tick, cross-layer available; 1: the
+        # next tick's first layer, next-token only) and bin: each earns its own trust.
+        self._cal_n = np.zeros((2, N_BINS))     # decayed candidates scored per bin
+        self._cal_hit = np.zeros((2, N_BINS))   # of which routed by their target
         self._k_seen = 0                        # fewest routings of a group so far
         self.lru_reads = self.misses = self.issued = self.useful = self.held_resident = 0
         self.in_flight = 0
@@ -140,11 +142,11 @@ class Prefetcher:
         return (self.read_ratio * self.lru_reads - self.reads + self.in_flight_p
                 - self._wasted_w)
 
-    def calibrated(self, p: np.ndarray) -> np.ndarray:
+    def calibrated(self, p: np.ndarray, kind: int = 0) -> np.ndarray:
         """The measured chance that a candidate of raw probability ``p`` is routed
-        by its target layer (per bin, shrunk toward ``p``)."""
+        by its target layer (per kind of target and bin, shrunk toward ``p``)."""
         b = self._bins(p)
-        return (self._cal_hit[b] + CAL_PRIOR * p) / (self._cal_n[b] + CAL_PRIOR)
+        return (self._cal_hit[kind, b] + CAL_PRIOR * p) / (self._cal_n[kind, b] + CAL_PRIOR)
 
     # -- events -----------------------------------------------------------------------
     def on_read(self, layer: int, experts: np.ndarray, hit: np.ndarray,
@@ -171,8 +173,9 @@ class Prefetcher:
         scored = self._scored[layer]
         if scored is not None:
             routed = np.isin(scored[0], keys, assume_unique=True)
-            self._cal_n += np.bincount(scored[1], minlength=N_BINS)
-            self._cal_hit += np.bincount(scored[1], weights=routed, minlength=N_BINS)
+            kind = scored[2]
+            self._cal_n[kind] += np.bincount(scored[1], minlength=N_BINS)
+            self._cal_hit[kind] += np.bincount(scored[1], weights=routed, minlength=N_BINS)
             self._scored[layer] = None
         self.misses += int(hit.size - np.count_nonzero(hit))
         r = int(experts.size if routings is None else routings)
@@ -214,9 +217,9 @@ class Prefetcher:
         cand = scored[top[scored]]
         fetch = _EMPTY
         if scored.size:
-            self._scored[m] = (keys[scored], self._bins(p[scored]))
+            self._scored[m] = (keys[scored], self._bins(p[scored]), int(wraps))
         if cand.size:
-            pc = self.calibrated(p[cand])
+            pc = self.calibrated(p[cand], int(wraps))
             top = np.argsort(-pc, kind="stable")
             cand, pc = cand[top], pc[top]
             ok = pc >= self.threshold
