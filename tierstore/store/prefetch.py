@@ -17,6 +17,10 @@ The order is the simulator's (``tierstore.sim.prefetching``), so a CPU-pool stor
 driven a layer at a time (record, wait for the worker, fire, release) and the
 replay agree exactly (tests/test_prefetch_store.py).
 
+The prefetcher counts a layer's tokens as its valid ids / ``top_k``: pass the
+model's ``prefetch={"top_k": k}`` (else the fewest ids a record had so far), so
+a prefill's or a batch's next layer is predicted for all of its tokens.
+
 Ids on a CUDA device are copied to the host here (one host sync per recorded
 layer, only with prefetch on): the prediction needs the routing on the host.
 """
