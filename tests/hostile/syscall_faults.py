@@ -1,12 +1,11 @@
 """Failing system calls for the writers: ``SyscallFault`` makes the nth call of one os
 function fail with an errno (ENOSPC, EDQUOT, EIO, EXDEV ...), or, for the byte
-writers (os.pwrite, the FileIO under ``os.fdopen`` and aiofiles), lets the first
+writers (os.pwrite, the FileIO under ``os.fdopen``), lets the first
 ``at_byte`` bytes land and fails the write that would pass them: a disk filling up
 mid-file. Everything else runs for real (real files, real fsync and rename); only the
 one call a full disk, a quota or a dying device would fail is made to fail."""
 from __future__ import annotations
 
-import builtins
 import errno as _errno
 import io
 import os
@@ -31,7 +30,7 @@ class _FullFileIO(io.FileIO):
 
 class SyscallFault:
     """``with SyscallFault("fsync", errno.EIO, nth=2):`` the 2nd os.fsync in the block
-    fails. name "write": byte writes through os.fdopen / open / aiofiles (FileIO) fail
+    fails. name "write": byte writes through os.fdopen (FileIO) fail
     once ``at_byte`` bytes landed; "pwrite" the same for os.pwrite. ``match``: only
     calls whose path argument contains it count (os.open, os.makedirs, os.replace ...).
     ``fired`` tells whether the fault happened (a case whose fault never fired is no
@@ -95,32 +94,16 @@ class SyscallFault:
                     raise self._error(os.fspath(path))
                 return real(path, *rest, **kw)
             self._set(os, self.name, on_path)
-            if self.name in ("replace", "rename"):
-                try:   # aiofiles.os wrapped the real one at import
-                    import aiofiles.os as aos
-                    self._set(aos, self.name, aos.wrap(on_path))
-                except (ImportError, AttributeError):
-                    pass
         return self
 
     def _patch_file_writes(self) -> None:
-        fault, real_fdopen, real_open = self, os.fdopen, builtins.open
+        fault, real_fdopen = self, os.fdopen
 
         def fdopen(fd, mode="r", *args, **kw):
             if "b" in mode and ("w" in mode or "a" in mode or "x" in mode):
                 return io.BufferedWriter(_FullFileIO(fd, "wb", closefd=True, fault=fault))
             return real_fdopen(fd, mode, *args, **kw)
-
-        def open_(file, mode="r", *args, **kw):
-            if isinstance(file, (str, bytes, os.PathLike)) and mode in ("xb", "wb"):
-                return io.BufferedWriter(_FullFileIO(file, mode[0], fault=fault))
-            return real_open(file, mode, *args, **kw)
         self._set(os, "fdopen", fdopen)
-        try:
-            import aiofiles.threadpool as pool
-            self._set(pool, "sync_open", open_)
-        except ImportError:
-            pass
 
     def __exit__(self, *exc) -> None:
         for owner, attr, value in reversed(self._saved):

@@ -42,9 +42,7 @@ ATOMIC = ("write_atomic", "write_atomic_with", "write_atomic_async", "save_poolm
 
 
 def _atomic_cases(writer: str) -> list[WFault]:
-    out = []
-    if writer != "write_atomic_async":   # aiofiles opens in its thread through FileIO
-        out += [WFault(writer, "open", e, match=".tmp-") for e in OPEN_ERRNOS]
+    out = [WFault(writer, "open", e, match=".tmp-") for e in OPEN_ERRNOS]
     small = writer in ("save_poolmon", "snapshot_now", "write_warm_file")  # a few hundred bytes
     at = (0, 1, 32, 100) if small else (0, 1, 4096, 8192 + 5, PAYLOAD - 1)
     out += [WFault(writer, "write", e, at_byte=b) for e, b in itertools.product(WRITE_ERRNOS, at)]

@@ -15,6 +15,7 @@ import errno
 import glob
 import os
 import secrets
+import threading
 from typing import BinaryIO, Callable, Iterator
 
 from tierstore.errors import TierIOError
@@ -57,15 +58,16 @@ def remove_quietly(path: str) -> None:
         pass
 
 
-def _io_error(path: str, exc: OSError, offset: int = 0) -> TierIOError:
-    return TierIOError(path, offset, exc.errno or errno.EIO, what="write")
+def _io_error(path: str, exc: OSError, offset: int = 0, what: str = "write") -> TierIOError:
+    return TierIOError(path, offset, exc.errno or errno.EIO, what=what)
 
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, *, mode: int = 0o644) -> Iterator[BinaryIO]:
     """``with atomic_output(p) as f: f.write(...)``: ``p`` appears, complete, when the
     block ends; nothing of it appears if the block raises. ``f`` is a binary file. A
-    failed write is a TierIOError whose offset is how far the file got."""
+    failure is a TierIOError naming the step (write, fsync, rename) and the offset the
+    file had reached when it failed."""
     path = os.fspath(path)
     tmp = temp_path_for(path)
     try:
@@ -74,15 +76,22 @@ def atomic_output(path: str | os.PathLike, *, mode: int = 0o644) -> Iterator[Bin
         raise _io_error(path, exc) from exc
     f = os.fdopen(fd, "wb")
     done = False
+    step, reached = "write", 0
     try:
         yield f
         f.flush()
+        reached = _position(fd)   # after close the fd is gone: keep how far the file got
+        step = "fsync"
         os.fsync(fd)
         f.close()
+        step = "rename"
         os.replace(tmp, path)
         done = True
+    except TierIOError:
+        raise   # the block's own error names its own file (a source it read, say)
     except OSError as exc:
-        raise _io_error(path, exc, _position(fd)) from exc
+        offset = _position(fd) if step == "write" else reached
+        raise _io_error(path, exc, offset, step) from exc
     finally:
         if not done:
             try:
@@ -94,6 +103,7 @@ def atomic_output(path: str | os.PathLike, *, mode: int = 0o644) -> Iterator[Bin
 
 
 def _position(fd: int) -> int:
+    """How far the file got: the kernel's offset, i.e. every byte a write landed."""
     try:
         return os.lseek(fd, 0, os.SEEK_CUR)
     except OSError:
@@ -113,29 +123,44 @@ def write_atomic_with(path: str | os.PathLike, write: Callable[[BinaryIO], objec
         write(f)
 
 
-async def write_atomic_async(path: str | os.PathLike, data: bytes) -> None:
-    """``write_atomic`` for an event loop: the write goes through aiofiles, the fsyncs and
-    the rename run in the default executor, so the loop never blocks on the disk."""
-    import aiofiles
+class _Abandoned(Exception):
+    """Raised inside the executor's write when its caller was cancelled: atomic_output
+    then removes the temp and leaves the target as it was."""
+
+
+async def write_atomic_async(path: str | os.PathLike, data: bytes | memoryview) -> None:
+    """``write_atomic`` for an event loop: aiofiles runs the whole of it (temp, write,
+    fsync, rename, directory fsync: ``atomic_output``) in the default executor, so the
+    loop never blocks on the disk and a failure is the same TierIOError, naming the
+    offset the file reached. A cancelled caller waits for that thread to settle before the
+    CancelledError goes on (a write on disk cannot be taken back halfway): cancelled
+    before the bytes are all written, the write is abandoned, its temp removed and the
+    target left as it was; later, it completes. No temp file outlives the call."""
     import aiofiles.os
 
     path = os.fspath(path)
-    tmp = temp_path_for(path)
-    loop = asyncio.get_running_loop()
-    done = False
+    abandon = threading.Event()
+
+    def write(f: BinaryIO) -> None:
+        if abandon.is_set():
+            raise _Abandoned(path)
+        f.write(data)
+        if abandon.is_set():
+            raise _Abandoned(path)
+
+    job = asyncio.ensure_future(aiofiles.os.wrap(write_atomic_with)(path, write))
     try:
-        async with aiofiles.open(tmp, "xb") as f:
-            await f.write(data)
-            await f.flush()
-            await loop.run_in_executor(None, os.fsync, f.fileno())
-        await aiofiles.os.replace(tmp, path)
-        done = True
-    except OSError as exc:
-        raise _io_error(path, exc) from exc
-    finally:
-        if not done:
-            remove_quietly(tmp)
-    await loop.run_in_executor(None, fsync_dir, os.path.dirname(os.path.abspath(path)))
+        await asyncio.shield(job)
+    except asyncio.CancelledError:
+        abandon.set()
+        while not job.done():
+            try:
+                await asyncio.wait([job])
+            except asyncio.CancelledError:
+                pass   # cancelled again: the thread still has to settle first
+        if not job.cancelled():
+            job.exception()   # retrieved: the caller hears of its cancel, not of this
+        raise
 
 
 def create_sized_atomic(path: str | os.PathLike, size: int) -> int:
@@ -149,13 +174,16 @@ def create_sized_atomic(path: str | os.PathLike, size: int) -> int:
     except OSError as exc:
         raise _io_error(path, exc) from exc
     done = False
+    step = "truncate"   # the file is extended to ``size``: each step fails at that offset
     try:
         os.ftruncate(fd, size)   # sparse: unwritten rows stay holes
+        step = "fsync"
         os.fsync(fd)
+        step = "rename"
         os.rename(tmp, path)
         done = True
     except OSError as exc:
-        raise _io_error(path, exc) from exc
+        raise _io_error(path, exc, size, step) from exc
     finally:
         if not done:
             os.close(fd)

@@ -118,8 +118,8 @@ _ENCODERS = {"poolmon": to_poolmon, "pool-heat": to_pool_heat, "arena-heat": to_
 
 
 async def save_poolmon_async(store, path, fmt: str = "poolmon") -> WarmFile:
-    """``save_poolmon`` for an event loop: the brief snapshot runs inline, the
-    write through aiofiles (temp, fsync, os.replace) does not block the loop."""
+    """``save_poolmon`` for an event loop: the brief snapshot runs inline, the atomic
+    write (temp, fsync, os.replace) in aiofiles' executor, so it does not block the loop."""
     snap = snapshot(store)
     await write_atomic_async(path, encode(_ENCODERS[fmt](snap)))
     return snap
