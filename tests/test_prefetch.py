@@ -163,7 +163,10 @@ def test_reads_that_pay_for_themselves_need_no_credit(seed, L, E, frac):
 def test_an_inaccurate_model_spends_nothing(seed, name):
     """Routing with no structure (uniform, independent): the calibrated
     probabilities stay at chance, below the price, so (almost) nothing is fetched
-    and the tier loses at most what those few fetches evicted."""
+    and the tier loses at most what those few fetches evicted, plus the noise of
+    the holds: a held resident key (free, no read) turns the victim to another
+    key, which at chance is as likely to be wanted next, a +-1 walk (300 seeds x
+    2 policies: worst loss 1 hit with nothing fetched, a gain on average)."""
     rng = np.random.default_rng(seed)
     n_ticks, L, E, k = 120, 3, 32, 2
     rows = [(t, layer, int(e)) for t in range(n_ticks) for layer in range(L)
@@ -181,7 +184,9 @@ def test_an_inaccurate_model_spends_nothing(seed, name):
     # Chance is p = k / E = 0.06, below the lowest price: only the first proposals,
     # before the calibration has seen outcomes, may fetch.
     assert cnt.prefetched <= 0.05 * base.demand_reads
-    assert cnt.hit.sum() >= base.hit.sum() - 2 * cnt.prefetched
+    assert pf.held_resident > 0  # the holds ran, so the bound below covers them
+    noise = max(3, int(0.02 * base.hit.sum()))
+    assert cnt.hit.sum() >= base.hit.sum() - 2 * cnt.prefetched - noise
 
 
 def test_a_prefill_predicts_its_next_layer_near_whole():
