@@ -1,4 +1,16 @@
-"""Host rows into the FP4 tier's pool slots as one batched copy (no Python loop per row).
+"""How rows reach the FP4 tier's pool slots: direct, or one batched copy out of a host stage.
+
+``promote_path`` picks the path of the tier's synchronous loads (``force_promote``,
+``ensure_resident``; VLLM_MOE_W2_TIERSTORE_PROMOTE):
+
+* ``direct`` (auto's choice for a CUDA pool over a pack store): the pack store's
+  engine writes each row straight into its pool slot (``PackRowStore.rows_into`` ->
+  ``ExpertStore.read_rows(rows=slots)``): arena rows H2D from the pinned arena,
+  page-cache and disk rows H2D chunk by chunk from the arena row or pinned stage
+  they are read into, overlapped with the reads. No host stage, no second copy.
+* ``staged``: the store fills a host stage, then ``copy_block`` below. The host store
+  (no STORE_DIR), a CPU pool under ``auto``, and the manager's lazy promotions (its
+  thread makes no CUDA call; the runner copies its stage at the step boundary).
 
 The stores hand the tier a row block: a host uint8 ``[n, slot_bytes]`` tensor whose row
 ``i`` goes to pool slot ``slots[i]`` (``rows_block``: a view of the pack store's stage,
@@ -22,7 +34,31 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tierstore.errors import ConfigError
+
 SCRATCH_BYTES = 256 << 20   # largest device chunk of one H2D copy
+
+
+def promote_path(mode: str, dev: torch.device, store, cuda_engine: bool) -> str:
+    """``"direct"`` or ``"staged"`` for a pool on ``dev`` over ``store`` (see the module doc).
+    ``cuda_engine``: tierstore's engine can copy to a CUDA device (built with CUDA, a
+    device present). ``mode`` ``direct`` requires the direct path (ConfigError naming
+    what is missing), ``staged`` never takes it, ``auto`` takes it for a CUDA pool."""
+    has_direct = callable(getattr(store, "rows_into", None))
+    reachable = dev.type != "cuda" or cuda_engine
+    if mode == "staged":
+        return "staged"
+    if mode == "direct":
+        if not has_direct:
+            raise ConfigError("VLLM_MOE_W2_TIERSTORE_PROMOTE=direct: the host row store has no "
+                              "direct path (set VLLM_MOE_W2_STORE_DIR for a pack store)")
+        if not reachable:
+            raise ConfigError(f"VLLM_MOE_W2_TIERSTORE_PROMOTE=direct: the pool is on {dev} but "
+                              f"tierstore's engine cannot copy to CUDA (built without CUDA?)")
+        return "direct"
+    if mode != "auto":
+        raise ConfigError(f"VLLM_MOE_W2_TIERSTORE_PROMOTE={mode!r}: expected auto, direct or staged")
+    return "direct" if has_direct and dev.type == "cuda" and reachable else "staged"
 
 
 def _widenable(t: torch.Tensor) -> bool:
@@ -102,4 +138,4 @@ def by_layer(keys: np.ndarray, slots, victims) -> tuple[np.ndarray, list[int], l
             np.asarray(victims, np.int64)[order].tolist())
 
 
-__all__ = ["SCRATCH_BYTES", "by_layer", "copy_block", "scatter_rows"]
+__all__ = ["SCRATCH_BYTES", "by_layer", "copy_block", "promote_path", "scatter_rows"]

@@ -171,8 +171,7 @@ class ManagerMixin:
                 self._table_update(keys, slots, victims)
         except BaseException as exc:  # noqa: BLE001 - a lazy promotion must not kill serving
             with self._lock:
-                self._owners.quarantine(slots, victims)
-            self._write_table([v for v in victims if v >= 0], [-1] * sum(v >= 0 for v in victims))
+                self._quarantine(slots, victims)
             log.warning("moet tier [%s]: publishing %d lazy promotions failed: %s",
                         self._tag, len(slots), exc)
             return

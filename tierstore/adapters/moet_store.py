@@ -12,9 +12,14 @@ Both stores answer what the tier asks (vLLM-Moet's ``moe_w2_store`` interface):
   ``<tag>.v2.<key20>.rank<r>of<w>.pack`` and sidecar, so both engines read it),
   and a later boot that finds the layer skips it. Reads go through an
   ``ExpertStore`` (its RAM arena, VLLM_MOE_W2_TIERSTORE_RAM_GB, and its native
-  engine) with ``ExpertStore.read_rows`` into a page-aligned, pinned stage; rows
-  are views of the stage, valid until the next ``rows_for`` (vLLM-Moet's rule),
-  or into ``out`` when the caller passes its own stage. With
+  engine), opened on the tier's CUDA device when the tier is on CUDA (so the engine
+  may write device memory; on the host otherwise), with ``ExpertStore.read_rows``
+  into a page-aligned, pinned stage; rows are views of the stage, valid until the
+  next ``rows_for`` (vLLM-Moet's rule), or into ``out`` when the caller passes its own
+  stage. ``rows_into(pairs, pool, slots, scan)`` is the direct path: row ``i``
+  straight into ``pool[slots[i]]`` by the engine (H2D from the arena or its pinned
+  stages on a CUDA pool), ordered after the streams that may still read those
+  slots, returning once the bytes are in. With
   VLLM_MOE_W2_TIERSTORE_VERIFY=1 the engine checks each row read from the file
   against the sidecar's XXH3-64 (natively, in its reader threads).
 
@@ -146,9 +151,11 @@ class HostRowStore:
 class PackRowStore:
     """Rows in a tierstore pack in ``env.store_dir`` (see the module doc)."""
 
-    def __init__(self, env: MoetEnv, tag: str, n_layers: int, n_experts: int, slot_bytes: int):
+    def __init__(self, env: MoetEnv, tag: str, n_layers: int, n_experts: int, slot_bytes: int,
+                 device=None):
         from tierstore.format.sidecar import PackName, key20_of, round_up
         self.env, self.tag = env, tag
+        self.device = torch.device("cpu" if device is None else device)
         self.n_layers, self.E, self.slot_bytes = int(n_layers), int(n_experts), int(slot_bytes)
         self.stride = round_up(self.slot_bytes)
         # vLLM-Moet never trusts a pack across boots without a checkpoint id: such a pack
@@ -235,10 +242,46 @@ class PackRowStore:
         from tierstore.store.expert_store import ExpertStore
         env = self.env
         self._store = ExpertStore(Pack.open(self.path), vram_slots=1, ram_gb=env.ts_ram_gb,
-                                  device="cpu", threads=env.store_threads, direct=env.ts_direct,
-                                  lazy_per_step=0)
+                                  device=self._engine_device(), threads=env.store_threads,
+                                  direct=env.ts_direct, lazy_per_step=0)
         self._store_layers = frozenset(self._present)
         return self._store
+
+    def _engine_device(self) -> str:
+        """The tier's CUDA device when tierstore's engine can copy to it, else the host."""
+        if self.device.type == "cuda" and cuda_engine():
+            index = torch.cuda.current_device() if self.device.index is None else self.device.index
+            return f"cuda:{index}"
+        return "cpu"
+
+    def writes_into(self, pool: torch.Tensor) -> bool:
+        """Can ``rows_into`` write ``pool`` (host memory, or the CUDA device the engine
+        copies to)?"""
+        return pool.device.type == "cpu" or (
+            self._engine_device() == f"cuda:{pool.device.index}")
+
+    def rows_into(self, pairs, pool: torch.Tensor, slots, scan: bool = False, after=None) -> int:
+        """Rows of ``pairs`` (unique) straight into ``pool[slots[i], :slot_bytes]``, one engine
+        batch, no host stage; returns once every byte is in (rows served from the arena).
+        On a CUDA pool the engine's copy stream first waits for ``after`` (streams whose
+        queued work may still read those slots; None = the pool device's current stream).
+        Raises TierIOError naming the row; the slots of a failed batch may then hold part
+        of the new bytes (treat them all as overwritten)."""
+        keys = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        if len(slots) != len(keys):
+            raise ConfigError(f"{self.path}: rows_into: {len(keys)} rows for {len(slots)} slots")
+        if not len(keys):
+            return 0
+        if not self.writes_into(pool):
+            raise ConfigError(f"{self.path}: rows_into: the pool is on {pool.device}, the store's "
+                              f"engine copies to {self._engine_device()}")
+        store = self.expert_store()
+        if pool.is_cuda:
+            copies = torch.cuda.ExternalStream(store.engine.copy_stream, device=pool.device)
+            for stream in (torch.cuda.current_stream(pool.device),) if after is None else after:
+                copies.wait_stream(stream)
+        return store.read_rows(keys, pool, scan=scan, verify=self.env.ts_checksums, rows=slots)
 
     def _stage_for(self, n: int) -> torch.Tensor:
         if self._stage is None or self._stage.shape[0] < n:
@@ -285,9 +328,19 @@ class PackRowStore:
                 for src in ("arena", "pagecache", "disk") if src in s}
 
 
+def cuda_engine() -> bool:
+    """Can tierstore's engine copy to a CUDA device (built with CUDA, a device present)?"""
+    from tierstore import cuda_available
+    try:
+        return cuda_available()
+    except Exception:  # noqa: BLE001 - no extension: no engine at all, the store says so
+        return False
+
+
 def make_store(env: MoetEnv, tag: str, n_layers: int, n_experts: int, slot_bytes: int,
-               pinned: bool):
-    """vLLM-Moet's factory rule: a pack store when STORE_DIR is set, else host rows."""
+               pinned: bool, device=None):
+    """vLLM-Moet's factory rule: a pack store when STORE_DIR is set, else host rows.
+    ``device``: the tier's (a pack store opens its engine there when it is CUDA)."""
     if env.store_dir:
-        return PackRowStore(env, tag, n_layers, n_experts, slot_bytes)
+        return PackRowStore(env, tag, n_layers, n_experts, slot_bytes, device=device)
     return HostRowStore(n_layers, n_experts, slot_bytes, pinned=pinned)

@@ -16,8 +16,16 @@ types, shapes, streams and boot order (docs/VLLM_MOET.md has the list):
   host sync. So a CUDA graph captured with ``capture_error_mode="global"`` is
   never invalidated by our threads, and ``notify_capture`` has nothing to do.
 * ``force_promote(layers=None, max_promote=None, pin=True) -> int`` (None = no
-  cap) is transactional: a failed read gives every reserved slot back and
-  publishes nothing; a failed copy leaves the touched slots unmapped and free.
+  cap) and ``ensure_resident`` load synchronously on the runner thread. On a CUDA
+  pool over a pack store the rows go straight into their pool slots (the pack
+  store's engine copies H2D from its pinned arena or stages: ``rows_into``, after
+  the forward and side streams' queued work, host-synchronised before the table
+  is written); otherwise through a host stage and one batched copy
+  (adapters/moet_copy.py, VLLM_MOE_W2_TIERSTORE_PROMOTE). Either way nothing is
+  published unless every row landed: a failed staged read gives every reserved
+  slot back (victims keep their rows); a failure once bytes may have landed in the
+  slots (a failed copy, any failed direct read) quarantines them: the victims are
+  unmapped and the slots go back to the free list, so no slot serves a wrong byte.
 
 ``dev`` may be a CPU device: the pool is then host memory and every call runs
 (no streams, no events), which is how the whole surface is tested without a GPU.
@@ -31,10 +39,10 @@ import numpy as np
 import torch
 
 from tierstore.adapters.moet_config import MoetEnv, from_env
-from tierstore.adapters.moet_copy import by_layer, copy_block
+from tierstore.adapters.moet_copy import by_layer, copy_block, promote_path
 from tierstore.adapters.moet_manager import ManagerMixin
 from tierstore.adapters.moet_slots import SlotOwners
-from tierstore.adapters.moet_store import make_store
+from tierstore.adapters.moet_store import cuda_engine, make_store
 
 log = logging.getLogger("tierstore.adapters.moet")
 
@@ -83,7 +91,10 @@ class TierstoreDeltaTier(ManagerMixin):
         self._seen_host = _pinned_like(self._seen_accum)       # the manager's snapshot
         self._fire_host = _pinned_like(self.seen)               # force_promote's snapshot
         self._fire_w_host = _pinned_like(self.seen_w)
-        self._store = make_store(env, tag, self.n_layers, self.E, self.slot_bytes, host_pinned)
+        self._store = make_store(env, tag, self.n_layers, self.E, self.slot_bytes, host_pinned,
+                                 device=dev)
+        self._promote_path = promote_path(env.ts_promote, dev, self._store,
+                                          self._cuda and cuda_engine())
         self._stream = torch.cuda.Stream(dev) if self._cuda else None
         self._lock = threading.Lock()
         self._closed = False
@@ -97,7 +108,8 @@ class TierstoreDeltaTier(ManagerMixin):
             log.info("moet tier [%s]: auto pool deferred until after the KV cache (slot %.2f MiB)",
                      tag, self.slot_bytes / 2**20)
         else:
-            log.info("moet tier [%s]: %d slots x %.2f MiB", tag, self.n_slots, self.slot_bytes / 2**20)
+            log.info("moet tier [%s]: %d slots x %.2f MiB, %s loads", tag, self.n_slots,
+                     self.slot_bytes / 2**20, self._promote_path)
 
     # -- what tests and tools read ----------------------------------------------------------
     @property
@@ -213,17 +225,15 @@ class TierstoreDeltaTier(ManagerMixin):
                 mask[li] = li in self._store
         return mask
 
-    def _load_now(self, keys: np.ndarray, window: np.ndarray, *, emergency: bool,
-                  protect_hot: bool, scan: bool, pins: set) -> tuple[int, int]:
-        """Reserve, read, copy, sync, publish on the forward stream (lock held).
-        Returns (loaded, wanted). Any failure publishes nothing."""
-        slots, victims = self._owners.take(len(keys), window, emergency=emergency,
-                                           protect_hot=protect_hot)
-        keys = keys[: len(slots)]
-        if not len(slots):
-            return 0, 0
-        keys, slots, victims = by_layer(keys, slots, victims)
-        pairs = np.stack([keys // self.E, keys % self.E], axis=1)
+    def _quarantine(self, slots, victims) -> None:
+        """Bytes may have landed in ``slots``: nobody maps them (victims unmapped on the
+        forward stream, slots back to the free list)."""
+        self._owners.quarantine(slots, victims)
+        self._write_table([v for v in victims if v >= 0], [-1] * sum(v >= 0 for v in victims))
+
+    def _read_staged(self, pairs: np.ndarray, slots, victims, scan: bool) -> None:
+        """Rows into the store's host stage, then one batched copy on the side stream and
+        an event sync."""
         try:
             rows = self._store.rows_block(pairs, scan=scan)
         except BaseException:
@@ -237,9 +247,38 @@ class TierstoreDeltaTier(ManagerMixin):
                     ev.record(self._stream)
                 ev.synchronize()
         except BaseException:
-            self._owners.quarantine(slots, victims)
-            self._write_table([v for v in victims if v >= 0], [-1] * sum(v >= 0 for v in victims))
+            self._quarantine(slots, victims)
             raise
+
+    def _read_direct(self, pairs: np.ndarray, slots, victims, scan: bool) -> None:
+        """Rows straight into their slots by the pack store's engine. Its copies follow the
+        forward stream's and the side stream's queued work (a kernel or a lazy copy may
+        still read or write a victim slot: the same order ``_copy_rows`` gives the staged
+        copy); ``rows_into`` returns once they completed (a host sync, as staged)."""
+        after = None
+        if self._cuda:
+            after = (torch.cuda.current_stream(self.dev), self._stream)
+        try:
+            self._store.rows_into(pairs, self.pool, slots, scan=scan, after=after)
+        except BaseException:
+            self._quarantine(slots, victims)      # sibling rows may have landed: not cancel
+            raise
+
+    def _load_now(self, keys: np.ndarray, window: np.ndarray, *, emergency: bool,
+                  protect_hot: bool, scan: bool, pins: set) -> tuple[int, int]:
+        """Reserve, read (direct or staged), publish on the forward stream (lock held).
+        Returns (loaded, wanted). Any failure publishes nothing."""
+        slots, victims = self._owners.take(len(keys), window, emergency=emergency,
+                                           protect_hot=protect_hot)
+        keys = keys[: len(slots)]
+        if not len(slots):
+            return 0, 0
+        keys, slots, victims = by_layer(keys, slots, victims)
+        pairs = np.stack([keys // self.E, keys % self.E], axis=1)
+        if self._promote_path == "direct":
+            self._read_direct(pairs, slots, victims, scan)
+        else:
+            self._read_staged(pairs, slots, victims, scan)
         self._owners.commit(keys, slots, victims)
         self._owners.freq[keys] += 1.0
         self._table_update(keys, slots, victims)
