@@ -1,4 +1,4 @@
-"""force_promote of N rows through vLLM-Moet's tier surface, against the plain Python store path.
+"""force_promote of N rows through vLLM-Moet's tier surface: direct vs staged, and the plain Python path.
 
     python bench/bench_moet_promote.py                       # GPU: 64 rows of 12 MiB
     python bench/bench_moet_promote.py --device cpu --rows 16 --row-mib 1   # CPU, small
@@ -14,6 +14,13 @@ returns once the rows are in the pool and mapped (its copies are synchronised);
 * ``pagecache``: no arena, pack rows in the kernel page cache;
 * ``disk``: no arena, the pack's pages dropped (fadvise DONTNEED, and drop_caches
   when allowed) before every fire; buffered and O_DIRECT (TIERSTORE_DIRECT=on).
+
+Each source runs both load paths of the tier (VLLM_MOE_W2_TIERSTORE_PROMOTE), in
+the same run: ``direct`` (the pack store's engine writes each row straight into its
+pool slot: H2D from the pinned arena, or from the arena row / pinned stage a read
+lands in, overlapped with the reads) and ``staged`` (rows into a pinned host stage
+first, then one batched copy into the slots). ``h2d_bound`` is one pinned ->
+device copy of the same bytes; every row reports its fraction of that bound.
 
 The plain Python store path is vLLM-Moet's own design restated (8 threads of
 ``os.preadv`` into one pinned stage, then one ``copy_`` per row on a side stream and
@@ -161,8 +168,10 @@ def main() -> None:
         want = np.array([sums[(layer, e)] for e in range(E)])
         assert np.array_equal(got, want), f"layer {layer}: pool bytes differ from the pack"
 
-    def tier_case(name, extra, before):
-        tier, _ = boot(extra)
+    def tier_case(name, extra, before, path):
+        tier, _ = boot({**extra, P + "TIERSTORE_PROMOTE": path})
+        assert tier._promote_path == path, f"{name}: the tier loads {tier._promote_path}"
+        name = f"{name}/{path}"
         ids = torch.arange(E, device=dev)
 
         def fire(layer):
@@ -183,8 +192,24 @@ def main() -> None:
         for i in range(args.repeat):
             before(i)
             times.append(fire(i % 2))   # the pool holds n rows: each fire evicts the last
+        stats = tier._store.stats()
         moe_w2_delta.shutdown()
         results["samples_ms"][name] = [round(t, 3) for t in times]
+        results.setdefault("sources", {})[name] = stats
+
+    def h2d_case():
+        if dev.type != "cuda":
+            return
+        src = torch.empty(n, row, dtype=torch.uint8).pin_memory()
+        dst = torch.empty(n, row, dtype=torch.uint8, device=dev)
+        times = []
+        for _ in range(args.repeat + 1):
+            sync(dev)
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            sync(dev)
+            times.append((time.perf_counter() - t0) * 1e3)
+        results["samples_ms"]["h2d_bound"] = [round(t, 3) for t in times[1:]]
 
     def plain_case(name, before):
         pool = torch.empty(n, row, dtype=torch.uint8, device=dev)
@@ -206,22 +231,32 @@ def main() -> None:
     arena_gb = repr(2 * n * pack.stride / 2**30 + 0.01)
     warm = lambda i: warm_cache(pack.path)          # noqa: E731
     cold = lambda i: drop_cache(pack.path)          # noqa: E731
-    tier_case("arena", {P + "TIERSTORE_RAM_GB": arena_gb}, lambda i: None)
-    tier_case("pagecache", {}, warm)
+    h2d_case()
+    for path in ("staged", "direct"):
+        tier_case("arena", {P + "TIERSTORE_RAM_GB": arena_gb}, lambda i: None, path)
+    for path in ("staged", "direct"):
+        tier_case("pagecache", {}, warm, path)
     plain_case("plain_pagecache", warm)
-    tier_case("disk", {}, cold)
-    tier_case("disk_direct", {P + "TIERSTORE_DIRECT": "on"}, cold)
+    for path in ("staged", "direct"):
+        tier_case("disk", {}, cold, path)
+    for path in ("staged", "direct"):
+        tier_case("disk_odirect", {P + "TIERSTORE_DIRECT": "on"}, cold, path)
     plain_case("plain_disk", cold)
     pack.close()
     gb = n * row / 1e9
     print(f"force_promote of {n} rows x {row / 2**20:.2f} MiB ({gb:.3f} GB) on {dev}, "
           f"{args.repeat} fires each, every fire byte-checked")
-    print("| source | median ms | min ms | GB/s (median) |")
-    print("|---|---|---|---|")
+    bound = results["samples_ms"].get("h2d_bound")
+    bound_gbs = gb / (statistics.median(bound) / 1e3) if bound else None
+    print("| source/path | median ms | min ms | GB/s (median) | of H2D bound |")
+    print("|---|---|---|---|---|")
     for name, ts in results["samples_ms"].items():
         med = statistics.median(ts)
+        gbs = gb / (med / 1e3)
         results.setdefault("median_ms", {})[name] = round(med, 3)
-        print(f"| {name} | {med:.1f} | {min(ts):.1f} | {gb / (med / 1e3):.1f} |")
+        results.setdefault("gb_s", {})[name] = round(gbs, 2)
+        frac = f"{gbs / bound_gbs:.2f}" if bound_gbs else "-"
+        print(f"| {name} | {med:.1f} | {min(ts):.1f} | {gbs:.1f} | {frac} |")
     try:
         results["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], text=True,
                                         capture_output=True).stdout.strip()

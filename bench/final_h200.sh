@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The lead's verification call on the H200 machine: build sm_90, every `gpu` test, the
-# checksum-on-load cost and vLLM-Moet's force_promote bench. Logs and JSON land in $OUT.
+# checksum-on-load cost and vLLM-Moet's force_promote bench (direct vs staged loads). Logs and JSON land in $OUT.
 # Usage (device tool, carry .whl):  bash bench/final_h200.sh
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -29,7 +29,7 @@ echo "verify40 rc=$?"; tail -8 "$OUT/verify40.log"
 stamp "moet copy"
 timeout 120 python3 bench/bench_moet_copy.py --json "$OUT/moet_copy_h200.json" > "$OUT/moet_copy.log" 2>&1
 echo "moet copy rc=$?"; tail -15 "$OUT/moet_copy.log"
-stamp "moet promote"
-timeout 120 python3 bench/bench_moet_promote.py --json "$OUT/moet_promote_h200.json" > "$OUT/moet_promote.log" 2>&1
-echo "moet rc=$?"; tail -15 "$OUT/moet_promote.log"
+stamp "moet promote (direct vs staged force_promote, same run)"
+timeout 300 python3 bench/bench_moet_promote.py --json "$OUT/moet_promote_h200.json" > "$OUT/moet_promote.log" 2>&1
+echo "moet rc=$?"; tail -16 "$OUT/moet_promote.log"
 stamp done
