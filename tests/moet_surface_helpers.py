@@ -53,3 +53,16 @@ def pack_reference(tier):
     def ref(layer, expert):
         return torch.from_numpy(pack.read_row(layer, expert).copy())
     return ref
+
+
+def serve_checked(eng, steps: int, reference=None) -> int:
+    """``steps`` gated steps of a booted MoetEngine, every mapped slot checked against
+    ``reference`` (or the planes) at each phase and every output checked; returns how
+    many experts were promoted, after asserting some were and some stay mapped."""
+    promoted = 0
+    for _ in range(steps):
+        rec = eng.step(fire=True, on_step=lambda phase: eng.check(reference))
+        assert rec["out"] == eng.expected_out()     # the (replayed) forward read valid rows
+        promoted += rec["promoted"]
+    assert promoted > 0 and eng.check(reference) > 0
+    return promoted

@@ -13,7 +13,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import tierstore as ts
-from moet_surface_helpers import E, SLOT, W13, W2, env, moet_env, pack_reference, planes
+from moet_surface_helpers import (E, SLOT, W13, W2, env, moet_env, pack_reference, planes,
+                                  serve_checked)
 from store_helpers import assert_store_consistent
 from tierstore.adapters.moet_copy import promote_path
 from tierstore.adapters.moet_store import HostRowStore
@@ -157,12 +158,7 @@ def test_direct_loads_serve_the_pack_exactly(monkeypatch, tmp_path, runner):
         tier, ref = m._TIER, pack_reference(m._TIER)
         assert tier._promote_path == "direct"
         _no_stage(tier, monkeypatch)
-        promoted = 0
-        for _ in range(10):
-            rec = eng.step(fire=True, on_step=lambda phase: eng.check(ref))
-            assert rec["out"] == eng.expected_out()
-            promoted += rec["promoted"]
-        assert promoted > 0 and eng.check(ref) > 0
+        serve_checked(eng, 10, ref)
         assert tier._store.stats()["arena"]["rows"] > 0
 
 
@@ -210,6 +206,7 @@ def test_a_failed_direct_read_quarantines_the_victims_and_serves_nothing_wrong(
         assert bool((tier.slot_table == -1).all()) and bool((tier._mirror == -1).all())
         assert sorted(tier._free) == list(range(8))
         assert (tier._owners.owner == -1).all()
+        assert not store._arena.key_pins.any()                # sources unpinned after copies
         tier.step_end()
         m.mark_seen(tier.seen[1], torch.arange(8))
         assert tier.force_promote() == 8                      # no slot was lost
@@ -218,12 +215,9 @@ def test_a_failed_direct_read_quarantines_the_victims_and_serves_nothing_wrong(
 
 
 def test_a_verify_mismatch_on_the_direct_path_publishes_nothing(monkeypatch, tmp_path):
-    p = planes()
+    p = planes()   # what _loaded wrote
     with moet_env(monkeypatch, env(tmp_path, slots=20)) as m:
-        t = m.get_tier(n_experts=E, dev=CPU, w13_bytes=W13, w2_bytes=W2)
-        for k, (a, b) in p.items():
-            t.add_layer_host_planes(k, a, b)
-        path = t._store.path
+        path = _loaded(m)._store.path
     with open(path, "r+b") as f:                             # bit rot in layer 1, expert 2
         f.seek((1 * E + 2) * SLOT + 100)
         f.write(b"\xff" * 8)

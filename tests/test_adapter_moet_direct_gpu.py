@@ -13,7 +13,8 @@ import torch
 
 import tierstore as ts
 from moet_surface_helpers import E, SLOT, W13, W2, env, moet_env, pack_reference, planes
-from tierstore.errors import TierIOError
+from tierstore.errors import ConfigError, TierIOError
+from tierstore.testing.packs import make_random_pack
 
 
 def _cuda() -> bool:
@@ -67,6 +68,36 @@ def _warm_cache(path):
     with open(path, "rb") as f:
         while f.read(1 << 20):
             pass
+
+
+@pytest.mark.parametrize("ram_rows, scan", [(0, False), (6, False), (6, True), (40, False)])
+def test_store_reads_rows_into_scattered_cuda_slots_exactly(tmp_path, ram_rows, scan):
+    pack = make_random_pack(tmp_path, 3, 16, 12288, seed=5)
+    with ts.ExpertStore(pack, vram_slots=1, ram_gb=ram_rows * pack.stride / 2**30,
+                        device="cuda", threads=2) as store:
+        rng = np.random.default_rng(ram_rows)
+        host = torch.from_numpy(rng.integers(0, 256, (30, 12288), dtype=np.uint8))
+        pool = host.to(CUDA)
+        first = rng.choice(48, 12, replace=False)
+        for i, keys in enumerate([first, rng.permutation(first), rng.choice(48, 12, replace=False)]):
+            pairs = np.stack([keys // 16, keys % 16], axis=1)
+            slots = rng.permutation(30)[:12]
+            hits = store.read_rows(pairs, pool, scan=scan, rows=slots)
+            if i == 1:
+                assert hits == (0 if scan else min(ram_rows, 12))
+            for (li, ei), sl in zip(pairs, slots):
+                host[sl] = torch.from_numpy(pack.read_row(int(li), int(ei)).copy())
+            assert torch.equal(pool.cpu(), host)      # no sync needed: read_rows waited
+            assert not store._arena.key_pins.any()
+
+
+def test_a_host_store_refuses_a_cuda_out_naming_the_file(tmp_path):
+    pack = make_random_pack(tmp_path, 1, 4, 4096, seed=1)
+    with ts.ExpertStore(pack, vram_slots=1, device="cpu", threads=1) as store:
+        with pytest.raises(ConfigError, match=r"\.pack: read_rows: out is on cuda:0 but the "
+                                              r"store's engine writes host memory only"):
+            store.read_rows([(0, 1)], torch.zeros(2, 4096, dtype=torch.uint8, device=CUDA),
+                            rows=[1])
 
 
 @pytest.mark.parametrize("source", ["arena", "pagecache", "disk"])

@@ -1,6 +1,6 @@
 """The vLLM-Moet FP4 tier surface on a real GPU: CUDA-graph capture with
 capture_error_mode="global" while the manager thread works, no host sync in step_end,
-pool bytes equal to the pack after every step."""
+pool bytes equal to the pack after every step (fires by the direct and the staged path)."""
 from __future__ import annotations
 
 import threading
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from moet_surface_helpers import E, L, env, moet_env, pack_reference, planes
+from moet_surface_helpers import E, L, env, moet_env, pack_reference, planes, serve_checked
 from tierstore.adapters.moet_copy import copy_block, scatter_rows
 from tierstore.testing.moet_engine import MoetEngine
 
@@ -19,20 +19,17 @@ pytestmark = [pytest.mark.gpu,
 CUDA = torch.device("cuda", 0)
 
 
+@pytest.mark.parametrize("promote", ["auto", "staged"])
 @pytest.mark.parametrize("runner", ["v1", "v2"])
-def test_graph_served_steps_keep_pool_equal_to_pack(monkeypatch, tmp_path, runner):
-    with moet_env(monkeypatch, env(tmp_path, slots=14)) as m:
+def test_graph_served_steps_keep_pool_equal_to_pack(monkeypatch, tmp_path, runner, promote):
+    with moet_env(monkeypatch, env(tmp_path, slots=14, TIERSTORE_PROMOTE=promote)) as m:
         eng = MoetEngine(m, planes(), n_experts=E, dev=CUDA, top_k=2, tokens=2, runner=runner,
                          graphs=True).boot()
         assert eng.graph is not None
         tier, ref = m._TIER, pack_reference(m._TIER)
+        assert tier._promote_path == ("direct" if promote == "auto" else "staged")
         assert tier.pool.is_cuda and tier.slot_table.is_cuda and tier.seen.is_cuda
-        promoted = 0
-        for _ in range(10):
-            rec = eng.step(fire=True, on_step=lambda phase: eng.check(ref))
-            assert rec["out"] == eng.expected_out()     # the replayed graph reads valid rows
-            promoted += rec["promoted"]
-        assert promoted > 0 and eng.check(ref) > 0
+        serve_checked(eng, 10, ref)
         rows = tier._store.rows_for([(0, 1)])
         assert rows[0].is_pinned()
 
@@ -135,10 +132,5 @@ def test_host_store_rows_are_pinned_and_fires_copy_them_exactly(monkeypatch):
         tier = m._TIER
         assert tier._store._layers[0].is_pinned()
         assert tier._store.rows_block(np.array([[0, 1], [1, 2]])).is_pinned()
-        promoted = 0
-        for _ in range(8):
-            rec = eng.step(fire=True, on_step=lambda phase: eng.check(None))
-            assert rec["out"] == eng.expected_out()
-            promoted += rec["promoted"]
-        assert promoted > 0 and eng.check(None) > 0
+        serve_checked(eng, 8)
 

@@ -16,16 +16,13 @@ types, shapes, streams and boot order (docs/VLLM_MOET.md has the list):
   host sync. So a CUDA graph captured with ``capture_error_mode="global"`` is
   never invalidated by our threads, and ``notify_capture`` has nothing to do.
 * ``force_promote(layers=None, max_promote=None, pin=True) -> int`` (None = no
-  cap) and ``ensure_resident`` load synchronously on the runner thread. On a CUDA
-  pool over a pack store the rows go straight into their pool slots (the pack
-  store's engine copies H2D from its pinned arena or stages: ``rows_into``, after
-  the forward and side streams' queued work, host-synchronised before the table
-  is written); otherwise through a host stage and one batched copy
-  (adapters/moet_copy.py, VLLM_MOE_W2_TIERSTORE_PROMOTE). Either way nothing is
-  published unless every row landed: a failed staged read gives every reserved
-  slot back (victims keep their rows); a failure once bytes may have landed in the
-  slots (a failed copy, any failed direct read) quarantines them: the victims are
-  unmapped and the slots go back to the free list, so no slot serves a wrong byte.
+  cap) and ``ensure_resident`` load on the runner thread: on a CUDA pool over a
+  pack store the store's engine writes the rows straight into their slots
+  (``rows_into``), else through a host stage and one batched copy
+  (adapters/moet_copy.py has both). Nothing is published unless every row landed:
+  a failed staged read gives every reserved slot back (victims keep their rows); a
+  failure once bytes may have landed (a failed copy, any failed direct read)
+  quarantines the slots: victims unmapped, slots free, no wrong byte served.
 
 ``dev`` may be a CPU device: the pool is then host memory and every call runs
 (no streams, no events), which is how the whole surface is tested without a GPU.
@@ -226,14 +223,12 @@ class TierstoreDeltaTier(ManagerMixin):
         return mask
 
     def _quarantine(self, slots, victims) -> None:
-        """Bytes may have landed in ``slots``: nobody maps them (victims unmapped on the
-        forward stream, slots back to the free list)."""
+        """Bytes may have landed in ``slots``: victims unmapped, slots back to the free list."""
         self._owners.quarantine(slots, victims)
         self._write_table([v for v in victims if v >= 0], [-1] * sum(v >= 0 for v in victims))
 
     def _read_staged(self, pairs: np.ndarray, slots, victims, scan: bool) -> None:
-        """Rows into the store's host stage, then one batched copy on the side stream and
-        an event sync."""
+        """Rows into the store's host stage, one batched copy (side stream), an event sync."""
         try:
             rows = self._store.rows_block(pairs, scan=scan)
         except BaseException:
@@ -251,13 +246,10 @@ class TierstoreDeltaTier(ManagerMixin):
             raise
 
     def _read_direct(self, pairs: np.ndarray, slots, victims, scan: bool) -> None:
-        """Rows straight into their slots by the pack store's engine. Its copies follow the
-        forward stream's and the side stream's queued work (a kernel or a lazy copy may
-        still read or write a victim slot: the same order ``_copy_rows`` gives the staged
-        copy); ``rows_into`` returns once they completed (a host sync, as staged)."""
-        after = None
-        if self._cuda:
-            after = (torch.cuda.current_stream(self.dev), self._stream)
+        """Rows straight into their slots by the pack store's engine, its copies after the
+        forward and side streams' queued work (a kernel or a lazy copy may still use a
+        victim slot: ``_copy_rows``' order); returns once they completed (a host sync)."""
+        after = (torch.cuda.current_stream(self.dev), self._stream) if self._cuda else None
         try:
             self._store.rows_into(pairs, self.pool, slots, scan=scan, after=after)
         except BaseException:
