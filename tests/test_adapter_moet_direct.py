@@ -231,3 +231,16 @@ def test_a_verify_mismatch_on_the_direct_path_publishes_nothing(monkeypatch, tmp
         m.mark_seen(t.seen[1], torch.tensor([1, 3]))
         assert t.force_promote() == 2
         assert torch.equal(t.pool[int(t.slot_table[1, 3])], torch.cat(p[1], 1)[3])
+
+
+def test_pack_store_without_a_cuda_engine_reads_on_the_host(monkeypatch, tmp_path):
+    from tierstore.adapters import moet_store
+    from tierstore.adapters.moet_config import from_env
+    monkeypatch.setattr(moet_store, "cuda_engine", lambda: False)   # CUDA torch, CPU tierstore
+    store = moet_store.make_store(from_env(env(tmp_path)), "delta", 3, E, SLOT, True,
+                                  device=torch.device("cuda", 0))
+    assert store._engine_device() == "cpu" and store.writes_into(torch.zeros(1, SLOT,
+                                                                              dtype=torch.uint8))
+    with pytest.raises(ConfigError, match=r"rows_into: 2 rows for 1 slots"):
+        store.rows_into([(0, 1), (0, 2)], torch.zeros(4, SLOT, dtype=torch.uint8), [0])
+    store.release()

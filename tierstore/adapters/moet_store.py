@@ -156,6 +156,7 @@ class PackRowStore:
         from tierstore.format.sidecar import PackName, key20_of, round_up
         self.env, self.tag = env, tag
         self.device = torch.device("cpu" if device is None else device)
+        self._engine_dev: str | None = None
         self.n_layers, self.E, self.slot_bytes = int(n_layers), int(n_experts), int(slot_bytes)
         self.stride = round_up(self.slot_bytes)
         # vLLM-Moet never trusts a pack across boots without a checkpoint id: such a pack
@@ -248,11 +249,14 @@ class PackRowStore:
         return self._store
 
     def _engine_device(self) -> str:
-        """The tier's CUDA device when tierstore's engine can copy to it, else the host."""
-        if self.device.type == "cuda" and cuda_engine():
-            index = torch.cuda.current_device() if self.device.index is None else self.device.index
-            return f"cuda:{index}"
-        return "cpu"
+        """The tier's CUDA device when tierstore's engine can copy to it, else the host
+        (decided once: the answer asks the driver)."""
+        if self._engine_dev is None:
+            self._engine_dev = "cpu"
+            if self.device.type == "cuda" and cuda_engine():
+                index = self.device.index
+                self._engine_dev = f"cuda:{torch.cuda.current_device() if index is None else index}"
+        return self._engine_dev
 
     def writes_into(self, pool: torch.Tensor) -> bool:
         """Can ``rows_into`` write ``pool`` (host memory, or the CUDA device the engine
