@@ -4,9 +4,11 @@ replaced produced (tierstore at commit 6bca503, replay_demand_fill(native=False)
 (trace, policy, slots, granularity) the hits, demand reads, evictions, rejections, a
 digest of the per-access hit mask and one of the final state arrays. Both the Python
 loop over the faces and the native replays must reproduce them exactly. The auto
-entries are the nine-expert auto of tuning's change (blend experts, distinct-hit
-scores: policies/auto.py), from its Python shadow loop, since replaced by the one
-native AutoCore (the "python_loop" runs drive it per group, as the live store does)."""
+entries are the nine-expert auto of policies/auto.py's EXPERTS (blend experts,
+distinct-hit scores), regenerated for the 2026-12-03 expert list (phase(4) and
+phase(128) in place of phase(16) and heat(128): a deliberate change of auto's
+behaviour) from the one native AutoCore, native replay and the per-group
+"python_loop" (as the live store drives it) equal."""
 from __future__ import annotations
 
 import hashlib
@@ -38,8 +40,8 @@ GOLDEN = {
     "flame/hybrid/205/layer": (46146, 52158, 5944, 46009, '42a1813b963b0dfe', '3f343725703d1081'),
     "flame/phase/51/layer": (13312, 84992, 2527, 82414, 'e1e947c59c312c49', '92e41f27f5c86167'),
     "flame/phase/205/layer": (46378, 51926, 5414, 46307, '38d87e314fe39ba3', '42d12382b96fea53'),
-    "flame_head/auto/51/layer": (785, 3151, 562, 2538, 'a46b10f993af244e', 'ea204cd41f7dba17'),
-    "flame_head/auto/205/layer": (2009, 1927, 1060, 662, 'a4efb9f49e7842b2', '0a41955eca0afaf4'),
+    "flame_head/auto/51/layer": (778, 3158, 589, 2518, 'e9df81e2d8e9679d', 'e556b4a3046b0758'),
+    "flame_head/auto/205/layer": (2021, 1915, 879, 831, '2eefc964b35541ca', 'bc22715f7a23c7d2'),
     "synth/lru/9/layer": (0, 6522, 5171, 1342, '67eaf3d4446ea497', '26a236b39de701d5'),
     "synth/lru/9/tick": (536, 5986, 319, 5658, '8aa91679e6a4175a', 'e526ef77b60ff2a8'),
     "synth/lru/40/layer": (0, 6522, 6482, 0, '67eaf3d4446ea497', '1a0a8c0c864ab15a'),
@@ -56,10 +58,10 @@ GOLDEN = {
     "synth/phase/9/tick": (603, 5919, 28, 5882, 'b5ede1310c3a4d80', '55e3509247621800'),
     "synth/phase/40/layer": (2161, 4361, 232, 4089, 'c60ee4b240bd7e13', '7646ef3b660898c5'),
     "synth/phase/40/tick": (2195, 4327, 120, 4167, '415a62728d065b8a', '315f0dc97d0e66f1'),
-    "synth/auto/9/layer": (599, 5923, 348, 5566, 'e2826bdfb15d699f', '5fec764ae8bad107'),
-    "synth/auto/9/tick": (696, 5826, 128, 5689, 'ecb3eaa2d37cb92b', 'dbef37b9f98e4438'),
-    "synth/auto/40/layer": (2293, 4229, 1401, 2788, '72f9e2a7168c1bbd', '0bbc98d7da23289f'),
-    "synth/auto/40/tick": (2474, 4048, 818, 3190, 'e1215d5b71f9a6d1', '20f25f12e977391c'),
+    "synth/auto/9/layer": (611, 5911, 307, 5595, '7ada80e4ba0dadde', 'b09fa771dfda2c43'),
+    "synth/auto/9/tick": (697, 5825, 122, 5694, '2aa2e6259ff5c515', '4b62fd88acd51fcf'),
+    "synth/auto/40/layer": (2302, 4220, 1346, 2834, '5aa78b5babfba2a5', '6f5c3223e9a0517e'),
+    "synth/auto/40/tick": (2471, 4051, 822, 3189, '6e5754cdd11d992b', '04881851d42b5ddc'),
 }
 
 # blend (BlendPolicy over the long heat), pinned to the tuning branch's Python
