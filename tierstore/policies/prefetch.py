@@ -67,8 +67,9 @@ THRESHOLD_STEP = 1.02       # the threshold's multiplicative step per proposal
 MIN_THRESHOLD, MAX_THRESHOLD = 0.1, 0.9
 # Standard deviations of a proposal's cost kept in credit. A wide margin cuts short the
 # proposals of many uncertain candidates, so the price (threshold) rises and the same reads
-# go to likelier ones (FLAME, 51 slots, auto+prefetch at LRU's reads: Z 2 / 5 / 8 / 20 close
-# 0.33 / 0.34 / 0.35 / 0.37 of the latency gap; at 102 / 205 slots Z 8 gives 0.46 / 0.51
+# go to likelier ones (FLAME, 51 slots, auto+prefetch at LRU's reads, the old auto experts:
+# Z 2 / 5 / 8 / 20 close 0.33 / 0.34 / 0.354 / 0.37 of the latency gap, 0.3455 at Z 8 with
+# auto's current experts; at 102 / 205 slots Z 8 gives 0.46 / 0.51
 # against 0.43 / 0.50; synthetic seed 0 / 1 and the batched setting unchanged within 0.01).
 # Holding resident keys by calibrated p, or not at all, moved FLAME 51 by < 0.002: not the lever.
 Z = 8.0
