@@ -22,8 +22,7 @@ namespace tierstore {
 class BlendOrder {
  public:
   BlendOrder(const PolicyView& p, const bool* members)
-      : p_(p), members_(members), bucket_of_(p.n_keys, 0), seen_(p.n_keys, 0),
-        taken_(p.n_keys, 0) {}
+      : p_(p), members_(members), bucket_of_(p.n_keys, 0), taken_(p.n_keys, 0) {}
   void rebuild();
   // As ResidentOrder: erase a held key before its state changes, insert it after.
   void erase(int64_t k);
@@ -31,16 +30,28 @@ class BlendOrder {
   // The n coldest members with pinned[k] == 0 (pinned may be null), coldest first.
   void victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
 
+  struct Entry {
+    double h;  // the heat the list is sorted by, and the other heat, when inserted (both
+    double o;  // equal the policy's arrays while the key is held)
+    int64_t k;
+  };
+
  private:
   struct Bucket {
-    std::vector<int64_t> by1, by2;  // members, by (raw, key) and by (raw2, key) ascending
+    std::vector<Entry> by1, by2;  // members, by (raw, key) and by (raw2, key) ascending
     bool valid = false;             // head/rate/next_rate hold for the clock of cached_t_
     int64_t head = -1;              // the coldest by (rate, last, key)
     double rate = 0.0;              // its rate
     double next_rate = 0.0;         // a lower bound of the rates above `rate`
+    double inv_rate = 0.0, inv_next = 0.0;  // 1 / max(rate, 1e-12), same of next_rate
+  };
+  struct Cand {
+    int64_t k = -1;
+    double primary = 0.0;
   };
   // The bucket's head by TA, skipping excluded keys.
   void compute(Bucket& b, const uint8_t* pinned, const PolicyOrder& order);
+  void candidate(size_t bi, const uint8_t* pinned, const PolicyOrder& order, Cand& c);
   bool excluded(int64_t k, const uint8_t* pinned) const {
     return (pinned && pinned[k]) || taken_[k];
   }
@@ -49,9 +60,8 @@ class BlendOrder {
   const bool* members_;
   std::vector<Bucket> buckets_;
   std::vector<uint32_t> bucket_of_;
-  std::vector<uint32_t> seen_;  // TA's visited marks, by stamp
   std::vector<uint8_t> taken_;  // victims chosen in this call
-  uint32_t stamp_ = 0;
+  std::vector<Cand> cands_;     // victims(): each bucket's candidate in this call
   double cached_t_ = std::numeric_limits<double>::quiet_NaN();
 };
 
