@@ -7,7 +7,7 @@ namespace tierstore {
 
 size_t ResidentOrder::bucket_index(int64_t k) {
   const size_t b = p_.phased() ? static_cast<size_t>(p_.pos[k]) : 0;
-  while (sets_.size() <= b) sets_.emplace_back(Colder{&p_});
+  while (sets_.size() <= b) sets_.emplace_back();
   return b;
 }
 
@@ -30,7 +30,7 @@ void ResidentOrder::victims(int64_t n, const uint8_t* pinned, std::vector<int64_
   if (sets_.empty()) return;
   for (auto it = sets_[0].begin(); it != sets_[0].end() && static_cast<int64_t>(out.size()) < n;
        ++it) {
-    if (pinned == nullptr || !pinned[*it]) out.push_back(*it);
+    if (pinned == nullptr || !pinned[it->k]) out.push_back(it->k);
   }
 }
 
@@ -50,11 +50,11 @@ void ResidentOrder::phase_victims(int64_t n, const uint8_t* pinned, std::vector<
     h.run.clear();
     h.next = 0;
     while (h.run.empty() && h.it != h.end) {
-      h.primary = order.primary(*h.it);
+      h.primary = order.primary(h.it->k);
       do {
-        if (pinned == nullptr || !pinned[*h.it]) h.run.push_back(*h.it);
+        if (pinned == nullptr || !pinned[h.it->k]) h.run.push_back(h.it->k);
         ++h.it;
-      } while (h.it != h.end && order.primary(*h.it) == h.primary);
+      } while (h.it != h.end && order.primary(h.it->k) == h.primary);
     }
     if (h.run.size() > 1) {
       std::sort(h.run.begin(), h.run.end(), [last](int64_t x, int64_t y) {

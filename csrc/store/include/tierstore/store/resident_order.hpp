@@ -44,18 +44,29 @@ class ResidentOrder {
     if (scan_) return blend_->insert(k);
     const size_t b = bucket_index(k);
     bucket_of_[k] = static_cast<uint32_t>(b);
-    where_[k] = sets_[b].insert(k).first;
+    where_[k] = sets_[b].insert(node_of(k)).first;
   }
   bool holds(int64_t k) const { return members_[k]; }
   // The n coldest members with pinned[k] == 0 (pinned may be null), coldest first.
   void victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
 
  private:
-  struct Colder {
-    const PolicyView* p;
-    bool operator()(int64_t x, int64_t y) const { return PolicyOrder::static_colder(*p, x, y); }
+  // A held key with its static order's fields copied in (they equal the policy's arrays
+  // while it is held: erase before a change, insert after), so a search compares nodes
+  // without reading the arrays: ascending (a, b, k) is PolicyOrder::static_colder.
+  struct Node {
+    double a;   // raw heat (lru: 0)
+    int64_t b;  // last-use tick (heat: 0)
+    int64_t k;
+    bool operator<(const Node& o) const {
+      if (a != o.a) return a < o.a;
+      return b != o.b ? b < o.b : k < o.k;
+    }
   };
-  using Set = std::set<int64_t, Colder>;
+  Node node_of(int64_t k) const {
+    return Node{p_.heats() ? p_.raw[k] : 0.0, p_.stamps() ? p_.last[k] : 0, k};
+  }
+  using Set = std::set<Node>;
   size_t bucket_index(int64_t k);  // grows sets_ to hold the key's bucket
   void phase_victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
 
