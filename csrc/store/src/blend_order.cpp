@@ -9,18 +9,20 @@ namespace {
 // Entries ordered by (heat, key): the heat is stored beside the key (it equals the
 // policy's array while the key is held: erase before a change, insert after), so the
 // searches read one contiguous array.
-bool entry_less(const BlendOrder::Entry& a, const BlendOrder::Entry& b) {
-  return a.h != b.h ? a.h < b.h : a.k < b.k;
-}
+struct EntryLess {
+  bool operator()(const BlendOrder::Entry& a, const BlendOrder::Entry& b) const {
+    return a.h != b.h ? a.h < b.h : a.k < b.k;
+  }
+};
 
 void sorted_insert(std::vector<BlendOrder::Entry>& v, int64_t k, const double* h,
                    const double* o) {
   const BlendOrder::Entry e{h[k], o[k], k};
-  v.insert(std::lower_bound(v.begin(), v.end(), e, entry_less), e);
+  v.insert(std::lower_bound(v.begin(), v.end(), e, EntryLess{}), e);
 }
 void sorted_erase(std::vector<BlendOrder::Entry>& v, int64_t k, const double* h) {
   const BlendOrder::Entry e{h[k], 0.0, k};
-  auto it = std::lower_bound(v.begin(), v.end(), e, entry_less);
+  auto it = std::lower_bound(v.begin(), v.end(), e, EntryLess{});
   if (it != v.end() && it->k == k) v.erase(it);
 }
 
