@@ -42,14 +42,39 @@ void BlendOrder::insert(int64_t k) {
   Bucket& bk = buckets_[b];
   sorted_insert(bk.by1, k, p_.raw, p_.raw2);
   sorted_insert(bk.by2, k, p_.raw2, p_.raw);
-  bk.valid = false;
+  if (!bk.valid || !(p_.t == cached_t_)) {
+    bk.valid = false;
+    return;
+  }
+  // The head holds for this clock: the new key either becomes it or bounds the rates above
+  // it (the rate as compute() takes it).
+  const double r = PolicyOrder(p_).blend_rate(p_.raw[k], p_.raw2[k]);
+  const int64_t* last = p_.last;
+  const int64_t h = bk.head;
+  if (h < 0) {
+    bk.head = k;
+    bk.rate = r;
+    bk.next_rate = std::numeric_limits<double>::infinity();
+  } else if (r < bk.rate) {
+    bk.next_rate = bk.rate;  // every other key's rate is >= the old head's
+    bk.head = k;
+    bk.rate = r;
+  } else if (r == bk.rate) {
+    if (last[k] != last[h] ? last[k] < last[h] : k < h) bk.head = k;
+  } else {
+    bk.next_rate = std::min(bk.next_rate, r);
+  }
+  bk.inv_rate = 1.0 / std::max(bk.rate, 1e-12);
+  bk.inv_next = 1.0 / std::max(bk.next_rate, 1e-12);
 }
 
 void BlendOrder::erase(int64_t k) {
   Bucket& bk = buckets_[bucket_of_[k]];
   sorted_erase(bk.by1, k, p_.raw);
   sorted_erase(bk.by2, k, p_.raw2);
-  bk.valid = false;
+  // Another key leaving keeps the head the coldest and next_rate a lower bound (looser:
+  // at worst victims() orders the bucket exactly where it need not, same result).
+  if (k == bk.head) bk.valid = false;
 }
 
 void BlendOrder::compute(Bucket& b, const uint8_t* pinned, const PolicyOrder& order) {
