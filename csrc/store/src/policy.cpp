@@ -174,18 +174,31 @@ void policy_rank(const PolicyView& p, int64_t* keys, int64_t n) {
     std::stable_sort(keys, keys + n, [last](int64_t x, int64_t y) { return last[x] > last[y]; });
     return;
   }
-  // Descending (primary, secondary), stable: primaries computed once per key.
+  // Descending (primary, secondary), stable: primaries computed once per key. The replays
+  // rank a few misses per call: a reused buffer and, for short runs, an insertion sort
+  // (a stable sort's result is unique, so the same order as std::stable_sort's).
   struct Item {
     double primary;
     int64_t last, key;
   };
+  const auto hotter = [](const Item& x, const Item& y) {
+    return x.primary != y.primary ? x.primary > y.primary : x.last > y.last;
+  };
   const PolicyOrder order(p);
-  std::vector<Item> items(static_cast<size_t>(n));
+  thread_local std::vector<Item> items;
+  items.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
     items[i] = Item{order.primary(keys[i]), p.stamps() ? p.last[keys[i]] : 0, keys[i]};
-  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) {
-    return x.primary != y.primary ? x.primary > y.primary : x.last > y.last;
-  });
+  if (n <= 16) {
+    for (int64_t i = 1; i < n; ++i) {
+      const Item x = items[i];
+      int64_t j = i;
+      for (; j > 0 && hotter(x, items[j - 1]); --j) items[j] = items[j - 1];
+      items[j] = x;
+    }
+  } else {
+    std::stable_sort(items.begin(), items.end(), hotter);
+  }
   for (int64_t i = 0; i < n; ++i) keys[i] = items[i].key;
 }
 
