@@ -6,8 +6,9 @@
 // in each raw heat, whose orders ARE static (uniform decay). So each bucket keeps its keys
 // sorted by raw and by raw2, and finds its coldest key by the threshold algorithm
 // (Fagin's TA: walk both lists; no unseen key has a rate below the rate of the two lists'
-// next heats), cached until the bucket changes or the clock moves. victims() merges the
-// buckets' coldest by the exact phase order. Exactness: a bucket whose second-coldest rate
+// next heats), cached until the clock moves or the head leaves (an inserted key is
+// compared with the head; another key leaving keeps it). victims() merges the buckets'
+// coldest by the exact phase order, each bucket evaluated once per call. Exactness: a bucket whose second-coldest rate
 // could round to the same primary as its coldest's is ordered by a full scan instead.
 #pragma once
 
