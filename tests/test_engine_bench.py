@@ -34,3 +34,18 @@ def test_bench_io_fire_larger_than_file_is_rejected(tmp_path, capsys):
     rc = main(["bench", "io", "--pack", str(tmp_path / "r.bin"), "--create-gb", "0.005",
                "--row-bytes", "1048576", "--device", "cpu", "--fires", "64"])
     assert rc == 1 and "largest fire needs 64" in capsys.readouterr().err
+
+
+def test_bench_io_given_a_sidecar_reads_its_pack(tmp_path):
+    """A sidecar names its pack (as Pack.open takes it): the rows come from the .pack, not
+    from the JSON file (which was read as rows and failed at its end of file)."""
+    from tierstore.testing.packs import make_random_pack
+    with make_random_pack(tmp_path / "p", 2, 4, 4096, seed=0) as p:
+        sidecar = p.sidecar_path
+    out = tmp_path / "io.json"
+    rc = main(["bench", "io", "--pack", sidecar, "--device", "cpu", "--fires", "1,4",
+               "--repeats", "1", "--cold-repeats", "1", "--no-baselines", "--ceiling-gb", "0.001",
+               "--h2d-gb", "0.001", "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["file"] == p.path and res["row_bytes"] == 4096 and res["file_bytes"] == 8 * 4096

@@ -238,3 +238,53 @@ def test_verify_ignores_padding_beyond_slot_bytes(pack_files):
         f.write(b"\x01")
     with Pack.open(path) as p:
         assert p.verify().rows_checked == L * E
+
+
+# -- the error names the path the caller gave (a sidecar given: not the .pack it implies) --
+def test_a_sidecar_given_whose_pack_is_short_is_named_as_given(pack_files):
+    path, sidecar, _ = pack_files
+    os.truncate(path, 5000)
+    with pytest.raises(FormatError) as e:
+        Pack.open(str(sidecar))
+    assert str(e.value).startswith(f"{sidecar}: its pack fp4.rank0of1.pack: file size 5000 bytes")
+
+
+def test_a_sidecar_given_whose_pack_is_gone_is_named_as_given(pack_files):
+    path, sidecar, _ = pack_files
+    os.unlink(path)
+    with pytest.raises(FormatError, match=r"a sidecar whose pack file fp4\.rank0of1\.pack is missing") as e:
+        Pack.open(str(sidecar))
+    assert str(e.value).startswith(f"{sidecar}: ")
+
+
+@pytest.mark.parametrize("name", ["warm.poolmon.json", "x.json", "fp4.json"])
+def test_a_json_that_is_no_sidecar_is_named_as_given(tmp_path, name):
+    (tmp_path / name).write_text("{}")
+    with pytest.raises(FormatError, match=r": not a pack's sidecar; expected") as e:
+        Pack.open(str(tmp_path / name))
+    assert str(e.value).startswith(f"{tmp_path / name}: ")
+
+
+def test_a_pack_given_whose_sidecar_is_bad_is_named_as_given(pack_files):
+    path, sidecar, _ = pack_files
+    sidecar.write_bytes(b"garbage")
+    with pytest.raises(FormatError) as e:
+        Pack.open(path)
+    assert str(e.value).startswith(f"{path}: its sidecar fp4.rank0of1.json: sidecar is not valid JSON")
+
+
+def test_an_io_error_renamed_for_the_given_path_keeps_its_path_offset_and_errno(pack_files,
+                                                                              monkeypatch):
+    import errno as errno_
+    from tierstore import TierIOError
+    from tierstore.format import pack as pack_mod
+    path, sidecar, _ = pack_files
+
+    def refuse(p, what="file"):
+        raise TierIOError(p, 0, errno_.EACCES, what="open")
+    monkeypatch.setattr(pack_mod, "open_regular", refuse)
+    with pytest.raises(TierIOError) as e:
+        Pack.open(str(sidecar))
+    assert (e.value.path, e.value.offset, e.value.errno) == (path, 0, errno_.EACCES)
+    assert str(e.value) == (f"{sidecar}: its pack fp4.rank0of1.pack: open at offset 0x0 failed: "
+                            "EACCES (Permission denied)")

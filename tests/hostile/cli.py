@@ -131,6 +131,23 @@ def make_place(root: str) -> Place:
         {**side, "E": 1 << 30, "n_layers": 1 << 30}).encode())
     P["side_empty"] = _pack_dir_with(root, "pk-sempty", pl.pack, sidecar=b"")
     P["no_pack_dir"] = os.path.join(root, "adir")
+    # files of the wrong kind: a sidecar, a pack, a trace or a poolmon where another is
+    # expected; a sidecar whose pack is gone; .json names that are a FIFO or text; a file
+    # no one may read (root reads it anyway: test_cli.py denies it to root by hand)
+    P["sidecar"], P["pack"] = pl.pack[:-5] + ".json", pl.pack
+    P["npy"], P["poolmon"] = pl.trace, pl.warm
+    P["sidecar_lone"] = _write(os.path.join(root, "lone", os.path.basename(P["sidecar"])),
+                               open(P["sidecar"], "rb").read())
+    P["json_fifo"] = os.path.join(root, "fifo.json")
+    os.mkfifo(P["json_fifo"])
+    P["json_text"] = _write(os.path.join(root, "text.json"), b"not what you think\n")
+    P["noperm"] = _write(os.path.join(root, "noperm.json"), b"{}")
+    d = _pack_dir_with(root, "pk-noperm-side", pl.pack)
+    P["noperm_side"] = os.path.join(d, os.path.basename(P["sidecar"]))
+    d = _pack_dir_with(root, "pk-noperm-pack", pl.pack)
+    P["noperm_pack"] = os.path.join(d, os.path.basename(pl.pack))
+    for kind in NO_PERMISSION:
+        os.chmod(P[kind], 0)
     # safetensors sources
     P["st_garbage"] = os.path.dirname(_write(os.path.join(root, "st-garb", "model.safetensors"),
                                              b"garbage" * 100))
@@ -154,6 +171,9 @@ def _npy_header(shape, descr: str = "<i4") -> bytes:
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head
 
 
+# where a pack (or its sidecar, or a directory of packs) is expected
+NO_PERMISSION = ("noperm", "noperm_side", "noperm_pack")     # mode 000
+WRONG_FOR_PACK = ("sidecar_lone", "poolmon", "json_fifo", "json_text", "npy", *NO_PERMISSION)
 BAD_NUMBERS = ("nan", "inf", "-inf", "-1", "1e400", "99999999999999999999", "x", "")
 
 
@@ -169,8 +189,10 @@ def cli_cases(pl: Place) -> list[tuple[str, list[str], list[str]]]:
                      "empty", "garbage", "huge", "no_pack_dir", "pack_cut", "pack_fifo",
                      "side_fifo", "side_garbage", "side_deep", "side_huge", "pack_huge",
                      "side_keys", "side_empty"):
-            # a file given for a pack is named as the pack it would be (x.json -> x.pack)
-            add(f"pack-{cmd}-{kind}", ["pack", cmd, P[kind]], os.path.splitext(P[kind])[0])
+            # the error names the path the user gave (a .json given: not the .pack it implies)
+            add(f"pack-{cmd}-{kind}", ["pack", cmd, P[kind]], P[kind])
+        for kind in WRONG_FOR_PACK:
+            add(f"pack-{cmd}-{kind}", ["pack", cmd, P[kind]], P[kind])
         add(f"pack-{cmd}-tag", ["pack", cmd, os.path.dirname(pl.pack), "--tag", "a b"], "--tag")
         add(f"pack-{cmd}-tag-absent", ["pack", cmd, os.path.dirname(pl.pack), "--tag", "zz"], "zz")
     # -- pack build
@@ -185,7 +207,10 @@ def cli_cases(pl: Place) -> list[tuple[str, list[str], list[str]]]:
     add("pack-build-both-sources", ["pack", "build", o, "--synthetic", "2,4,4096",
                                     "--from-safetensors", P["st_empty"]], "--from-safetensors")
     add("pack-build-no-source", ["pack", "build", o], "--synthetic")
-    for kind in ("st_garbage", "st_header", "st_fifo", "st_empty", "missing", "text", "fifo"):
+    for kind in ("sidecar", "npy"):
+        add(f"pack-build-out-{kind}", ["pack", "build", P[kind], "--synthetic", "2,4,4096"], P[kind])
+    for kind in ("st_garbage", "st_header", "st_fifo", "st_empty", "missing", "text", "fifo",
+                 "sidecar", "pack", "npy"):
         add(f"pack-build-st-{kind}", ["pack", "build", o, "--from-safetensors", P[kind]], P[kind])
     for seed in ("nan", "-1", "1e400", "x"):
         add(f"pack-build-seed-{seed}", ["pack", "build", o, "--synthetic", "2,4,4096", "--seed", seed],
@@ -201,12 +226,19 @@ def cli_cases(pl: Place) -> list[tuple[str, list[str], list[str]]]:
     # -- warm inspect / merge / convert
     warm_kinds = ("missing", "dir", "fifo", "chardev", "dangling", "loop", "text", "through_file",
                   "empty", "garbage", "huge", "deep", "warm_cut", "warm_nul", "warm_nan")
-    for kind in warm_kinds:
+    for kind in warm_kinds + ("sidecar", "sidecar_lone", "pack", "npy", "noperm"):
         add(f"warm-inspect-{kind}", ["warm", "inspect", P[kind]], P[kind])
         add(f"warm-merge-{kind}", ["warm", "merge", pl.warm, P[kind], "-o",
                                    os.path.join(pl.root, "m.json")], P[kind])
+        add(f"warm-convert-{kind}", ["warm", "convert", P[kind], "--to", "pool-heat", "-o",
+                                     os.path.join(pl.root, "c.json")], P[kind])
     for kind in ("fifo", "dir", "garbage", "pack_cut", "side_keys"):
         add(f"warm-inspect-pack-{kind}", ["warm", "inspect", pl.warm, "--pack", P[kind]], P[kind])
+    for kind in WRONG_FOR_PACK:
+        m, c = os.path.join(pl.root, "m.json"), os.path.join(pl.root, "c.json")
+        for cmd, argv in (("inspect", [pl.warm]), ("merge", [pl.warm, "-o", m]),
+                          ("convert", [pl.warm, "--to", "poolmon", "-o", c])):
+            add(f"warm-{cmd}-pack-{kind}", ["warm", cmd, *argv, "--pack", P[kind]], P[kind])
     for top in ("nan", "inf", "-1", "0", "99999999999999999999"):
         add(f"warm-inspect-top-{top}", ["warm", "inspect", pl.warm, "--top", top], "--top")
     for kind in ("out_exists_dir", "out_proc", "out_through_file", "fifo", "chardev"):
@@ -228,7 +260,8 @@ def cli_cases(pl: Place) -> list[tuple[str, list[str], list[str]]]:
     hits = ["bench", "hits", "--synthetic", "--ticks", "8", "--layers", "2", "--experts", "8",
             "--top-k", "2", "--prefill-tokens", "0"]
     for kind in ("missing", "dir", "fifo", "chardev", "npy_text", "npy_empty", "npy_huge",
-                 "npy_cut", "npy_float", "npy_shape", "npy_object", "garbage", "loop"):
+                 "npy_cut", "npy_float", "npy_shape", "npy_object", "garbage", "loop",
+                 "sidecar", "pack", "poolmon", "noperm", "json_text", "empty"):
         add(f"bench-hits-trace-{kind}", ["bench", "hits", "--trace", P[kind]], P[kind])
     add("bench-hits-both", ["bench", "hits", "--trace", pl.trace, "--synthetic"], "--synthetic")
     for opt in ("--budget", "--threshold", "--ticks-per-second", "--half-life", "--row-bytes",
@@ -244,9 +277,8 @@ def cli_cases(pl: Place) -> list[tuple[str, list[str], list[str]]]:
     # -- bench io
     io = ["bench", "io", "--pack", pl.pack, "--fires", "1", "--repeats", "1", "--no-baselines",
           "--h2d-gb", "0.001", "--ceiling-gb", "0.001", "--device", "cpu"]
-    for kind in ("fifo", "dir", "chardev", "garbage", "loop", "huge"):
-        add(f"bench-io-pack-{kind}", ["bench", "io", "--pack", P[kind], "--device", "cpu"],
-            os.path.splitext(P[kind])[0])
+    for kind in ("fifo", "dir", "chardev", "garbage", "loop", "huge", *WRONG_FOR_PACK):
+        add(f"bench-io-pack-{kind}", ["bench", "io", "--pack", P[kind], "--device", "cpu"], P[kind])
     for opt in ("--create-gb", "--threads", "--chunk-mib", "--stage-count", "--cold-repeats",
                 "--ceiling-gb", "--h2d-gb", "--kvikio-threads", "--row-bytes"):
         for bad in ("nan", "-1", "inf"):

@@ -7,6 +7,7 @@ fragments from the corpus together."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import signal
@@ -21,7 +22,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from tierstore.cli import main
 
 from cli_process import child_env, interrupt_after_line
-from hostile.cli import cli_cases, make_place
+from hostile.cli import NO_PERMISSION, cli_cases, make_place
 from hostile.common import tree_digest, without_new_locks
 
 BIG = 16 << 20   # the sparse one-TiB files: compared by size and mtime, not read
@@ -95,7 +96,7 @@ def place(tmp_path_factory):
 def test_the_cli_class_is_larger_than_the_red_team_s(place):
     cases = cli_cases(place)
     assert len({n for n, *_ in cases}) == len(cases), "case names must be unique"
-    assert len(cases) == 287 > 2 * RED_TEAM_CLI      # tests/hostile/README.md
+    assert len(cases) == 376 > 2 * RED_TEAM_CLI      # tests/hostile/README.md
     commands = {tuple(a for a in argv[:2] if not a.startswith("-")) for _, argv, _ in cases}
     for cmd in (("pack", "build"), ("pack", "inspect"), ("pack", "verify"), ("warm", "inspect"),
                 ("warm", "merge"), ("warm", "convert"), ("bench", "hits"), ("bench", "io"),
@@ -107,9 +108,12 @@ def test_every_hostile_command_line_is_refused_in_one_line(place, monkeypatch, t
     monkeypatch.chdir(tmp_path)        # a command that writes to its cwd writes here
     bad = []
     cases = cli_cases(place)
+    denied = [place[k] for k in NO_PERMISSION]
+    assert sum(bool(set(denied) & set(argv)) for _, argv, _ in cases) == 22
     for name, argv, names in cases:
         before = digest(place.root)
-        res = run_main(argv)
+        with denied_to_root(*denied):     # as any user but root meets them
+            res = run_main(argv)
         problem = judge(name, argv, names, *res)
         after = without_new_locks(before, digest(place.root))
         if problem is None and after != before:
@@ -120,6 +124,35 @@ def test_every_hostile_command_line_is_refused_in_one_line(place, monkeypatch, t
         if problem:
             bad.append(problem)
     assert not bad, f"{len(bad)} of {len(cases)} command lines:\n" + "\n".join(bad[:40])
+    with denied_to_root(*denied):
+        for path in denied:
+            with pytest.raises(PermissionError):
+                open(path, "rb")
+
+
+@contextlib.contextmanager
+def denied_to_root(*paths: str):
+    """``paths`` (mode 000) unreadable to root too: root's open() ignores the mode, so the
+    file functions Python's readers use refuse it by hand (EACCES, as for any other user)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    import builtins
+    targets = {os.path.realpath(p) for p in paths}
+
+    def is_it(p) -> bool:
+        return isinstance(p, (str, bytes, os.PathLike)) and os.path.realpath(os.fsdecode(p)) in targets
+
+    def refuse(p):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(p))
+    real_open, real_os_open, real_access = builtins.open, os.open, os.access
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(builtins, "open", lambda p, *a, **k: refuse(p) if is_it(p) else real_open(p, *a, **k))
+        mp.setattr(io, "open", builtins.open)
+        mp.setattr(os, "open", lambda p, *a, **k: refuse(p) if is_it(p) else real_os_open(p, *a, **k))
+        mp.setattr(os, "access", lambda p, mode, **k: False if is_it(p) and mode & os.R_OK
+                   else real_access(p, mode, **k))
+        yield
 
 
 FRAGMENTS = ["nan", "inf", "-1", "0", "1e400", "", "x", "--json", "--help-me", "--tag", "a b",

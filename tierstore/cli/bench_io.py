@@ -99,17 +99,19 @@ def _is_pack(path: str) -> bool:
         return False
 
 
-def _file_rows(path: str, row_bytes: int) -> tuple[np.ndarray, int]:
-    """Row offsets and row size: a pack's written rows (a broken pack is an error, never
-    benchmarked as a raw file), else consecutive 4 KiB-aligned rows of a raw file."""
+def _file_rows(path: str, row_bytes: int) -> tuple[str, np.ndarray, int]:
+    """The file to read, its row offsets and row size: a pack's written rows (a broken
+    pack is an error, never benchmarked as a raw file; a sidecar given means its .pack),
+    else consecutive 4 KiB-aligned rows of a raw file."""
     if _is_pack(path):
         from tierstore.format.pack import Pack
         with Pack.open(path) as pack:
             ids = [l * pack.n_experts + e for l in pack.layers for e in range(pack.n_experts)]
-            return np.asarray(pack.row_offsets(np.asarray(ids)), np.int64), int(pack.slot_bytes)
+            return (pack.path, np.asarray(pack.row_offsets(np.asarray(ids)), np.int64),
+                    int(pack.slot_bytes))
     stride = (row_bytes + m.PAGE - 1) // m.PAGE * m.PAGE
     n = os.path.getsize(path) // stride
-    return np.arange(n, dtype=np.int64) * stride, row_bytes
+    return path, np.arange(n, dtype=np.int64) * stride, row_bytes
 
 
 def check_args(args) -> None:
@@ -155,7 +157,7 @@ def run(args, res: dict | None = None) -> dict:
     if args.drop_caches:
         _progress("--drop-caches: cold fires write /proc/sys/vm/drop_caches (the whole "
                   "machine's page cache)")
-    offsets, row = _file_rows(path, args.row_bytes)
+    path, offsets, row = _file_rows(path, args.row_bytes)
     if len(offsets) < max(fires):
         raise ConfigError(f"{path}: {len(offsets)} rows of {row} B, the largest fire needs "
                           f"{max(fires)}")

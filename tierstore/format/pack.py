@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import xxhash
 
-from tierstore.errors import ConfigError, FormatError, TierIOError
+from tierstore.errors import ConfigError, FormatError, TierIOError, TierstoreError
 from tierstore.files.untrusted import open_regular
 from tierstore.format.sidecar import (DEFAULT_CHECKSUM, PackName, RowLayout, RowSection, Sidecar,
                                       key20_of, load_sidecar, sidecar_path_of)
@@ -42,6 +42,25 @@ def find_pack(directory: str, *, tag: str | None = None, rank: int = 0, world: i
         raise FormatError(f"{directory}: {len(names)} candidate packs for {want}: "
                           + ", ".join(os.path.basename(n) for n in names))
     return names[0]
+
+
+def _naming(exc: TierstoreError, given: str, path: str) -> TierstoreError:
+    """``exc`` with its message naming ``given``, the path the caller passed, when it names
+    only the other file of the pair (a sidecar given, an error about its .pack; a .pack
+    given, an error about its sidecar): ``x.json: its pack x.pack: file size ...``.
+    The type and attributes (a TierIOError's path, offset, errno) are kept."""
+    text = str(exc)
+    if given in text:
+        return exc
+    side = sidecar_path_of(path)
+    for other, what in ((path, "its pack"), (side, "its sidecar")):
+        if text.startswith(other + ": "):
+            text = f"{given}: {what} {os.path.basename(other)}: {text[len(other) + 2:]}"
+            break
+    else:
+        text = f"{given}: {text}"
+    exc.args = (*exc.args[:-1], text) if isinstance(exc, OSError) and len(exc.args) > 1 else (text,)
+    return exc
 
 
 class VerifyReport:
@@ -94,12 +113,26 @@ class Pack:
              world: int = 1, pp: tuple[int, int] | None = None) -> "Pack":
         """Open a `.pack` file (or its `.json`), or the one pack in a directory that matches
         tag/rank/world/pp. Raises FormatError naming the file on any mismatch."""
-        path = os.fspath(path)
+        given = path = os.fspath(path)
         if os.path.isdir(path):
             path = find_pack(path, tag=tag, rank=rank, world=world, pp=pp)
         elif path.endswith(".json"):
             path = path[: -len(".json")] + ".pack"
-        name = PackName.parse(path)
+        try:
+            return cls._open_file(path, sidecar_given=path != given and not os.path.isdir(given))
+        except TierstoreError as exc:
+            raise _naming(exc, given, path) from None
+
+    @classmethod
+    def _open_file(cls, path: str, *, sidecar_given: bool) -> "Pack":
+        try:
+            name = PackName.parse(path)
+        except FormatError:
+            if not sidecar_given:
+                raise
+            raise FormatError(f"{path[:-len('.pack')]}.json: not a pack's sidecar; expected "
+                              "<tag>.v2.<key20>.rank<r>of<w>[.pp<p>of<q>].json beside its "
+                              ".pack, or the .pack itself") from None
         side = sidecar_path_of(path)
         before = _file_id(side)
         sidecar, unknown = load_sidecar(side, key20_in_name=bool(name.key20))
@@ -112,8 +145,11 @@ class Pack:
         try:
             fd = open_regular(path, "pack file")   # a FIFO or device never blocks here
         except FileNotFoundError:
+            if sidecar_given:
+                raise FormatError(f"{side}: a sidecar whose pack file "
+                                  f"{os.path.basename(path)} is missing") from None
             raise FormatError(f"{path}: pack file is missing (sidecar "
-                              f"{os.path.basename(sidecar_path_of(path))} exists)") from None
+                              f"{os.path.basename(side)} exists)") from None
         try:
             expected = sidecar.n_layers * sidecar.E * sidecar.stride
             found = os.fstat(fd).st_size
