@@ -15,6 +15,8 @@ import pytest
 import tierstore as ts
 from tierstore.testing.packs import make_random_pack
 
+from tierstore.store.interrupts import SettleFirst
+
 from store_helpers import assert_store_consistent
 
 L, E, SLOT = 3, 16, 3000
@@ -35,7 +37,9 @@ class _SigintAt:
         if event == "line":
             self.n += 1
             if self.n == self.at:
-                self.in_section = signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+                handler = signal.getsignal(signal.SIGINT)   # SettleFirst: no section, a watched batch
+                self.in_section = handler is not signal.default_int_handler and not isinstance(
+                    handler, SettleFirst)
                 signal.raise_signal(signal.SIGINT)
         return self
 
@@ -157,3 +161,41 @@ def test_sigint_anywhere_in_a_pipelined_fire_settles_or_rolls_back_its_batch(tmp
     assert by_phase["settled_in_wait"] > 5 and by_phase["fire"] > 5, by_phase
     store.close()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("how", ["layers", "grouped"])
+def test_sigint_at_every_line_of_a_pipelined_forward_leaves_no_batch_in_flight(tmp_path, how):
+    """Every line, the fire's tail and the first lines of wait_layer / wait_all included
+    (before their sections start), with the result dropped: as the KeyboardInterrupt
+    comes out the batch is already published or rolled back, with no fire, step or stats
+    after it (the watched batch, store/interrupts.py). Before: 17-18 lines left it in
+    flight until the next fire or step."""
+    pack = make_random_pack(tmp_path, L, E, SLOT, seed=6)
+    store = ts.ExpertStore(pack, vram_slots=6, ram_gb=8 * 4096 / 2**30, device="cpu",
+                           lazy_per_step=0)
+    phase, counter = _Phase(), _SigintAt(0)
+    sys.settrace(counter)
+    try:
+        _pipelined_forward(store, how, phase, keep=False)
+    finally:
+        sys.settrace(None)
+    left, hits = [], dict(fire=0, wait=0, release=0)
+    for at in range(1, counter.n + 1):
+        store.evict([(l, e) for l in range(L) for e in range(E)])   # the fire reads again
+        sys.settrace(_SigintAt(at))
+        try:
+            _pipelined_forward(store, how, phase, keep=False)
+        except KeyboardInterrupt:
+            hits[phase.hit] += 1
+        finally:
+            sys.settrace(None)
+        if store._mover.inflight:          # nothing has run since the KeyboardInterrupt
+            left.append((at, phase.hit))
+        gc.collect()
+        store.step()                       # the dropped result's pins (OrphanPins)
+        assert not store._pool.key_pins.any(), f"pool pins leaked (SIGINT at line {at})"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, at
+        assert_store_consistent(store)
+    assert not left, f"a batch left in flight after SIGINT at (line, call) {left}"
+    assert hits["fire"] > 50 and hits["wait"] > 50, hits
+    store.close()

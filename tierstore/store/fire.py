@@ -24,7 +24,7 @@ import numpy as np
 from tierstore.errors import ConfigError
 from tierstore.policies.admission import HotterThanVictim
 from tierstore.policies.fill import plan_lazy
-from tierstore.store.interrupts import no_interrupts
+from tierstore.store.interrupts import no_interrupts, watch_batch
 from tierstore.store.stats import FireResult
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -81,6 +81,7 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
             if batch is not None and pipelined:
                 result.pending = mover.start_layers(batch)
                 result.pending_stream, own = stream, batch.keys
+                watch_batch(result.pending, stream)   # a Ctrl-C from here on settles it
             elif batch is not None:
                 mover.run(batch, defer_sources=store._defer_sources)
             if batch is not None:

@@ -20,9 +20,17 @@ the KeyboardInterrupt is raised, so no batch is left in flight; the result stays
 for the caller's ``release`` (or the net below).
 
 What no section can cover is the few bytecodes between a section's end and the caller's
-assignment of the result (or between a call's start and its section). ``OrphanPins`` is
-the net for that: a fire on the main thread registers its result, and a result that is
-garbage collected unreleased hands its keys and its pipelined batch to the store, which
+assignment of the result (or between a call's start and its section). For a pipelined
+batch, ``watch_batch`` closes that window: the fire registers the batch inside its own
+section, before the section ends, and from then until the batch is settled every
+section leaves SIGINT/SIGTERM's handler wrapped in ``SettleFirst``, which settles the
+main thread's unsettled batches before it runs the handler it stands in for. So a
+Ctrl-C anywhere (in the fire's tail, between the fire and the caller's wait_layer, at the
+start of wait_layer / wait_all / release) never leaves a batch in flight; the wrapper is
+taken off by the first section that ends with nothing left to settle.
+``OrphanPins`` is the net for the pins: a fire on the main thread registers its result,
+and a result that is garbage collected unreleased hands its keys (and a batch still in
+flight, which the wrapper had to leave: this thread held the lock) to the store, which
 settles the batch and unpins the keys at its next fire, step or stats call.
 """
 from __future__ import annotations
@@ -34,6 +42,62 @@ import weakref
 from typing import Iterator
 
 _DEFERRED = (signal.SIGINT, signal.SIGTERM)
+_WATCHED: "weakref.WeakSet" = weakref.WeakSet()   # main-thread pipelined batches (LayerLoads)
+
+
+def watch_batch(load, stream) -> None:
+    """A pipelined batch a main-thread fire started (call inside the fire's section):
+    until it is settled, a Ctrl-C settles it (on ``stream``) before it is raised."""
+    if threading.current_thread() is threading.main_thread():
+        load.settle_stream = stream
+        _WATCHED.add(load)
+
+
+def _unsettled() -> list:
+    return [load for load in list(_WATCHED) if not load.batch.done.is_set()]
+
+
+def settle_watched() -> None:
+    """Settle the main thread's unsettled pipelined batches (never raises: a failed layer
+    is rolled back and reported to its owner). One whose lock this thread holds (the
+    signal came inside a locked region) is left to OrphanPins / the next wait."""
+    for load in _unsettled():
+        lock = load.mover.lock
+        if getattr(lock, "_is_owned", lambda: False)():
+            continue
+        load.settle(load.settle_stream)
+
+
+class SettleFirst:
+    """The SIGINT/SIGTERM handler while a watched batch may be unsettled: settles the
+    watched batches, then runs ``inner`` (the handler it stands in for)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, signum, frame):
+        settle_watched()
+        if callable(self.inner):
+            self.inner(signum, frame)
+
+
+class _Defer:
+    """A section's handler: records the signal for delivery when the section ends."""
+
+    def __init__(self, caught: list):
+        self.caught = caught
+
+    def __call__(self, signum, frame):
+        self.caught.append((signum, frame))
+
+
+def _restored(handler):
+    """The handler a section puts back: ``handler`` itself, wrapped in SettleFirst while a
+    watched batch is unsettled (unwrapped once none is)."""
+    if isinstance(handler, _Defer):
+        return handler      # an enclosing section's: it settles and wraps when it ends
+    inner = handler.inner if isinstance(handler, SettleFirst) else handler
+    return SettleFirst(inner) if _unsettled() else inner
 
 
 @contextlib.contextmanager
@@ -51,7 +115,7 @@ def no_interrupts(on_interrupt=None) -> Iterator[list]:
         old = signal.getsignal(sig)
         if callable(old) or old == signal.default_int_handler:
             previous[sig] = old
-            signal.signal(sig, lambda s, f: caught.append((s, f)))
+            signal.signal(sig, _Defer(caught))
     ran = False
     try:
         yield caught
@@ -61,12 +125,13 @@ def no_interrupts(on_interrupt=None) -> Iterator[list]:
                 ran = True
                 on_interrupt()
         finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
+            restored = {sig: _restored(old) for sig, old in previous.items()}
+            for sig, handler in restored.items():
+                signal.signal(sig, handler)
             if caught and on_interrupt is not None and not ran:
                 on_interrupt()   # a signal caught after the check above, before the restore
             for sig, frame in caught:      # now that the section is whole, deliver them
-                handler = previous[sig]
+                handler = restored[sig]
                 if callable(handler):
                     handler(sig, frame)
 

@@ -84,6 +84,7 @@ class LayerLoad:
         batch.completion = Completions()
         batch.layer_load = self   # a fire that needs these keys settles it (settle())
         self.submitted = threading.Event()   # submit() has queued (or failed) every layer
+        self.settle_stream = None   # the owner fire's stream (a watched batch: interrupts.py)
 
     def submit(self) -> None:
         """Queue every layer's rows (layer order); no waiting. On a refused submit the
