@@ -13,7 +13,8 @@ the page cache (warm) and from a pinned arena, it times
 
 and, in the same run, the H2D bound (one pinned copy of the same bytes). Every case fires
 ``--repeats`` times in rotating order per round (a drift of the machine hits all alike);
-medians. The direct destination is byte-checked once per case.
+medians. The direct destination is byte-checked once per case. ``--rewarm`` re-reads the
+whole pack before every timed call, as bench_moet_promote.py's page-cache case does.
 """
 from __future__ import annotations
 
@@ -56,9 +57,11 @@ def run(args) -> dict:
     src = torch.empty(n, row, dtype=torch.uint8).pin_memory()
     dst = torch.empty(n, row, dtype=torch.uint8, device="cuda")
     out = {"rows": n, "row_bytes": row, "samples_ms": {}}
-    with open(pack.path, "rb") as f:          # warm the page cache
-        while f.read(64 << 20):
-            pass
+    def warm():                               # the whole pack into the page cache
+        with open(pack.path, "rb") as f:
+            while f.read(64 << 20):
+                pass
+    warm()
     for threads in args.threads:
         for source, ram_gb in (("pagecache", 0.0), ("arena", 2 * n * pack.stride / 2**30 + 0.01)):
             own = ts.ExpertStore(pack, vram_slots=n, ram_gb=ram_gb, device="cuda", lazy_per_step=0,
@@ -91,6 +94,8 @@ def run(args) -> dict:
                 names = list(cases)
                 for i in range(args.repeats):
                     for name in names[i % 3:] + names[:i % 3]:
+                        if args.rewarm:
+                            warm()
                         times[name].append(_timed(cases[name]))
             finally:
                 own.close()
@@ -110,6 +115,8 @@ def main() -> None:
     ap.add_argument("--row-mib", type=float, default=12.0)
     ap.add_argument("--threads", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--rewarm", action="store_true",
+                    help="re-read the whole pack before every timed call (as bench_moet_promote does)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
