@@ -1,15 +1,17 @@
 // Blend's resident keys kept so that victims are found without ordering the whole set
 // (the replays' former scan was ~85% of auto's replay time: five of its nine experts are
 // blend). Blend's order (policy.hpp) is phase's over a rate that mixes two heats decaying
-// at different speeds, so no static order of the keys exists. But within one phase bucket
-// (keys last read at one group position) the order is by rate, and the rate is monotone
-// in each raw heat, whose orders ARE static (uniform decay). So each bucket keeps its keys
-// sorted by raw and by raw2, and finds its coldest key by the threshold algorithm
-// (Fagin's TA: walk both lists; no unseen key has a rate below the rate of the two lists'
-// next heats), cached until the clock moves or the head leaves (an inserted key is
-// compared with the head; another key leaving keeps it). victims() merges the buckets'
-// coldest by the exact phase order, each bucket evaluated once per call. Exactness: a bucket whose second-coldest rate
-// could round to the same primary as its coldest's is ordered by a full scan instead.
+// at different speeds, so no static order of the keys exists, but the order of a clock
+// does: a key's rate moves only with the clock (once a tick) or its own access (erased
+// before, inserted after). So each phase bucket (keys last read at one group position)
+// keeps its keys sorted by (rate, last, key) at the clock it was last ordered at, each
+// entry with its rate and 1 / max(rate, 1e-12) (primary_of's reciprocal); when the clock
+// has moved, the bucket's rates are recomputed and the (nearly sorted) entries re-sorted
+// the first time a victim is asked of it. Within a bucket the phase primary
+// -(off/L + 1/max(rate, 1e-12)) is non-decreasing along that order, so a bucket's coldest
+// is the least (last, key) of its leading run of equal primaries (rounding may merge
+// rates). victims() merges the buckets' coldest by the exact phase order, each bucket
+// evaluated once per call and again only after it gave a victim.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +25,7 @@ namespace tierstore {
 class BlendOrder {
  public:
   BlendOrder(const PolicyView& p, const bool* members)
-      : p_(p), members_(members), bucket_of_(p.n_keys, 0), taken_(p.n_keys, 0) {}
+      : p_(p), members_(members), rates_(p), taken_(p.n_keys, 0) {}
   void rebuild();
   // As ResidentOrder: erase a held key before its state changes, insert it after.
   void erase(int64_t k);
@@ -32,38 +34,39 @@ class BlendOrder {
   void victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
 
   struct Entry {
-    double h;  // the heat the list is sorted by, and the other heat, when inserted (both
-    double o;  // equal the policy's arrays while the key is held)
+    double rate;     // blend_rate(h1, h2) at the bucket's clock
+    double inv;      // 1 / max(rate, 1e-12)
+    double h1, h2;   // raw, raw2 when inserted (equal the policy's arrays while held)
+    int64_t last;    // last-use tick (likewise)
     int64_t k;
   };
 
  private:
   struct Bucket {
-    std::vector<Entry> by1, by2;  // members, by (raw, key) and by (raw2, key) ascending
-    bool valid = false;             // head/rate/next_rate hold for the clock of cached_t_
-    int64_t head = -1;              // the coldest by (rate, last, key)
-    double rate = 0.0;              // its rate
-    double next_rate = 0.0;         // a lower bound of the rates above `rate`
-    double inv_rate = 0.0, inv_next = 0.0;  // 1 / max(rate, 1e-12), same of next_rate
+    std::vector<Entry> v;  // sorted by (rate, last, key) when `sorted` and t == the clock
+    double t = std::numeric_limits<double>::quiet_NaN();  // the clock of the rates
+    bool sorted = true;    // false: entries appended unordered since the last sort
   };
   struct Cand {
-    int64_t k = -1;
+    int64_t k = -1, last = 0;
     double primary = 0.0;
   };
-  // The bucket's head by TA, skipping excluded keys.
-  void compute(Bucket& b, const uint8_t* pinned, const PolicyOrder& order);
-  void candidate(size_t bi, const uint8_t* pinned, const PolicyOrder& order, Cand& c);
+  bool fresh(const Bucket& b) const { return b.sorted && b.t == p_.t; }
+  void refresh(Bucket& b);  // rates at the current clock, entries in order
+  // One bucket's candidate in the current call: its coldest unexcluded key and that key's
+  // phase primary (k = -1: none).
+  void candidate(size_t bi, const uint8_t* pinned, double off, Cand& c);
   bool excluded(int64_t k, const uint8_t* pinned) const {
     return (pinned && pinned[k]) || taken_[k];
   }
 
   const PolicyView& p_;
   const bool* members_;
+  // blend_rate only (its keeps are the view's fixed half-lives', its gains read live).
+  const PolicyOrder rates_;
   std::vector<Bucket> buckets_;
-  std::vector<uint32_t> bucket_of_;
   std::vector<uint8_t> taken_;  // victims chosen in this call
   std::vector<Cand> cands_;     // victims(): each bucket's candidate in this call
-  double cached_t_ = std::numeric_limits<double>::quiet_NaN();
 };
 
 }  // namespace tierstore
