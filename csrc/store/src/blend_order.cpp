@@ -35,13 +35,13 @@ void BlendOrder::insert(int64_t k) {
   const size_t bi = static_cast<size_t>(p_.pos[k]);
   if (buckets_.size() <= bi) buckets_.resize(bi + 1);
   Bucket& b = buckets_[bi];
-  Entry e{0.0, 0.0, p_.raw[k], p_.raw2[k], p_.last[k], k};
+  Entry e = entry_of(k);
   if (!fresh(b)) {
     b.v.push_back(e);
     b.sorted = false;
     return;
   }
-  set_rate(e, rates_.blend_rate(e.h1, e.h2));
+  set_rate(e, PolicyOrder(p_).rate_of(e.h1, e.h2));
   b.v.insert(std::lower_bound(b.v.begin(), b.v.end(), e, EntryLess{}), e);
 }
 
@@ -50,8 +50,8 @@ void BlendOrder::erase(int64_t k) {
   auto it = b.v.begin();
   if (fresh(b) && b.v.size() > 32) {
     // The key's state is what it was inserted with: its rate at this clock is the entry's.
-    Entry e{0.0, 0.0, p_.raw[k], p_.raw2[k], p_.last[k], k};
-    set_rate(e, rates_.blend_rate(e.h1, e.h2));
+    Entry e = entry_of(k);
+    set_rate(e, PolicyOrder(p_).rate_of(e.h1, e.h2));
     it = std::lower_bound(b.v.begin(), b.v.end(), e, EntryLess{});
   } else {
     while (it != b.v.end() && it->k != k) ++it;
@@ -60,7 +60,8 @@ void BlendOrder::erase(int64_t k) {
 }
 
 void BlendOrder::refresh(Bucket& b) {
-  for (Entry& e : b.v) set_rate(e, rates_.blend_rate(e.h1, e.h2));
+  const PolicyOrder order(p_);
+  for (Entry& e : b.v) set_rate(e, order.rate_of(e.h1, e.h2));
   if (!b.sorted) {
     std::sort(b.v.begin(), b.v.end(), EntryLess{});
   } else {  // one clock step moves few keys past each other: insertion sort

@@ -11,21 +11,14 @@ namespace tierstore {
 namespace {
 constexpr double kRenormExponent = 256.0;  // renormalise raw heat past 2^256
 
-// 1 - 2^(-1/h): the replays build a PolicyOrder per decision and pow was 14% of auto's
-// replay, so the last few half-lives' values are remembered (the same pow, so bit-equal).
-double keep_of(double h) {
-  constexpr int kSlots = 16;
-  thread_local double hs[kSlots], keeps[kSlots];
-  thread_local int used = 0, next = 0;
-  for (int i = 0; i < used; ++i) {
-    if (hs[i] == h) return keeps[i];
+// 1 - 2^(-1/h), cached in the view (the replays build a PolicyOrder per decision and pow
+// was 14% of auto's replay; the cache holds the value of the same pow, so bit-equal).
+double keep_of(double h, double& cached_h, double& cached) {
+  if (cached_h != h) {
+    cached = 1.0 - std::pow(2.0, -1.0 / h);
+    cached_h = h;
   }
-  const double keep = 1.0 - std::pow(2.0, -1.0 / h);
-  hs[next] = h;
-  keeps[next] = keep;
-  next = (next + 1) % kSlots;
-  used = std::max(used, next == 0 ? kSlots : next);
-  return keep;
+  return cached;
 }
 }  // namespace
 
@@ -116,14 +109,14 @@ void policy_admitted(PolicyView& p, const int64_t* keys, int64_t n) {
 
 PolicyOrder::PolicyOrder(const PolicyView& p) : p_(p) {
   if (p.phased()) {
-    factor_ = keep_of(p.half_life) / p.gain;
+    factor_ = keep_of(p.half_life, p.keep_h, p.keep) / p.gain;
     c_ = std::max<int64_t>(p.group - 1, 0);
     l_ = p.per_tick;
     l_double_ = static_cast<double>(l_);
   }
   if (p.blended()) {
-    keep1_ = keep_of(p.half_life);
-    keep2_ = keep_of(p.half_life2);
+    keep1_ = keep_of(p.half_life, p.keep_h, p.keep);
+    keep2_ = keep_of(p.half_life2, p.keep_h2, p.keep2);
   }
 }
 

@@ -1,8 +1,9 @@
-// Blend's resident keys kept so that victims are found without ordering the whole set
-// (the replays' former scan was ~85% of auto's replay time: five of its nine experts are
-// blend). Blend's order (policy.hpp) is phase's over a rate that mixes two heats decaying
-// at different speeds, so no static order of the keys exists, but the order of a clock
-// does: a key's rate moves only with the clock (once a tick) or its own access (erased
+// Phase's and blend's resident keys kept so that victims are found without ordering the
+// whole set (the replays' former scan was ~85% of auto's replay time: seven of its nine
+// experts are phase or blend). Their order (policy.hpp) is by the expected next use: an
+// offset of the key's group position that moves every group, and a rate (blend's mixes
+// two heats decaying at different speeds, so it has no static order), but within one
+// clock the order is fixed: a key's rate moves only with the clock (once a tick) or its own access (erased
 // before, inserted after). So each phase bucket (keys last read at one group position)
 // keeps its keys sorted by (rate, last, key) at the clock it was last ordered at, each
 // entry with its rate and 1 / max(rate, 1e-12) (primary_of's reciprocal); when the clock
@@ -25,7 +26,7 @@ namespace tierstore {
 class BlendOrder {
  public:
   BlendOrder(const PolicyView& p, const bool* members)
-      : p_(p), members_(members), rates_(p), taken_(p.n_keys, 0) {}
+      : p_(p), members_(members), taken_(p.n_keys, 0) {}
   void rebuild();
   // As ResidentOrder: erase a held key before its state changes, insert it after.
   void erase(int64_t k);
@@ -36,7 +37,7 @@ class BlendOrder {
   struct Entry {
     double rate;     // blend_rate(h1, h2) at the bucket's clock
     double inv;      // 1 / max(rate, 1e-12)
-    double h1, h2;   // raw, raw2 when inserted (equal the policy's arrays while held)
+    double h1, h2;   // raw, raw2 (blend; else 0) when inserted (equal the arrays while held)
     int64_t last;    // last-use tick (likewise)
     int64_t k;
   };
@@ -52,6 +53,9 @@ class BlendOrder {
     double primary = 0.0;
   };
   bool fresh(const Bucket& b) const { return b.sorted && b.t == p_.t; }
+  Entry entry_of(int64_t k) const {
+    return Entry{0.0, 0.0, p_.raw[k], p_.blended() ? p_.raw2[k] : 0.0, p_.last[k], k};
+  }
   void refresh(Bucket& b);  // rates at the current clock, entries in order
   // One bucket's candidate in the current call: its coldest unexcluded key and that key's
   // phase primary (k = -1: none).
@@ -62,8 +66,6 @@ class BlendOrder {
 
   const PolicyView& p_;
   const bool* members_;
-  // blend_rate only (its keeps are the view's fixed half-lives', its gains read live).
-  const PolicyOrder rates_;
   std::vector<Bucket> buckets_;
   std::vector<uint8_t> taken_;  // victims chosen in this call
   std::vector<Cand> cands_;     // victims(): each bucket's candidate in this call

@@ -42,6 +42,9 @@ struct PolicyView {
   int64_t per_tick = 1;  // phase: L, most groups seen in one tick
   double* raw2 = nullptr;  // blend: the long heat (same clock t, its own base and gain)
   double base2 = 0.0, gain2 = 1.0, half_life2 = 1.0;
+  // 1 - 2^(-1/h) of half_life / half_life2, remembered with the half-life they were
+  // computed for (PolicyOrder's; the same pow each time, so bit-equal).
+  mutable double keep_h = 0.0, keep = 0.0, keep_h2 = 0.0, keep2 = 0.0;
 
   bool stamps() const { return kind != PolicyKind::kHeat; }
   bool heats() const { return kind != PolicyKind::kLru; }
@@ -86,8 +89,12 @@ class PolicyOrder {
     if (!p_.blended()) return p_.raw[k] * factor_;
     return blend_rate(p_.raw[k], p_.raw2[k]);
   }
-  // Blend's rate of raw heats (r1, r2): monotone in each (every step is), so it bounds the
-  // rate of any key whose heats are at least these (blend_order.hpp relies on it).
+  // The rate of a key whose raw heats are (r1, r2) (r2 read only by blend): rate(k) spelled
+  // over the heats (blend_order.hpp keeps them beside the key).
+  double rate_of(double r1, double r2) const {
+    return p_.blended() ? blend_rate(r1, r2) : r1 * factor_;
+  }
+  // Blend's rate of raw heats (r1, r2): monotone in each (every step is).
   double blend_rate(double r1, double r2) const {
     // As blend.py spells it: the mean of heat * (1 - 2^(-1/h)) over both heats.
     return 0.5 * (r1 / p_.gain * keep1_ + r2 / p_.gain2 * keep2_);

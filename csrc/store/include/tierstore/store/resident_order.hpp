@@ -3,13 +3,9 @@
 //
 // A key's order changes only through its own arrays (an access, an admission stamp) or a
 // renormalisation of every heat; callers erase a resident key before changing its state
-// and insert it after, and rebuild() after a renormalisation. Phase's order also moves
-// with the tick's progress and the gain (policy.hpp), but only between buckets of keys
-// last read at the same group: within one bucket it is a monotone function of the raw
-// heat, so each bucket is kept in hybrid's static order and victims() merges the buckets
-// by the exact phase order (keys whose phase primaries round to equal are re-sorted by
-// (last, key), the exact tie-break). Blend (no static order even within a bucket) keeps a
-// BlendOrder (blend_order.hpp).
+// and insert it after, and rebuild() after a renormalisation. lru / heat / hybrid keep
+// one set in their static order; phase and blend, whose order moves with the tick's
+// progress and the clock (policy.hpp), keep a BlendOrder (blend_order.hpp).
 #pragma once
 
 #include <cstdint>
@@ -26,7 +22,7 @@ class ResidentOrder {
  public:
   // The keys with members[k] set (null: the policy's own resident mask), in p's order.
   explicit ResidentOrder(const PolicyView& p, const bool* members = nullptr)
-      : p_(p), members_(members ? members : p.resident), where_(p.n_keys), bucket_of_(p.n_keys, 0) {
+      : p_(p), members_(members ? members : p.resident), where_(p.n_keys) {
     if (scan_) blend_ = std::make_unique<BlendOrder>(p_, members_);
     rebuild();
   }
@@ -38,13 +34,11 @@ class ResidentOrder {
   // node, so erasing costs no search.
   void erase(int64_t k) {
     if (scan_) return blend_->erase(k);
-    sets_[bucket_of_[k]].erase(where_[k]);
+    set_.erase(where_[k]);
   }
   void insert(int64_t k) {
     if (scan_) return blend_->insert(k);
-    const size_t b = bucket_index(k);
-    bucket_of_[k] = static_cast<uint32_t>(b);
-    where_[k] = sets_[b].insert(node_of(k)).first;
+    where_[k] = set_.insert(node_of(k)).first;
   }
   bool holds(int64_t k) const { return members_[k]; }
   // The n coldest members with pinned[k] == 0 (pinned may be null), coldest first.
@@ -67,26 +61,13 @@ class ResidentOrder {
     return Node{p_.heats() ? p_.raw[k] : 0.0, p_.stamps() ? p_.last[k] : 0, k};
   }
   using Set = std::set<Node>;
-  size_t bucket_index(int64_t k);  // grows sets_ to hold the key's bucket
-  void phase_victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
-
-  // phase_victims: per bucket, the current run of keys sharing one exact primary, sorted
-  // by (last, key) (kept between calls to reuse the buffers).
-  struct Head {
-    Set::const_iterator it, end;
-    std::vector<int64_t> run;
-    size_t next = 0;
-    double primary = 0.0;
-  };
 
   const PolicyView& p_;
   const bool* members_;
-  const bool scan_ = p_.blended();  // blend has no static order: its own BlendOrder
+  const bool scan_ = p_.phased();  // phase / blend: no static order, a BlendOrder
   std::unique_ptr<BlendOrder> blend_;
-  std::vector<Set> sets_;  // one (bucket 0) except for phase: one per group position
+  Set set_;                           // lru / heat / hybrid
   std::vector<Set::iterator> where_;  // per key held: its node
-  std::vector<uint32_t> bucket_of_;   // per key held: its bucket
-  std::vector<Head> heads_;
 };
 
 }  // namespace tierstore
