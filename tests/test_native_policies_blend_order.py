@@ -1,6 +1,6 @@
-"""blend's incremental resident order in the native replays (csrc/store/src/blend_order.cpp:
-per phase bucket, keys sorted by each raw heat, the coldest found by the threshold
-algorithm) against the Python loop, whose victims scan every resident key
+"""blend's and phase's incremental resident order in the native replays (csrc/store/src/blend_order.cpp:
+per phase bucket, keys sorted by rate at the clock they were last ordered at, re-sorted
+when the clock moved) against the Python loop, whose victims scan every resident key
 (policy_victims). Traces built for ties: few keys read together with small integer
 weights, half-lives up to 1e6 steps (rates barely move, so many are exactly equal)."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tierstore.policies.blend import BlendPolicy
+from tierstore.policies.phase import PhasePolicy
 from tierstore.sim.counting import Prepared
 from tierstore.sim.demand import replay_demand_fill
 from tierstore.sim.traces import Trace
@@ -33,14 +34,15 @@ def _tied_trace(n_layers, n_experts, n_ticks, seed):
                  np.arange(n_layers, dtype=np.int64), n_experts)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(n_layers=st.integers(1, 5), n_experts=st.integers(2, 10), n_ticks=st.integers(1, 40),
        slots=st.integers(1, 25), h=st.sampled_from([0.05, 0.5, 2.0, 16.0, 1e6]),
-       granularity=st.sampled_from(["layer", "tick"]), seed=st.integers(0, 2**31 - 1))
+       granularity=st.sampled_from(["layer", "tick"]), seed=st.integers(0, 2**31 - 1),
+       cls=st.sampled_from([BlendPolicy, PhasePolicy]))
 def test_blend_order_matches_the_full_scan(n_layers, n_experts, n_ticks, slots, h,
-                                           granularity, seed):
+                                           granularity, seed, cls):
     prep = Prepared(_tied_trace(n_layers, n_experts, n_ticks, seed))
-    fast, slow = (BlendPolicy(prep.n_keys, slots, half_life=h) for _ in range(2))
+    fast, slow = (cls(prep.n_keys, slots, half_life=h) for _ in range(2))
     a = replay_demand_fill(prep, fast, slots, granularity)
     b = replay_demand_fill(prep, slow, slots, granularity, native=False)
     assert np.array_equal(a.hit, b.hit)
