@@ -58,10 +58,10 @@ class LoggingPrefetcher(Prefetcher):
         self.log = []
         self.tick = 0
 
-    def propose(self, layer, resident):
+    def propose(self, layer, resident, victims=None):
         credit = self.credit()
         res = resident.copy()
-        fetch, hold = super().propose(layer, resident)
+        fetch, hold = super().propose(layer, resident, victims)
         self.log.append((self.tick, layer, credit, self.last_cost, res, fetch.copy(), hold.copy()))
         return fetch, hold
 

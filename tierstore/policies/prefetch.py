@@ -29,9 +29,17 @@ Budget, in reads, self-tuned (no per-trace knob):
 - a useful prefetch replaces the demand read it anticipates, so a candidate of
   calibrated probability p costs 1 - p reads in expectation (a wasted read). The
   credit is ``read_ratio * lru_reads - reads`` plus the expected savings of the
-  prefetches still in flight (the sum of their p), less one read per recently
-  wasted prefetch (decayed, half-life ``PRECISION_HALF_LIFE`` ticks): its victim
-  may miss later, after the budget saw the prefetch. A proposal fetches the
+  prefetches still in flight (the sum of their p), less ``WASTED_READ`` reads per
+  recently wasted prefetch (decayed, half-life ``PRECISION_HALF_LIFE`` ticks): its
+  victim may miss later, after the budget saw the prefetch;
+- the harm to a fetch's victim: given ``victims`` (the keys whose slots the
+  fetches would take, in order, -1 for a free slot), a wasted fetch also costs
+  the victim's re-read when its layer next routes it, so a candidate of
+  calibrated p whose victim's layer routes the victim next with probability h
+  costs (1 - p)(1 + h) (h from the same model: the target layer's prediction
+  for a victim of that layer, else its layer's decayed marginal over the tokens
+  of its next read). A fetch that evicts a likely key costs more credit, so
+  the budget cuts it first. A proposal fetches the
   best candidates while their summed expected cost plus ``Z`` standard
   deviations of it stays within the credit. With ``read_ratio = 1`` total reads
   stay at LRU's; candidates that pay for themselves (p = 1) need no credit, so
@@ -73,6 +81,13 @@ MIN_THRESHOLD, MAX_THRESHOLD = 0.1, 0.9
 # against 0.43 / 0.50; synthetic seed 0 / 1 and the batched setting unchanged within 0.01).
 # Holding resident keys by calibrated p, or not at all, moved FLAME 51 by < 0.002: not the lever.
 Z = 8.0
+# Credit charged per recently wasted prefetch (reads). The victim's own re-read is priced at
+# proposal time (the harm term), so a full read here counted it twice: FLAME 51 / 102 / 205
+# 0.3455 / 0.4629 / 0.5088 -> 0.3532 / 0.4628 / 0.5160 of the latency gap with the harm
+# term and 0.5 (reads <= LRU's), batched 1.29 / 1.15 / 1.00 -> 1.30 / 1.18 / 1.00,
+# synthetic seeds 0 / 1 within 0.003. No charge (0) spent past LRU's reads on FLAME 51;
+# the harm term at a full read cost the batched setting 0.04 at 410 slots.
+WASTED_READ = 0.5
 N_BINS = 20                 # calibration bins over the raw probability
 CAL_PRIOR = 2.0             # observations' weight of the raw estimate in a bin
 CAL_FLOOR = 0.01            # raw probability below which a candidate is not scored
@@ -147,7 +162,7 @@ class Prefetcher:
     def credit(self) -> float:
         """Expected reads the budget allows now (see module doc)."""
         return (self.read_ratio * self.lru_reads - self.reads + self.in_flight_p
-                - self._wasted_w)
+                - WASTED_READ * self._wasted_w)
 
     def calibrated(self, p: np.ndarray, kind: int = 0) -> np.ndarray:
         """The measured chance that a candidate of raw probability ``p`` is routed
@@ -193,10 +208,14 @@ class Prefetcher:
         self._shadow_read(keys)
         return release
 
-    def propose(self, layer: int, resident: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def propose(self, layer: int, resident: np.ndarray,
+                victims=None) -> tuple[np.ndarray, np.ndarray]:
         """After ``layer``'s read (``resident``: bool [n_keys], resident or loading):
         (fetch, hold) dense keys, ``fetch`` to read now (likeliest first), ``hold``
-        (``fetch`` included) to pin until their layer reads (see module doc)."""
+        (``fetch`` included) to pin until their layer reads (see module doc).
+        ``victims(n, blocked)``: the tier's answer to "which keys would n new rows
+        evict, in order" (int64, -1 = a free slot; ``blocked``: bool [n_keys], keys
+        that may not be victims); None: no victim is harmed (h = 0)."""
         layer = int(layer)
         m = layer + self.lead
         wraps = m >= self.n_layers
@@ -232,7 +251,7 @@ class Prefetcher:
             ok = pc >= self.threshold
             cand, pc = cand[ok][:cap], pc[ok][:cap]
             credit = self.credit()
-            cost = 1.0 - pc
+            cost = (1.0 - pc) * (1.0 + self._harm(layer, m, p, keep, cand.size, victims))
             need = np.cumsum(cost) + Z * np.sqrt(np.cumsum(pc * (1.0 - pc)))
             # A candidate of cost 0 never adds expected reads, whatever the credit.
             n = (int(np.searchsorted(need > max(credit, 0.0), True)) if self.read_ratio > 0
@@ -287,6 +306,35 @@ class Prefetcher:
         self._cal_hit *= d
 
     # -- internals --------------------------------------------------------------------
+    def _harm(self, layer: int, m: int, p: np.ndarray, keep: np.ndarray, n: int,
+              victims) -> np.ndarray | float:
+        """float64 [n]: P(the victim of the i-th fetch is routed at its layer's next
+        read) (module doc); 0 for a free slot or without ``victims``."""
+        if victims is None or n == 0:
+            return 0.0
+        E = self.n_experts
+        blocked = self.held_mask.copy()
+        blocked[keep] = True  # held by this proposal
+        if self._this[layer] is not None:
+            blocked[layer * E + self._this[layer]] = True  # the group being read
+        v = np.asarray(victims(n, blocked), dtype=np.int64)[:n]
+        h = np.zeros(n)
+        real = np.flatnonzero(v >= 0)
+        if real.size == 0:
+            return h
+        lv, ev = np.divmod(v[real], E)
+        model = self.model
+        q = np.clip(model.marginal[lv, ev] / np.maximum(model.marginal_n[lv], 1e-300), 0.0, 1.0)
+        # Tokens of the victim's next read: this tick's for a layer still to read, else
+        # the fewer of the last two ticks' (as a wrap's target).
+        tok = np.where(lv > layer, self._tok_this[layer],
+                       np.minimum(self._tok_this[lv], self._tok_prev[lv]))
+        hv = 1.0 - (1.0 - q) ** np.maximum(tok, 1.0)
+        same = lv == m  # the target layer: its own prediction
+        hv[same] = p[ev[same]]
+        h[real] = hv
+        return h
+
     def _tune(self, short: bool, spare: float) -> None:
         """The threshold is the price of a read: raised when the budget cut a
         proposal short, lowered while credit is left over after one, so the

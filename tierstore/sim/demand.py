@@ -58,6 +58,13 @@ class Filler:
         self.admit(fill.keys)
         return fill.keys
 
+    def would_evict(self, n: int, blocked: np.ndarray) -> np.ndarray:
+        """The keys ``n`` new rows would evict, in fill order (-1: a free slot), none
+        set in ``blocked`` (the prefetcher's victim query; changes nothing)."""
+        nf = min(self.n_free, int(n))
+        v = np.asarray(self.policy.victims(int(n) - nf, blocked), dtype=np.int64)
+        return np.concatenate((np.full(nf, -1, dtype=np.int64), v)) if nf else v
+
     def evict(self, v: np.ndarray) -> None:
         if len(v):
             if self._on_evict is not None:

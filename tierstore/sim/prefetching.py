@@ -68,7 +68,7 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
             cnt.landed[a:b] = clock.landed(u, r)
         policy.on_access(u, None if single else dcounts[a:b])
         prefetcher.on_read(layer, u - layer * E, r, int(routings[g]))
-        fetch, _hold = prefetcher.propose(layer, resident)
+        fetch, _hold = prefetcher.propose(layer, resident, tier.would_evict)
         np.copyto(pinned, held)  # the held keys block eviction as the store's pins do
         if fetch.size:
             got = tier.place(fetch, u, ADMIT_ALL, count_rejected=False)

@@ -30,9 +30,18 @@ import numpy as np
 import torch
 
 from tierstore.policies.prefetch import Prefetcher
+from tierstore.store.slots import FREE
 from tierstore.store.worker import Ticket
 
 _EMPTY = np.empty(0, dtype=np.int64)
+
+
+def _would_evict(pool, n: int, blocked: np.ndarray) -> np.ndarray:
+    """The keys ``n`` promotions would evict from ``pool`` now, in take order (-1: a
+    free slot): SlotStates.take's choice, pins and ``blocked`` protected."""
+    nf = min(int(np.count_nonzero(pool.state == FREE)), int(n))
+    v = np.asarray(pool.policy.victims(int(n) - nf, blocked | (pool.key_pins > 0)), dtype=np.int64)
+    return np.concatenate((np.full(nf, -1, dtype=np.int64), v)) if nf else v
 
 
 class StorePrefetch:
@@ -76,7 +85,8 @@ class StorePrefetch:
             if release.size:
                 pool.unpin(release)
             # Unwritten layers count as resident: never fetched (their rows do not exist).
-            fetch, hold = pf.propose(int(layer), (pool.slot_of >= 0) | ~store._written)
+            fetch, hold = pf.propose(int(layer), (pool.slot_of >= 0) | ~store._written,
+                                     lambda n, blocked: _would_evict(pool, n, blocked))
             pool.pin(keys)
             self._current = keys
             if hold.size:
