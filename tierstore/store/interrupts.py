@@ -49,12 +49,32 @@ def watch_batch(load, stream) -> None:
     """A pipelined batch a main-thread fire started (call inside the fire's section):
     until it is settled, a Ctrl-C settles it (on ``stream``) before it is raised."""
     if threading.current_thread() is threading.main_thread():
-        load.settle_stream = stream
+        load.settle_stream, load.watched = stream, True
         _WATCHED.add(load)
 
 
 def _unsettled() -> list:
-    return [load for load in list(_WATCHED) if not load.batch.done.is_set()]
+    """The watched batches still in flight; the settled ones leave the watch list (a
+    section's end scans it: a forward's fires would otherwise make it grow)."""
+    loads = list(_WATCHED)
+    for load in loads:
+        if load.batch.done.is_set():
+            _WATCHED.discard(load)
+    return [load for load in loads if not load.batch.done.is_set()]
+
+
+def unwatch(load) -> None:
+    """``load`` is settled (its owner saw it published or rolled back): it leaves the
+    watch list and, on the main thread with nothing left to settle, SettleFirst gives
+    the handlers back. Without this, a batch settled by another thread (a racing fire,
+    a close() on a thread) left SettleFirst installed until the next section ended."""
+    _WATCHED.discard(load)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _DEFERRED:
+        handler = signal.getsignal(sig)
+        if isinstance(handler, SettleFirst) and not _unsettled():
+            signal.signal(sig, handler.inner)
 
 
 def settle_watched() -> None:
@@ -76,7 +96,11 @@ class SettleFirst:
         self.inner = inner
 
     def __call__(self, signum, frame):
-        settle_watched()
+        # A second Ctrl-C during this settle is deferred to its end: run as a handler
+        # again, it would settle the batch this frame is settling, from inside it (and
+        # its KeyboardInterrupt would leave the batch half settled).
+        with no_interrupts():
+            settle_watched()
         if callable(self.inner):
             self.inner(signum, frame)
 

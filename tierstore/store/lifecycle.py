@@ -20,21 +20,26 @@ class Lifecycle:
         (their tickets raise ClosedError), stop the worker, close the engine.
         A pipelined fire is active only until its reads are queued: its batch is
         settled here (published, or rolled back on error) before the engine and the
-        pack close, so its owner's later wait_layer finds it published."""
-        with self.lock:
-            if self._closed:
-                return
-            self._closed = True
-            while self._active:
-                self._idle.wait()
-            loads = [b.layer_load for b in self._mover.inflight.values()
-                     if b.layer_load is not None]
-        for load in loads:   # no new one can start: fires are refused from here on
-            load.settle(load.batch.stream)
-        self._worker.stop()
-        if self._owns_engine:
-            self.engine.close()
-        self._drop_pack()
+        pack close, so its owner's later wait_layer finds it published.
+        One interrupt-deferred section: a Ctrl-C during close() is raised once the store
+        is closed whole (a KeyboardInterrupt out of its settle left a batch in flight
+        and the worker running, with ``closed`` already true: nothing would ever finish
+        them)."""
+        with no_interrupts():
+            with self.lock:
+                if self._closed:
+                    return
+                self._closed = True
+                while self._active:
+                    self._idle.wait()
+                loads = [b.layer_load for b in self._mover.inflight.values()
+                         if b.layer_load is not None]
+            for load in loads:   # no new one can start: fires are refused from here on
+                load.settle(load.batch.stream)
+            self._worker.stop()
+            if self._owns_engine:
+                self.engine.close()
+            self._drop_pack()
 
     def _drop_pack(self) -> None:
         """Release the reader lock (writers may start) and close a pack we opened."""

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from tierstore.store.interrupts import no_interrupts
+from tierstore.store.interrupts import no_interrupts, unwatch
 from tierstore.errors import TierIOError
 
 
@@ -85,6 +85,7 @@ class LayerLoad:
         batch.layer_load = self   # a fire that needs these keys settles it (settle())
         self.submitted = threading.Event()   # submit() has queued (or failed) every layer
         self.settle_stream = None   # the owner fire's stream (a watched batch: interrupts.py)
+        self.watched = False        # on interrupts' watch list (a main-thread pipelined fire)
 
     def submit(self) -> None:
         """Queue every layer's rows (layer order); no waiting. On a refused submit the
@@ -118,6 +119,9 @@ class LayerLoad:
         settles the whole batch before it is raised (store/interrupts.py)."""
         group = self.group_of.get(layer, -1)
         if group not in self.pending and group not in self.failed:
+            if self.watched and self.batch.done.is_set():
+                self.watched = False   # settled, maybe by another thread: unwatch it once
+                unwatch(self)
             return self._wait_published(group, stream)   # the common call: nothing to wait for
         with no_interrupts(on_interrupt=lambda: self.settle(stream)):
             self._publish(group, stream, report=True)
@@ -150,24 +154,27 @@ class LayerLoad:
             self._raise_failed(exc, comp, report)
         mover, batch = self.mover, self.batch
         s, e = self.spans[layer]
-        changed, completed = None, False
-        with no_interrupts(), mover.lock:   # the tables are written whole or not at all
-            if layer in self.failed:        # another thread's layer failed meanwhile
-                raise self._failure()
-            if layer not in self.pending:   # another thread published it meanwhile
-                return self._wait_published(layer, stream)
-            try:   # under the lock: whoever publishes the last layer (close()'s settle
-                mover.pack.check_unchanged()   # too) does so before the pack may close
-            except BaseException as exc:  # noqa: BLE001 - a replaced file: publish nothing
-                changed = exc
-            if changed is None:
-                completed = self._publish_locked(layer, s, e, comp, stream)
+        changed = None
+        # One section from the tables to ``done``: a Ctrl-C between the last layer's
+        # publish and done.set() would run SettleFirst's settle on this thread, find
+        # nothing pending and wait on ``done`` forever (only this frame sets it).
+        with no_interrupts():
+            with mover.lock:   # the tables are written whole or not at all
+                if layer in self.failed:        # another thread's layer failed meanwhile
+                    raise self._failure()
+                if layer not in self.pending:   # another thread published it meanwhile
+                    return self._wait_published(layer, stream)
+                try:   # under the lock: whoever publishes the last layer (close()'s
+                    mover.pack.check_unchanged()   # settle too) does so before the pack closes
+                except BaseException as exc:  # noqa: BLE001 - a replaced file: publish nothing
+                    changed = exc
+                completed = changed is None and self._publish_locked(layer, s, e, comp, stream)
+            if completed:   # only the thread that published the last layer (a failure's
+                batch.done.set()   # rollback clears pending too, and sets done itself)
+                if not batch.sources_released:
+                    self.defer_sources(batch)  # the worker waits for the copies, then unpins
         if changed is not None:
             self._raise_failed(changed, comp, report)
-        if completed:   # only the thread that published the last layer (a failure's
-            batch.done.set()   # rollback clears pending too, and sets done itself)
-            if not batch.sources_released:
-                self.defer_sources(batch)  # the worker waits for the copies, then unpins
 
     def _raise_failed(self, exc: BaseException, comp, report: bool):
         """Roll back what is unpublished and raise the batch's error."""
@@ -226,7 +233,13 @@ class LayerLoad:
 
     def _fail(self, exc: BaseException, comp=None) -> None:
         """Cancel and drain every unpublished layer, roll back its slots; keep published
-        ones. Any thread may get here (owner or settle); the first one does the work."""
+        ones. Any thread may get here (owner or settle); the first one does the work.
+        One interrupt-deferred section, for the reason _publish's is: from the claim to
+        done.set() no other frame may finish this batch."""
+        with no_interrupts():
+            self._fail_whole(exc, comp)
+
+    def _fail_whole(self, exc: BaseException, comp) -> None:
         mover, batch = self.mover, self.batch
         with mover.lock:   # claim the unpublished layers: no one publishes them from now on
             if self.error is not None:
