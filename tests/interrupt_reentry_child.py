@@ -10,6 +10,7 @@ check failing exits non-zero with the reason on stderr.
 """
 from __future__ import annotations
 
+import faulthandler
 import gc
 import os
 import signal
@@ -94,6 +95,9 @@ def main(argv) -> int:
     n_lines, runs, interrupted, reentered, in_close = counter.n, 0, 0, 0, 0
     for first in range(1, n_lines + 1, 3):
         for gap in gaps:
+            # one run takes milliseconds: 60 s is a hang, whatever the machine's load;
+            # the stacks go to stderr and the child exits non-zero
+            faulthandler.dump_traceback_later(60, exit=True)
             hook = SigintsAt((first, first + gap))
             store, hit = run(hook, pack, how)
             where = f"SIGINTs at lines {first} and {first + gap} of {n_lines} ({how})"
@@ -115,6 +119,7 @@ def main(argv) -> int:
             interrupted += hit
             reentered += "SettleFirst.__call__" in hook.inside
             in_close += "Lifecycle.close" in hook.inside
+    faulthandler.cancel_dump_traceback_later()
     print(f"runs={runs} interrupted={interrupted} reentered={reentered} in_close={in_close} "
           f"lines={n_lines}")
     return 0

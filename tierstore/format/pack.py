@@ -14,6 +14,7 @@ import numpy as np
 import xxhash
 
 from tierstore.errors import ConfigError, FormatError, TierIOError, TierstoreError
+from tierstore.files.closing import Closing
 from tierstore.files.untrusted import open_regular
 from tierstore.format.sidecar import (DEFAULT_CHECKSUM, PackName, RowLayout, RowSection, Sidecar,
                                       key20_of, load_sidecar, sidecar_path_of)
@@ -75,7 +76,7 @@ class VerifyReport:
                 f"rows_unchecked={self.rows_unchecked})")
 
 
-class Pack:
+class Pack(Closing):
     """An open, validated pack. Holds one O_RDONLY fd; ``close()`` or use as a context
     manager. Thread safety: all methods are safe to call concurrently (pread only)."""
 
@@ -174,17 +175,6 @@ class Pack:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "Pack":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return (f"Pack({self.path!r}, tag={self.tag!r}, {self.n_layers}x{self.n_experts} rows "

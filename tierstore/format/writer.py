@@ -20,6 +20,7 @@ from tierstore.errors import ConfigError, FormatError, TierIOError
 from tierstore.format.packlock import PackBusyError, lock_for_writing
 from tierstore.files.atomic import (create_sized_atomic, remove_quietly, stale_temps,
                                     write_atomic)
+from tierstore.files.closing import Closing
 from tierstore.format.sidecar import (DEFAULT_CHECKSUM, TAG_RE, PackName, RowLayout, Sidecar,
                                       SIDECAR_VERSION, encode_sidecar, key20_of,
                                       load_sidecar, lock_path_of, round_up, sidecar_path_of,
@@ -37,7 +38,7 @@ class PackReplacedError(TierIOError):
                                    f"written (inode changed); refusing to write through it")
 
 
-class PackWriter:
+class PackWriter(Closing):
     """Write (or resume writing) one pack. Not thread safe; one writer per pack file,
     enforced across processes by flock. ``out`` is a directory (the v2 name with key20
     is chosen) or an explicit `.pack` path. Errors: ConfigError for bad arguments or an
@@ -244,17 +245,6 @@ class PackWriter:
             os.close(self._lock_fd)   # closing the fd drops the flock
             self._lock_fd = -1
 
-    def __enter__(self) -> "PackWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _makedirs(directory: str) -> None:

@@ -11,10 +11,11 @@ import contextlib
 import os
 
 from tierstore.errors import ClosedError
+from tierstore.files.closing import Closing
 from tierstore.store.interrupts import no_interrupts
 
 
-class Lifecycle:
+class Lifecycle(Closing):
     def close(self) -> None:
         """Finish in-flight fires and the running promotion, cancel queued ones
         (their tickets raise ClosedError), stop the worker, close the engine.
@@ -49,17 +50,6 @@ class Lifecycle:
         if self._owns_pack:
             self.pack.close()
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown, half-built store
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     @contextlib.contextmanager
     def _activity(self, what: str):
