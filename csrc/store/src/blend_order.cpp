@@ -113,7 +113,7 @@ void BlendOrder::candidate(size_t bi, const uint8_t* pinned, double off, Cand& c
   const double g1 = p_.gain, g2 = p_.gain2;
   bool moved = b.g1 != g1 || (p_.blended() && b.g2 != g2);
   // A small bucket costs less to order at the new clock once than to bound on every scan.
-  if (!b.sorted || (moved && b.v.size() <= 24)) {
+  if (!b.sorted || (moved && b.v.size() <= 64)) {
     resort(b);
     moved = false;
   }
