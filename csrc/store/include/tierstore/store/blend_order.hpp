@@ -2,21 +2,28 @@
 // whole set (the replays' former scan was ~85% of auto's replay time: seven of its nine
 // experts are phase or blend). Their order (policy.hpp) is by the expected next use: an
 // offset of the key's group position that moves every group, and a rate (blend's mixes
-// two heats decaying at different speeds, so it has no static order), but within one
-// clock the order is fixed: a key's rate moves only with the clock (once a tick) or its own access (erased
-// before, inserted after). So each phase bucket (keys last read at one group position)
-// keeps its keys sorted by (rate, last, key) at the clock it was last ordered at, each
-// entry with its rate and 1 / max(rate, 1e-12) (primary_of's reciprocal); when the clock
-// has moved, the bucket's rates are recomputed and the (nearly sorted) entries re-sorted
-// the first time a victim is asked of it. Within a bucket the phase primary
-// -(off/L + 1/max(rate, 1e-12)) is non-decreasing along that order, so a bucket's coldest
-// is the least (last, key) of its leading run of equal primaries (rounding may merge
-// rates). victims() merges the buckets' coldest by the exact phase order, each bucket
-// evaluated once per call and again only after it gave a victim.
+// two heats decaying at different speeds, so it has no static order).
+//
+// Each phase bucket (keys last read at one group position) keeps its keys sorted by
+// (rate, last, key) with the rate taken at the bucket's REFERENCE gains (the clock it was
+// last sorted at). The current rate of a key is within [rho, rho2] times its reference
+// rate (rho = min(G/g, G2/g2): both terms of blend's rate only shrink by those ratios
+// as the clock moves; phase has one term), so a bucket's coldest is found by scanning from
+// its front, the current rates computed exactly as PolicyOrder::rate_of does, until the
+// bound proves that no later key can reach the best: the buckets are not re-sorted every
+// clock step, only when such a scan grows long (the clock has moved too far).
+//
+// Within a bucket the phase primary -(off/L + 1/max(rate, 1e-12)) is non-decreasing in the
+// rate for every offset, so a bucket's coldest is the greatest inverse rate, ties by
+// (last, key), unless two distinct inverses lie within rounding of each other (then the
+// offset decides which merge: computed for that offset, not remembered). Otherwise the
+// coldest does not depend on the offset, and each bucket remembers it until its keys
+// change or the clock moves: victims() merges the buckets' remembered coldest by the
+// exact phase order, re-evaluating only the buckets that changed (the victim's, after
+// each take).
 #pragma once
 
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "tierstore/store/policy.hpp"
@@ -35,30 +42,39 @@ class BlendOrder {
   void victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
 
   struct Entry {
-    double rate;     // blend_rate(h1, h2) at the bucket's clock
-    double inv;      // 1 / max(rate, 1e-12)
-    double h1, h2;   // raw, raw2 (blend; else 0) when inserted (equal the arrays while held)
-    int64_t last;    // last-use tick (likewise)
-    int64_t k;
+    double rate;     // the rate at the bucket's reference gains
+    int64_t last;    // last-use tick (equals the array while held)
+    int64_t k;       // (its heats are read from the arrays: equal while held)
   };
 
  private:
   struct Bucket {
-    std::vector<Entry> v;  // sorted by (rate, last, key) when `sorted` and t == the clock
-    double t = std::numeric_limits<double>::quiet_NaN();  // the clock of the rates
+    std::vector<Entry> v;  // sorted by (rate, last, key) when `sorted`
+    double g1 = 1.0, g2 = 1.0;  // the reference gains of the entries' rates
     bool sorted = true;    // false: entries appended unordered since the last sort
+    // The remembered coldest (valid while `memo_t` is the clock and nothing changed).
+    bool memo = false;
+    double memo_t = 0.0, memo_inv = 0.0;
+    int64_t memo_k = -1, memo_last = 0;
   };
   struct Cand {
     int64_t k = -1, last = 0;
     double primary = 0.0;
   };
-  bool fresh(const Bucket& b) const { return b.sorted && b.t == p_.t; }
-  Entry entry_of(int64_t k) const {
-    return Entry{0.0, 0.0, p_.raw[k], p_.blended() ? p_.raw2[k] : 0.0, p_.last[k], k};
+  // A key's rate at gains (g1, g2), spelled as PolicyOrder::rate_of (bit-equal at the
+  // current gains).
+  double rate_at(double h1, double h2, double g1, double g2) const {
+    if (p_.blended()) return 0.5 * (h1 / g1 * keep1_ + h2 / g2 * keep2_);
+    return h1 * (keep1_ / g1);
   }
-  void refresh(Bucket& b);  // rates at the current clock, entries in order
+  double key_rate(int64_t k, double g1, double g2) const {
+    return rate_at(p_.raw[k], p_.blended() ? p_.raw2[k] : 0.0, g1, g2);
+  }
+  Entry entry_of(int64_t k) const { return Entry{0.0, p_.last[k], k}; }
+  void keeps();                // keep1_, keep2_ for the view's half-lives
+  void resort(Bucket& b);      // reference gains := the current ones, entries in order
   // One bucket's candidate in the current call: its coldest unexcluded key and that key's
-  // phase primary (k = -1: none).
+  // phase primary at offset `off` (k = -1: none).
   void candidate(size_t bi, const uint8_t* pinned, double off, Cand& c);
   bool excluded(int64_t k, const uint8_t* pinned) const {
     return (pinned && pinned[k]) || taken_[k];
@@ -66,9 +82,11 @@ class BlendOrder {
 
   const PolicyView& p_;
   const bool* members_;
+  double keep1_ = 0.0, keep2_ = 0.0;
   std::vector<Bucket> buckets_;
   std::vector<uint8_t> taken_;  // victims chosen in this call
   std::vector<Cand> cands_;     // victims(): each bucket's candidate in this call
+  std::vector<double> off_l_;   // off / L for off in 0..L (L = per_tick when built)
 };
 
 }  // namespace tierstore
