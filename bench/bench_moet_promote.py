@@ -120,6 +120,9 @@ def main() -> None:
     ap.add_argument("--plain-threads", type=int, default=8)
     ap.add_argument("--dir", default=None, help="pack directory (default: a temp dir)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-pair", dest="pair", action="store_false",
+                    help="skip the back-to-back ExpertStore.read_rows of the same rows "
+                         "(direct cases: read_rows and force_promote alternate, same store)")
     args = ap.parse_args()
     from tierstore.adapters import vllm_moet as moe_w2_delta
 
@@ -171,8 +174,10 @@ def main() -> None:
     def tier_case(name, extra, before, path):
         tier, _ = boot({**extra, P + "TIERSTORE_PROMOTE": path})
         assert tier._promote_path == path, f"{name}: the tier loads {tier._promote_path}"
+        source = name
         name = f"{name}/{path}"
         ids = torch.arange(E, device=dev)
+        phases, last_slots = [], {}
 
         def fire(layer):
             tier.wait_manager_idle()
@@ -182,20 +187,64 @@ def main() -> None:
             got = tier.force_promote(layers=None, max_promote=None, pin=True)
             sync(dev)
             dt = (time.perf_counter() - t0) * 1e3
+            phases.append(dict(tier.last_fire_timing, wall=dt))
             assert got == n, f"{name}: promoted {got} of {n}"
             check(tier, layer)
+            last_slots[layer] = tier.slot_table[layer].cpu().numpy().astype(np.int64)
             tier.step_end()
+            return dt
+
+        # The store call the direct path makes, on the same ExpertStore (engine, arena,
+        # threads), the same rows and slot order, into a scratch pool of the same shape
+        # (the tier's own slots stay as its slot table says): bench_read_rows' "direct".
+        pair = args.pair and path == "direct"
+        if pair:
+            es = tier._store.expert_store()
+            scratch = torch.empty_like(tier.pool)
+            copies = (torch.cuda.ExternalStream(es.engine.copy_stream, device=dev)
+                      if dev.type == "cuda" else None)
+
+        def read_rows(layer):
+            keys = np.stack([np.full(E, layer), np.arange(E)], axis=1)
+            rows = last_slots[layer]                # the slots this layer's last fire used
+            sync(dev)
+            t0 = time.perf_counter()
+            if copies is not None:
+                copies.wait_stream(torch.cuda.current_stream(dev))
+            es.read_rows(keys, scratch, rows=rows)
+            sync(dev)
+            dt = (time.perf_counter() - t0) * 1e3
+            got = scratch[torch.from_numpy(rows).to(dev)].sum(1, dtype=torch.int64).cpu().numpy()
+            assert np.array_equal(got, [sums[(layer, e)] for e in range(E)]), "read_rows bytes"
             return dt
         fire(0)                     # untimed: both layers pass once (fills an arena)
         fire(1)
-        times = []
+        if pair:
+            read_rows(0)
+            read_rows(1)
+        times, rr_times = [], []
         for i in range(args.repeat):
-            before(i)
-            times.append(fire(i % 2))   # the pool holds n rows: each fire evicts the last
+            layer = i % 2           # the pool holds n rows: each fire evicts the last
+            if not pair:
+                before(i)
+                times.append(fire(layer))
+                continue
+            for which in ((0, 1) if i % 2 == 0 else (1, 0)):   # rotating order per round
+                before(i)
+                if which == 0:
+                    rr_times.append(read_rows(layer))
+                else:
+                    times.append(fire(layer))
         stats = tier._store.stats()
         moe_w2_delta.shutdown()
         results["samples_ms"][name] = [round(t, 3) for t in times]
         results.setdefault("sources", {})[name] = stats
+        results.setdefault("phases_ms", {})[name] = phases[2:]   # the timed fires
+        if pair:
+            results["samples_ms"][f"{source}/read_rows"] = [round(t, 3) for t in rr_times]
+            results.setdefault("pairs", {})[source] = {
+                "read_rows_ms": rr_times, "force_promote_ms": times,
+                "ratio_median": statistics.median(f / r for f, r in zip(times, rr_times))}
 
     def h2d_case():
         if dev.type != "cuda":
@@ -257,6 +306,30 @@ def main() -> None:
         results.setdefault("gb_s", {})[name] = round(gbs, 2)
         frac = f"{gbs / bound_gbs:.2f}" if bound_gbs else "-"
         print(f"| {name} | {med:.1f} | {min(ts):.1f} | {gbs:.1f} | {frac} |")
+    if results.get("pairs"):
+        print()
+        print("Back to back on one store (same engine, rows and slot order; rotating order):")
+        print("| source | read_rows ms | force_promote ms | tier adds ms | force_promote / read_rows |")
+        print("|---|---:|---:|---:|---:|")
+        for src, p in results["pairs"].items():
+            rr, fp = statistics.median(p["read_rows_ms"]), statistics.median(p["force_promote_ms"])
+            print(f"| {src} | {rr:.2f} | {fp:.2f} | {fp - rr:+.2f} | {p['ratio_median']:.3f} |")
+    order = ["settle", "snapshot", "lock", "rank", "take", "prep", "read_rows",
+             "staged_read_copy", "publish", "hooks"]
+    if results.get("phases_ms"):
+        print()
+        print("Where a fire's time goes (median ms over the timed fires; 'outside' = wall - "
+              "force_promote's own total: the caller's syncs):")
+        print("| case | " + " | ".join(order) + " | total | outside | wall |")
+        print("|---|" + "---:|" * (len(order) + 3))
+        for name, ph in results["phases_ms"].items():
+            if not ph:
+                continue
+            med = lambda k: statistics.median(p.get(k, 0.0) for p in ph)   # noqa: E731
+            cells = [f"{med(k):.2f}" if any(k in p for p in ph) else "-" for k in order]
+            out = statistics.median(p["wall"] - p["total"] for p in ph)
+            print(f"| {name} | " + " | ".join(cells) +
+                  f" | {med('total'):.2f} | {out:.2f} | {med('wall'):.2f} |")
     try:
         results["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], text=True,
                                         capture_output=True).stdout.strip()
