@@ -120,11 +120,15 @@ def main() -> None:
     ap.add_argument("--plain-threads", type=int, default=8)
     ap.add_argument("--dir", default=None, help="pack directory (default: a temp dir)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sources", nargs="+", default=["arena", "pagecache", "disk", "disk_odirect"],
+                    help="which sources to time (plain_* runs with pagecache / disk)")
+    ap.add_argument("--paths", nargs="+", default=["staged", "direct"])
     ap.add_argument("--no-pair", dest="pair", action="store_false",
                     help="skip the back-to-back ExpertStore.read_rows of the same rows "
                          "(direct cases: read_rows and force_promote alternate, same store)")
     args = ap.parse_args()
     from tierstore.adapters import vllm_moet as moe_w2_delta
+    from tierstore.adapters.moet_tier import FirePhases
 
     dev = torch.device(args.device)
     if dev.type == "cuda" and dev.index is None:
@@ -177,7 +181,7 @@ def main() -> None:
         source = name
         name = f"{name}/{path}"
         ids = torch.arange(E, device=dev)
-        phases, last_slots = [], {}
+        phases, last_slots, rr_phases = [], {}, []
 
         def fire(layer):
             tier.wait_manager_idle()
@@ -211,9 +215,11 @@ def main() -> None:
             t0 = time.perf_counter()
             if copies is not None:
                 copies.wait_stream(torch.cuda.current_stream(dev))
-            es.read_rows(keys, scratch, rows=rows)
+            ph = FirePhases()
+            es.read_rows(keys, scratch, rows=rows, phases=ph)
             sync(dev)
             dt = (time.perf_counter() - t0) * 1e3
+            rr_phases.append(ph.done(wall=dt))
             got = scratch[torch.from_numpy(rows).to(dev)].sum(1, dtype=torch.int64).cpu().numpy()
             assert np.array_equal(got, [sums[(layer, e)] for e in range(E)]), "read_rows bytes"
             return dt
@@ -241,6 +247,7 @@ def main() -> None:
         results.setdefault("sources", {})[name] = stats
         results.setdefault("phases_ms", {})[name] = phases[2:]   # the timed fires
         if pair:
+            results["phases_ms"][f"{source}/read_rows"] = rr_phases[2:]
             results["samples_ms"][f"{source}/read_rows"] = [round(t, 3) for t in rr_times]
             results.setdefault("pairs", {})[source] = {
                 "read_rows_ms": rr_times, "force_promote_ms": times,
@@ -281,16 +288,17 @@ def main() -> None:
     warm = lambda i: warm_cache(pack.path)          # noqa: E731
     cold = lambda i: drop_cache(pack.path)          # noqa: E731
     h2d_case()
-    for path in ("staged", "direct"):
-        tier_case("arena", {P + "TIERSTORE_RAM_GB": arena_gb}, lambda i: None, path)
-    for path in ("staged", "direct"):
-        tier_case("pagecache", {}, warm, path)
-    plain_case("plain_pagecache", warm)
-    for path in ("staged", "direct"):
-        tier_case("disk", {}, cold, path)
-    for path in ("staged", "direct"):
-        tier_case("disk_odirect", {P + "TIERSTORE_DIRECT": "on"}, cold, path)
-    plain_case("plain_disk", cold)
+    srcs = set(args.sources)
+    for source, extra, before in (("arena", {P + "TIERSTORE_RAM_GB": arena_gb}, lambda i: None),
+                                  ("pagecache", {}, warm), ("disk", {}, cold),
+                                  ("disk_odirect", {P + "TIERSTORE_DIRECT": "on"}, cold)):
+        if source not in srcs:
+            continue
+        for path in ("staged", "direct"):
+            if path in args.paths:
+                tier_case(source, extra, before, path)
+        if source in ("pagecache", "disk"):
+            plain_case(f"plain_{source}", before)
     pack.close()
     gb = n * row / 1e9
     print(f"force_promote of {n} rows x {row / 2**20:.2f} MiB ({gb:.3f} GB) on {dev}, "
@@ -314,8 +322,8 @@ def main() -> None:
         for src, p in results["pairs"].items():
             rr, fp = statistics.median(p["read_rows_ms"]), statistics.median(p["force_promote_ms"])
             print(f"| {src} | {rr:.2f} | {fp:.2f} | {fp - rr:+.2f} | {p['ratio_median']:.3f} |")
-    order = ["settle", "snapshot", "lock", "rank", "take", "prep", "read_rows",
-             "staged_read_copy", "publish", "hooks"]
+    order = ["settle", "snapshot", "lock", "rank", "take", "prep", "rr_plan", "rr_engine",
+             "rr_finish", "read_rows", "staged_read_copy", "publish", "hooks"]
     if results.get("phases_ms"):
         print()
         print("Where a fire's time goes (median ms over the timed fires; 'outside' = wall - "

@@ -272,7 +272,7 @@ class PackRowStore:
         queued work may still read those slots; None = the pool device's current stream).
         Raises TierIOError naming the row; the slots of a failed batch may then hold part
         of the new bytes (treat them all as overwritten). ``phases`` (the tier's FirePhases)
-        gets ``prep`` (checks, stream waits) and ``read_rows`` (the store call)."""
+        gets ``prep`` (checks, stream waits) and the store call's phases (ExpertStore.read_rows)."""
         keys = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
         slots = np.asarray(slots, dtype=np.int64).reshape(-1)
         if len(slots) != len(keys):
@@ -289,7 +289,8 @@ class PackRowStore:
                 copies.wait_stream(stream)
         if phases is not None:
             phases.mark("prep")
-        got = store.read_rows(keys, pool, scan=scan, verify=self.env.ts_checksums, rows=slots)
+        got = store.read_rows(keys, pool, scan=scan, verify=self.env.ts_checksums, rows=slots,
+                              phases=phases)
         if phases is not None:
             phases.mark("read_rows")
         return got
