@@ -323,7 +323,7 @@ def main() -> None:
             rr, fp = statistics.median(p["read_rows_ms"]), statistics.median(p["force_promote_ms"])
             print(f"| {src} | {rr:.2f} | {fp:.2f} | {fp - rr:+.2f} | {p['ratio_median']:.3f} |")
     order = ["settle", "snapshot", "lock", "rank", "take", "prep", "rr_plan", "rr_engine",
-             "rr_finish", "read_rows", "staged_read_copy", "publish", "hooks"]
+             "rr_finish", "read_rows", "staged_read_copy", "commit", "table", "hooks"]
     if results.get("phases_ms"):
         print()
         print("Where a fire's time goes (median ms over the timed fires; 'outside' = wall - "

@@ -212,8 +212,9 @@ class TierstoreDeltaTier(ManagerMixin):
             flat.index_copy_(0, on_dev[0].long(), on_dev[1])
 
     def _table_update(self, keys, slots, victims, stream=None) -> None:
-        gone = [v for v in victims if v >= 0]
-        self._write_table(np.concatenate([np.asarray(gone, np.int64), np.asarray(keys, np.int64)]),
+        victims = np.asarray(victims, np.int64)
+        gone = victims[victims >= 0]
+        self._write_table(np.concatenate([gone, np.asarray(keys, np.int64)]),
                           np.concatenate([np.full(len(gone), -1), np.asarray(slots, np.int64)]),
                           stream)
 
@@ -228,15 +229,22 @@ class TierstoreDeltaTier(ManagerMixin):
 
     def _snapshot(self, src: torch.Tensor, host: torch.Tensor) -> np.ndarray:
         """A host copy of ``src`` as it is after the forward's queued work (a host sync)."""
+        return self._snapshots((src, host))[0]
+
+    def _snapshots(self, *pairs) -> list[np.ndarray]:
+        """Host copies of each ``(src, pinned host)`` pair as they are after the forward's
+        queued work: all D2H copies on the side stream, then ONE event sync (a fire's
+        ``seen`` and ``seen_w`` cost one round trip, not two)."""
         if not self._cuda:
-            return src.reshape(-1).numpy().copy()
+            return [src.reshape(-1).numpy().copy() for src, _ in pairs]
         self._stream.wait_stream(torch.cuda.current_stream(self.dev))
         with torch.cuda.stream(self._stream):
-            host.copy_(src, non_blocking=True)
+            for src, host in pairs:
+                host.copy_(src, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(self._stream)
         ev.synchronize()
-        return host.reshape(-1).numpy().copy()
+        return [host.reshape(-1).numpy().copy() for _, host in pairs]
 
     def _fire_hooks(self) -> None:
         for hook in self.mutate_hooks:
@@ -252,7 +260,9 @@ class TierstoreDeltaTier(ManagerMixin):
     def _quarantine(self, slots, victims) -> None:
         """Bytes may have landed in ``slots``: victims unmapped, slots back to the free list."""
         self._owners.quarantine(slots, victims)
-        self._write_table([v for v in victims if v >= 0], [-1] * sum(v >= 0 for v in victims))
+        victims = np.asarray(victims, np.int64)
+        gone = victims[victims >= 0]
+        self._write_table(gone, np.full(len(gone), -1))
 
     def _read_staged(self, pairs: np.ndarray, slots, victims, scan: bool) -> None:
         """Rows into the store's host stage, one batched copy (side stream), an event sync."""
@@ -306,12 +316,14 @@ class TierstoreDeltaTier(ManagerMixin):
                 ph.mark("staged_read_copy")
         self._owners.commit(keys, slots, victims)
         self._owners.freq[keys] += 1.0
-        self._table_update(keys, slots, victims)
         pins.update(slots)
         self._n_promoted += len(slots)
-        self._n_evicted += sum(v >= 0 for v in victims)
+        self._n_evicted += int(np.count_nonzero(np.asarray(victims) >= 0))
         if ph is not None:
-            ph.mark("publish")
+            ph.mark("commit")
+        self._table_update(keys, slots, victims)
+        if ph is not None:
+            ph.mark("table")
         return len(slots), len(keys)
 
     # -- serving: the gate's fire ------------------------------------------------------------
@@ -331,9 +343,12 @@ class TierstoreDeltaTier(ManagerMixin):
     def _force_promote(self, layers, max_promote, pin, ph: FirePhases) -> int:
         self._settle()
         ph.mark("settle")
-        seen = self._snapshot(self.seen, self._fire_host)
         step_w = self.env.rank == "step_w"
-        weights = self._snapshot(self.seen_w, self._fire_w_host) if step_w else None
+        if step_w:
+            seen, weights = self._snapshots((self.seen, self._fire_host),
+                                            (self.seen_w, self._fire_w_host))
+        else:
+            seen, weights = self._snapshot(self.seen, self._fire_host), None
         self.seen.zero_()
         if step_w:
             self.seen_w.zero_()
@@ -348,7 +363,7 @@ class TierstoreDeltaTier(ManagerMixin):
             hit = slots >= 0
             o.touch(slots[hit])
             if pin:
-                o.step_pins.update(int(s) for s in slots[hit])
+                o.step_pins.update(slots[hit].tolist())
             keep = np.ones(len(routed), bool)
             if layers is not None:
                 chosen = np.zeros(self.n_layers, bool)
@@ -401,7 +416,7 @@ class TierstoreDeltaTier(ManagerMixin):
             slots = o.slot_of(keys)
             hit = slots >= 0
             o.touch(slots[hit])
-            o.layer_pins.update(int(s) for s in slots[hit])
+            o.layer_pins.update(slots[hit].tolist())
             cand = keys[~hit]
             if not len(cand):
                 return 0
