@@ -120,8 +120,15 @@ def main() -> None:
     ap.add_argument("--plain-threads", type=int, default=8)
     ap.add_argument("--dir", default=None, help="pack directory (default: a temp dir)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sources", nargs="+", default=["arena", "pagecache", "disk", "disk_odirect"],
+                    help="which sources to time (plain_* runs with pagecache / disk)")
+    ap.add_argument("--paths", nargs="+", default=["staged", "direct"])
+    ap.add_argument("--no-pair", dest="pair", action="store_false",
+                    help="skip the back-to-back ExpertStore.read_rows of the same rows "
+                         "(direct cases: read_rows and force_promote alternate, same store)")
     args = ap.parse_args()
     from tierstore.adapters import vllm_moet as moe_w2_delta
+    from tierstore.adapters.moet_tier import FirePhases
 
     dev = torch.device(args.device)
     if dev.type == "cuda" and dev.index is None:
@@ -171,8 +178,10 @@ def main() -> None:
     def tier_case(name, extra, before, path):
         tier, _ = boot({**extra, P + "TIERSTORE_PROMOTE": path})
         assert tier._promote_path == path, f"{name}: the tier loads {tier._promote_path}"
+        source = name
         name = f"{name}/{path}"
         ids = torch.arange(E, device=dev)
+        phases, last_slots, rr_phases = [], {}, []
 
         def fire(layer):
             tier.wait_manager_idle()
@@ -182,20 +191,67 @@ def main() -> None:
             got = tier.force_promote(layers=None, max_promote=None, pin=True)
             sync(dev)
             dt = (time.perf_counter() - t0) * 1e3
+            phases.append(dict(tier.last_fire_timing, wall=dt))
             assert got == n, f"{name}: promoted {got} of {n}"
             check(tier, layer)
+            last_slots[layer] = tier.slot_table[layer].cpu().numpy().astype(np.int64)
             tier.step_end()
+            return dt
+
+        # The store call the direct path makes, on the same ExpertStore (engine, arena,
+        # threads), the same rows and slot order, into a scratch pool of the same shape
+        # (the tier's own slots stay as its slot table says): bench_read_rows' "direct".
+        pair = args.pair and path == "direct"
+        if pair:
+            es = tier._store.expert_store()
+            scratch = torch.empty_like(tier.pool)
+            copies = (torch.cuda.ExternalStream(es.engine.copy_stream, device=dev)
+                      if dev.type == "cuda" else None)
+
+        def read_rows(layer):
+            keys = np.stack([np.full(E, layer), np.arange(E)], axis=1)
+            rows = last_slots[layer]                # the slots this layer's last fire used
+            sync(dev)
+            t0 = time.perf_counter()
+            if copies is not None:
+                copies.wait_stream(torch.cuda.current_stream(dev))
+            ph = FirePhases()
+            es.read_rows(keys, scratch, rows=rows, phases=ph)
+            sync(dev)
+            dt = (time.perf_counter() - t0) * 1e3
+            rr_phases.append(ph.done(wall=dt))
+            got = scratch[torch.from_numpy(rows).to(dev)].sum(1, dtype=torch.int64).cpu().numpy()
+            assert np.array_equal(got, [sums[(layer, e)] for e in range(E)]), "read_rows bytes"
             return dt
         fire(0)                     # untimed: both layers pass once (fills an arena)
         fire(1)
-        times = []
+        if pair:
+            read_rows(0)
+            read_rows(1)
+        times, rr_times = [], []
         for i in range(args.repeat):
-            before(i)
-            times.append(fire(i % 2))   # the pool holds n rows: each fire evicts the last
+            layer = i % 2           # the pool holds n rows: each fire evicts the last
+            if not pair:
+                before(i)
+                times.append(fire(layer))
+                continue
+            for which in ((0, 1) if i % 2 == 0 else (1, 0)):   # rotating order per round
+                before(i)
+                if which == 0:
+                    rr_times.append(read_rows(layer))
+                else:
+                    times.append(fire(layer))
         stats = tier._store.stats()
         moe_w2_delta.shutdown()
         results["samples_ms"][name] = [round(t, 3) for t in times]
         results.setdefault("sources", {})[name] = stats
+        results.setdefault("phases_ms", {})[name] = phases[2:]   # the timed fires
+        if pair:
+            results["phases_ms"][f"{source}/read_rows"] = rr_phases[2:]
+            results["samples_ms"][f"{source}/read_rows"] = [round(t, 3) for t in rr_times]
+            results.setdefault("pairs", {})[source] = {
+                "read_rows_ms": rr_times, "force_promote_ms": times,
+                "ratio_median": statistics.median(f / r for f, r in zip(times, rr_times))}
 
     def h2d_case():
         if dev.type != "cuda":
@@ -232,16 +288,17 @@ def main() -> None:
     warm = lambda i: warm_cache(pack.path)          # noqa: E731
     cold = lambda i: drop_cache(pack.path)          # noqa: E731
     h2d_case()
-    for path in ("staged", "direct"):
-        tier_case("arena", {P + "TIERSTORE_RAM_GB": arena_gb}, lambda i: None, path)
-    for path in ("staged", "direct"):
-        tier_case("pagecache", {}, warm, path)
-    plain_case("plain_pagecache", warm)
-    for path in ("staged", "direct"):
-        tier_case("disk", {}, cold, path)
-    for path in ("staged", "direct"):
-        tier_case("disk_odirect", {P + "TIERSTORE_DIRECT": "on"}, cold, path)
-    plain_case("plain_disk", cold)
+    srcs = set(args.sources)
+    for source, extra, before in (("arena", {P + "TIERSTORE_RAM_GB": arena_gb}, lambda i: None),
+                                  ("pagecache", {}, warm), ("disk", {}, cold),
+                                  ("disk_odirect", {P + "TIERSTORE_DIRECT": "on"}, cold)):
+        if source not in srcs:
+            continue
+        for path in ("staged", "direct"):
+            if path in args.paths:
+                tier_case(source, extra, before, path)
+        if source in ("pagecache", "disk"):
+            plain_case(f"plain_{source}", before)
     pack.close()
     gb = n * row / 1e9
     print(f"force_promote of {n} rows x {row / 2**20:.2f} MiB ({gb:.3f} GB) on {dev}, "
@@ -257,6 +314,30 @@ def main() -> None:
         results.setdefault("gb_s", {})[name] = round(gbs, 2)
         frac = f"{gbs / bound_gbs:.2f}" if bound_gbs else "-"
         print(f"| {name} | {med:.1f} | {min(ts):.1f} | {gbs:.1f} | {frac} |")
+    if results.get("pairs"):
+        print()
+        print("Back to back on one store (same engine, rows and slot order; rotating order):")
+        print("| source | read_rows ms | force_promote ms | tier adds ms | force_promote / read_rows |")
+        print("|---|---:|---:|---:|---:|")
+        for src, p in results["pairs"].items():
+            rr, fp = statistics.median(p["read_rows_ms"]), statistics.median(p["force_promote_ms"])
+            print(f"| {src} | {rr:.2f} | {fp:.2f} | {fp - rr:+.2f} | {p['ratio_median']:.3f} |")
+    order = ["settle", "snapshot", "lock", "rank", "take", "prep", "rr_plan", "rr_engine",
+             "rr_finish", "read_rows", "staged_read_copy", "commit", "table", "hooks"]
+    if results.get("phases_ms"):
+        print()
+        print("Where a fire's time goes (median ms over the timed fires; 'outside' = wall - "
+              "force_promote's own total: the caller's syncs):")
+        print("| case | " + " | ".join(order) + " | total | outside | wall |")
+        print("|---|" + "---:|" * (len(order) + 3))
+        for name, ph in results["phases_ms"].items():
+            if not ph:
+                continue
+            med = lambda k: statistics.median(p.get(k, 0.0) for p in ph)   # noqa: E731
+            cells = [f"{med(k):.2f}" if any(k in p for p in ph) else "-" for k in order]
+            out = statistics.median(p["wall"] - p["total"] for p in ph)
+            print(f"| {name} | " + " | ".join(cells) +
+                  f" | {med('total'):.2f} | {out:.2f} | {med('wall'):.2f} |")
     try:
         results["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], text=True,
                                         capture_output=True).stdout.strip()

@@ -21,7 +21,7 @@ timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -rs
 echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -25
 stamp "moet promote (direct vs staged force_promote, same run)"
 timeout ${PROMOTE_TIMEOUT:-300} python3 bench/bench_moet_promote.py --json "$OUT/moet_promote_h200.json" > "$OUT/moet_promote.log" 2>&1
-echo "moet rc=$?"; tail -16 "$OUT/moet_promote.log"
+echo "moet rc=$?"; tail -42 "$OUT/moet_promote.log"
 if [ "${FULL_SUITE:-0}" = 1 ]; then
   stamp "full suite"
   timeout ${SUITE_TIMEOUT:-200} python3 -m pytest -q -n 14 -p no:cacheprovider tests > "$OUT/full_suite.log" 2>&1

@@ -178,7 +178,7 @@ class ManagerMixin:
         with self._lock:
             self._owners.commit(keys, slots, victims)
         self._n_promoted += len(slots)
-        self._n_evicted += sum(v >= 0 for v in victims)
+        self._n_evicted += int(np.count_nonzero(np.asarray(victims) >= 0))
         self._fire_hooks()
 
     # -- the manager thread (host only) -----------------------------------------------------

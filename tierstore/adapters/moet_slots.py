@@ -64,10 +64,10 @@ class SlotOwners:
              protect_hot: bool = False) -> tuple[list[int], list[int]]:
         """Reserve up to ``k`` slots; returns (slots, victim keys, -1 where a slot was free).
         ``window`` is a bool [n_layers * E] of keys seen in the current window."""
-        slots, victims = [], []
-        while self.free and len(slots) < k:
-            slots.append(self.free.pop())
-            victims.append(-1)
+        m = min(max(int(k), 0), len(self.free))   # free slots first, in pop() order
+        slots = self.free[len(self.free) - m:][::-1]
+        del self.free[len(self.free) - m:]
+        victims = [-1] * m
         need = k - len(slots)
         if need <= 0 or self.n_slots == 0:
             return slots, victims
@@ -95,31 +95,33 @@ class SlotOwners:
                 continue
             chosen = cand[np.argsort(key[cand], kind="stable")[:need]]
             taken[chosen] = True
-            slots.extend(int(s) for s in chosen)
-            victims.extend(int(self.owner[s]) for s in chosen)
+            slots.extend(chosen.tolist())
+            victims.extend(self.owner[chosen].tolist())
         return slots, victims
 
     def cancel(self, slots, victims) -> None:
         """Give back a reservation: free slots return to the free list, victims keep theirs."""
-        for s, v in zip(slots, victims):
-            if v < 0:
-                self.free.append(s)
+        slots, victims = np.asarray(slots, np.int64), np.asarray(victims, np.int64)
+        self.free.extend(slots[victims < 0].tolist())
 
     def commit(self, keys, slots, victims) -> None:
-        for key, s, v in zip(keys, slots, victims):
-            if v >= 0:
-                self._mirror_flat[v] = -1
-            self.owner[s], self.owner_tick[s] = key, self.tick
-            self._mirror_flat[key] = s
+        """Map ``keys[i]`` to ``slots[i]``, unmapping each victim. Victims are mapped keys
+        and the new keys unmapped ones, so the two sets are disjoint and the writes below
+        (all victims, then all keys) equal a row-by-row pass, without a loop per row."""
+        keys = np.asarray(keys, np.int64)
+        slots, victims = np.asarray(slots, np.int64), np.asarray(victims, np.int64)
+        self._mirror_flat[victims[victims >= 0]] = -1
+        self.owner[slots] = keys
+        self.owner_tick[slots] = self.tick
+        self._mirror_flat[keys] = slots
 
     def quarantine(self, slots, victims) -> None:
         """A copy failed mid-way: the slots' bytes are unknown, so nobody maps them."""
-        for s, v in zip(slots, victims):
-            if v >= 0:
-                self._mirror_flat[v] = -1
-            self.owner[s] = -1
-            if s not in self.free:
-                self.free.append(s)
+        slots, victims = np.asarray(slots, np.int64), np.asarray(victims, np.int64)
+        self._mirror_flat[victims[victims >= 0]] = -1
+        self.owner[slots] = -1
+        listed = set(self.free)
+        self.free.extend(s for s in dict.fromkeys(slots.tolist()) if s not in listed)
 
     def decay(self, factor: float) -> None:
         self.freq *= factor

@@ -264,13 +264,15 @@ class PackRowStore:
         return pool.device.type == "cpu" or (
             self._engine_device() == f"cuda:{pool.device.index}")
 
-    def rows_into(self, pairs, pool: torch.Tensor, slots, scan: bool = False, after=None) -> int:
+    def rows_into(self, pairs, pool: torch.Tensor, slots, scan: bool = False, after=None,
+                  phases=None) -> int:
         """Rows of ``pairs`` (unique) straight into ``pool[slots[i], :slot_bytes]``, one engine
         batch, no host stage; returns once every byte is in (rows served from the arena).
         On a CUDA pool the engine's copy stream first waits for ``after`` (streams whose
         queued work may still read those slots; None = the pool device's current stream).
         Raises TierIOError naming the row; the slots of a failed batch may then hold part
-        of the new bytes (treat them all as overwritten)."""
+        of the new bytes (treat them all as overwritten). ``phases`` (the tier's FirePhases)
+        gets ``prep`` (checks, stream waits) and the store call's phases (ExpertStore.read_rows)."""
         keys = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
         slots = np.asarray(slots, dtype=np.int64).reshape(-1)
         if len(slots) != len(keys):
@@ -285,7 +287,13 @@ class PackRowStore:
             copies = torch.cuda.ExternalStream(store.engine.copy_stream, device=pool.device)
             for stream in (torch.cuda.current_stream(pool.device),) if after is None else after:
                 copies.wait_stream(stream)
-        return store.read_rows(keys, pool, scan=scan, verify=self.env.ts_checksums, rows=slots)
+        if phases is not None:
+            phases.mark("prep")
+        got = store.read_rows(keys, pool, scan=scan, verify=self.env.ts_checksums, rows=slots,
+                              phases=phases)
+        if phases is not None:
+            phases.mark("read_rows")
+        return got
 
     def _stage_for(self, n: int) -> torch.Tensor:
         if self._stage is None or self._stage.shape[0] < n:

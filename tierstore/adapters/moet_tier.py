@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import numpy as np
 import torch
@@ -46,6 +47,29 @@ log = logging.getLogger("tierstore.adapters.moet")
 W13_BYTES = 4096 * 4096 // 2          # DS4 TP1 fp4 w13 plane per expert (8 MiB)
 W2_BYTES = 4096 * 2048 // 2           # DS4 TP1 fp4 w2 plane per expert (4 MiB)
 SLOT_BYTES = W13_BYTES + W2_BYTES
+
+
+class FirePhases:
+    """Wall time of one synchronous load's phases (ms), so a bench or a log can tell the
+    store call (``read_rows``) apart from the tier's own work around it. ``mark(name)``
+    adds the time since the previous mark to ``name``; a few perf_counter calls a fire."""
+
+    __slots__ = ("ms", "_t0", "_last")
+
+    def __init__(self):
+        self.ms: dict[str, float] = {}
+        self._t0 = self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.ms[name] = self.ms.get(name, 0.0) + (now - self._last) * 1e3
+        self._last = now
+
+    def done(self, **extra) -> dict:
+        out = dict(self.ms)
+        out["total"] = (time.perf_counter() - self._t0) * 1e3
+        out.update(extra)
+        return out
 
 
 def _pinned_like(t: torch.Tensor) -> torch.Tensor:
@@ -100,6 +124,9 @@ class TierstoreDeltaTier(ManagerMixin):
         self._n_promoted = self._n_evicted = 0
         self._win_active = 0.0
         self._kpi_unfixed = self._kpi_deferred = 0
+        # phases (ms) of the last force_promote / ensure_resident (FirePhases; bench/logs)
+        self.last_fire_timing: dict = {}
+        self._phases: FirePhases | None = None
         self._init_manager()
         if self._auto_pending:
             log.info("moet tier [%s]: auto pool deferred until after the KV cache (slot %.2f MiB)",
@@ -185,8 +212,9 @@ class TierstoreDeltaTier(ManagerMixin):
             flat.index_copy_(0, on_dev[0].long(), on_dev[1])
 
     def _table_update(self, keys, slots, victims, stream=None) -> None:
-        gone = [v for v in victims if v >= 0]
-        self._write_table(np.concatenate([np.asarray(gone, np.int64), np.asarray(keys, np.int64)]),
+        victims = np.asarray(victims, np.int64)
+        gone = victims[victims >= 0]
+        self._write_table(np.concatenate([gone, np.asarray(keys, np.int64)]),
                           np.concatenate([np.full(len(gone), -1), np.asarray(slots, np.int64)]),
                           stream)
 
@@ -201,15 +229,22 @@ class TierstoreDeltaTier(ManagerMixin):
 
     def _snapshot(self, src: torch.Tensor, host: torch.Tensor) -> np.ndarray:
         """A host copy of ``src`` as it is after the forward's queued work (a host sync)."""
+        return self._snapshots((src, host))[0]
+
+    def _snapshots(self, *pairs) -> list[np.ndarray]:
+        """Host copies of each ``(src, pinned host)`` pair as they are after the forward's
+        queued work: all D2H copies on the side stream, then ONE event sync (a fire's
+        ``seen`` and ``seen_w`` cost one round trip, not two)."""
         if not self._cuda:
-            return src.reshape(-1).numpy().copy()
+            return [src.reshape(-1).numpy().copy() for src, _ in pairs]
         self._stream.wait_stream(torch.cuda.current_stream(self.dev))
         with torch.cuda.stream(self._stream):
-            host.copy_(src, non_blocking=True)
+            for src, host in pairs:
+                host.copy_(src, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(self._stream)
         ev.synchronize()
-        return host.reshape(-1).numpy().copy()
+        return [host.reshape(-1).numpy().copy() for _, host in pairs]
 
     def _fire_hooks(self) -> None:
         for hook in self.mutate_hooks:
@@ -225,7 +260,9 @@ class TierstoreDeltaTier(ManagerMixin):
     def _quarantine(self, slots, victims) -> None:
         """Bytes may have landed in ``slots``: victims unmapped, slots back to the free list."""
         self._owners.quarantine(slots, victims)
-        self._write_table([v for v in victims if v >= 0], [-1] * sum(v >= 0 for v in victims))
+        victims = np.asarray(victims, np.int64)
+        gone = victims[victims >= 0]
+        self._write_table(gone, np.full(len(gone), -1))
 
     def _read_staged(self, pairs: np.ndarray, slots, victims, scan: bool) -> None:
         """Rows into the store's host stage, one batched copy (side stream), an event sync."""
@@ -251,7 +288,8 @@ class TierstoreDeltaTier(ManagerMixin):
         victim slot: ``_copy_rows``' order); returns once they completed (a host sync)."""
         after = (torch.cuda.current_stream(self.dev), self._stream) if self._cuda else None
         try:
-            self._store.rows_into(pairs, self.pool, slots, scan=scan, after=after)
+            self._store.rows_into(pairs, self.pool, slots, scan=scan, after=after,
+                                  phases=self._phases)
         except BaseException:
             self._quarantine(slots, victims)      # sibling rows may have landed: not cancel
             raise
@@ -260,6 +298,7 @@ class TierstoreDeltaTier(ManagerMixin):
                   protect_hot: bool, scan: bool, pins: set) -> tuple[int, int]:
         """Reserve, read (direct or staged), publish on the forward stream (lock held).
         Returns (loaded, wanted). Any failure publishes nothing."""
+        ph = self._phases
         slots, victims = self._owners.take(len(keys), window, emergency=emergency,
                                            protect_hot=protect_hot)
         keys = keys[: len(slots)]
@@ -267,16 +306,24 @@ class TierstoreDeltaTier(ManagerMixin):
             return 0, 0
         keys, slots, victims = by_layer(keys, slots, victims)
         pairs = np.stack([keys // self.E, keys % self.E], axis=1)
+        if ph is not None:
+            ph.mark("take")
         if self._promote_path == "direct":
             self._read_direct(pairs, slots, victims, scan)
         else:
             self._read_staged(pairs, slots, victims, scan)
+            if ph is not None:
+                ph.mark("staged_read_copy")
         self._owners.commit(keys, slots, victims)
         self._owners.freq[keys] += 1.0
-        self._table_update(keys, slots, victims)
         pins.update(slots)
         self._n_promoted += len(slots)
-        self._n_evicted += sum(v >= 0 for v in victims)
+        self._n_evicted += int(np.count_nonzero(np.asarray(victims) >= 0))
+        if ph is not None:
+            ph.mark("commit")
+        self._table_update(keys, slots, victims)
+        if ph is not None:
+            ph.mark("table")
         return len(slots), len(keys)
 
     # -- serving: the gate's fire ------------------------------------------------------------
@@ -286,23 +333,37 @@ class TierstoreDeltaTier(ManagerMixin):
         every slot hit or fetched stays pinned until step_end. Returns experts mapped."""
         if self._closed or len(self._store) == 0:
             return 0
+        ph = self._phases = FirePhases()
+        try:
+            return self._force_promote(layers, max_promote, pin, ph)
+        finally:
+            self._phases = None
+            self.last_fire_timing = ph.done(path=self._promote_path)
+
+    def _force_promote(self, layers, max_promote, pin, ph: FirePhases) -> int:
         self._settle()
-        seen = self._snapshot(self.seen, self._fire_host)
+        ph.mark("settle")
         step_w = self.env.rank == "step_w"
-        weights = self._snapshot(self.seen_w, self._fire_w_host) if step_w else None
+        if step_w:
+            seen, weights = self._snapshots((self.seen, self._fire_host),
+                                            (self.seen_w, self._fire_w_host))
+        else:
+            seen, weights = self._snapshot(self.seen, self._fire_host), None
         self.seen.zero_()
         if step_w:
             self.seen_w.zero_()
+        ph.mark("snapshot")
         routed = np.flatnonzero(seen)
         if not len(routed):
             return 0
         with self._lock:
+            ph.mark("lock")
             o = self._owners
             slots = o.slot_of(routed)
             hit = slots >= 0
             o.touch(slots[hit])
             if pin:
-                o.step_pins.update(int(s) for s in slots[hit])
+                o.step_pins.update(slots[hit].tolist())
             keep = np.ones(len(routed), bool)
             if layers is not None:
                 chosen = np.zeros(self.n_layers, bool)
@@ -320,6 +381,7 @@ class TierstoreDeltaTier(ManagerMixin):
             if not len(cand):
                 return 0
             pins = o.step_pins if pin else set()
+            ph.mark("rank")
             n, _ = self._load_now(cand, seen > 0, emergency=True, protect_hot=False,
                                   scan=False, pins=pins)
         if n < len(cand):
@@ -333,6 +395,7 @@ class TierstoreDeltaTier(ManagerMixin):
                             self.n_slots, len(self._owners.step_pins), len(self._owners.free),
                             len(cand))
         self._fire_hooks()
+        ph.mark("hooks")
         return n
 
     def ensure_resident(self, layer_key: int, ids: torch.Tensor) -> int:
@@ -353,7 +416,7 @@ class TierstoreDeltaTier(ManagerMixin):
             slots = o.slot_of(keys)
             hit = slots >= 0
             o.touch(slots[hit])
-            o.layer_pins.update(int(s) for s in slots[hit])
+            o.layer_pins.update(slots[hit].tolist())
             cand = keys[~hit]
             if not len(cand):
                 return 0
@@ -410,4 +473,4 @@ def mark_seen_row(seen_row: torch.Tensor, ids: torch.Tensor) -> None:
         seen_row.index_fill_(0, ids, 1)
 
 
-__all__ = ["TierstoreDeltaTier", "mark_seen_row", "W13_BYTES", "W2_BYTES", "SLOT_BYTES"]
+__all__ = ["FirePhases", "TierstoreDeltaTier", "mark_seen_row", "W13_BYTES", "W2_BYTES", "SLOT_BYTES"]

@@ -100,7 +100,7 @@ def _settle(done) -> None:
 
 
 def read_rows(pack, engine, arena, lock, keys: np.ndarray, out: torch.Tensor, scan: bool,
-              verifier=None, verify: bool = False, rows=None) -> int:
+              verifier=None, verify: bool = False, rows=None, phases=None) -> int:
     """Copy rows ``keys`` (unique dense ids) into ``out[i, :slot_bytes]``, or into
     ``out[rows[i], :slot_bytes]`` with ``rows``; ``out`` on the host or (a CUDA engine)
     on its device; see the module doc. Rows read from the file are checked against
@@ -140,6 +140,8 @@ def read_rows(pack, engine, arena, lock, keys: np.ndarray, out: torch.Tensor, sc
     else:
         sums = None if verifier is None else verifier.checksums(keys, offsets)
     done = None
+    if phases is not None:
+        phases.mark("rr_plan")
     try:
         with engine.registered(out):  # the caller's buffer, for this batch only
             done = engine.submit(offsets, np.full(n, sb, np.int64), src, dst,
@@ -148,6 +150,8 @@ def read_rows(pack, engine, arena, lock, keys: np.ndarray, out: torch.Tensor, sc
             # until the copies complete, so they stay pinned until then.
             done.synchronize() if on_device else done.wait()
         pack.check_unchanged()
+        if phases is not None:
+            phases.mark("rr_engine")
     except BaseException as exc:
         _settle(done)
         with lock:
@@ -164,4 +168,6 @@ def read_rows(pack, engine, arena, lock, keys: np.ndarray, out: torch.Tensor, sc
         arena.unpin(pinned)
     if sums is not None:
         verifier.passed(keys, offsets)
+    if phases is not None:
+        phases.mark("rr_finish")
     return int(hit.sum())
