@@ -2,7 +2,8 @@
 # The lead's verification call on the H200 machine: build sm_90, every `gpu` test, the
 # checksum-on-load cost and vLLM-Moet's force_promote bench (direct vs staged loads). Logs and JSON land in $OUT.
 # Usage (device tool, carry .whl):  bash bench/final_h200.sh   (FULL_SUITE=1 adds the whole suite on 14 workers;
-# the order puts the checks that matter most first, so a call cut at its limit keeps them)
+# the order puts the checks that matter most first, so a call cut at its limit keeps them;
+# QUICK=1 stops after the moet promote bench)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -22,6 +23,7 @@ echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log
 stamp "moet promote (direct vs staged force_promote, same run)"
 timeout ${PROMOTE_TIMEOUT:-300} python3 bench/bench_moet_promote.py --json "$OUT/moet_promote_h200.json" > "$OUT/moet_promote.log" 2>&1
 echo "moet rc=$?"; tail -42 "$OUT/moet_promote.log"
+if [ "${QUICK:-0}" = 1 ]; then stamp "done (QUICK=1: build, gpu tests, moet promote)"; exit 0; fi
 if [ "${FULL_SUITE:-0}" = 1 ]; then
   stamp "full suite"
   timeout ${SUITE_TIMEOUT:-200} python3 -m pytest -q -n 14 -p no:cacheprovider tests > "$OUT/full_suite.log" 2>&1
