@@ -27,7 +27,8 @@ namespace tierstore::python {
 namespace {
 
 struct AutoHandle {
-  AutoHandle(nb::list experts, int64_t capacity, Flat<double> scores_, double score_decay)
+  AutoHandle(nb::list experts, int64_t capacity, Flat<double> scores_, double score_decay,
+             double long_decay)
       : scores(scores_) {
     std::vector<PolicyView*> views;
     for (nb::handle h : experts) {
@@ -37,7 +38,8 @@ struct AutoHandle {
     }
     if (scores.shape(0) != views.size()) throw nb::value_error("auto: one score per expert");
     try {
-      core = std::make_unique<AutoCore>(std::move(views), capacity, scores.data(), score_decay);
+      core = std::make_unique<AutoCore>(std::move(views), capacity, scores.data(), score_decay,
+                                      long_decay);
     } catch (const std::invalid_argument& e) {
       throw nb::value_error(e.what());
     }
@@ -85,8 +87,8 @@ void bind_policy_auto(nb::module_& m) {
   nb::class_<AutoHandle>(m, "AutoCore",
                          "The self-tuning policy's shadows, scores and leader over its experts' "
                          "PolicyCores (csrc/store/include/tierstore/store/auto_core.hpp).")
-      .def(nb::init<nb::list, int64_t, Flat<double>, double>(), "experts"_a, "capacity"_a,
-           "scores"_a.noconvert(), "score_decay"_a)
+      .def(nb::init<nb::list, int64_t, Flat<double>, double, double>(), "experts"_a,
+           "capacity"_a, "scores"_a.noconvert(), "score_decay"_a, "long_decay"_a = 0.0)
       .def("access", &access, "keys"_a, "weights"_a.none(),
            "One read of the slot table: keys distinct and ascending.")
       .def("decay", [](AutoHandle& h, int64_t steps) { h.core->decay(steps); }, "steps"_a,

@@ -86,6 +86,13 @@ _CLASSES = {"blend": BlendPolicy, "phase": PhasePolicy, "hybrid": HybridPolicy,
 EXPERTS = (("blend", 16.0), ("blend", 4.0), ("blend", 64.0), ("blend", 2.0), ("blend", 256.0),
            ("phase", 4.0), ("phase", 128.0), ("hybrid", 512.0), ("lru", None))
 SCORE_HALF_LIFE = 128.0  # steps over which an expert's past hits count half
+# A second, longer score window (steps; None: off), its per-step hit rate added to the
+# first's when the leader is chosen (AutoCore's long_decay). Off: measured 2026-12-04
+# (bench/RESULTS.md, quality's paragraph) with SCORE_HALF_LIFE 8 and four more experts
+# (blend(8), blend(32), phase(2), phase(64)) it lifts auto - best fixed in hindsight
+# from -0.043 to +0.015 (synthetic, seeds 0-1) and likewise on seeds 2-3, but costs
+# FLAME's auto+prefetch latency gap 0.3532 -> 0.3314 at 51 slots (below the 0.35 goal).
+LONG_SCORE_HALF_LIFE = None
 
 
 def _experts(n_keys: int, capacity: int) -> list[DensePolicy]:
@@ -111,7 +118,9 @@ class AutoPolicy(DensePolicy):
         self.expert_scores = np.zeros(len(self._experts))
         self._score_decay = 2.0 ** (-1.0 / SCORE_HALF_LIFE)
         self._core = native_module().AutoCore(cores, self.capacity, self.expert_scores,
-                                              self._score_decay)
+                                              self._score_decay,
+                                              0.0 if LONG_SCORE_HALF_LIFE is None
+                                              else 2.0 ** (-1.0 / LONG_SCORE_HALF_LIFE))
 
     @property
     def experts(self) -> list[DensePolicy]:

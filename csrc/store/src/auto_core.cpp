@@ -9,9 +9,9 @@
 namespace tierstore {
 
 AutoCore::AutoCore(std::vector<PolicyView*> experts, int64_t capacity, double* scores,
-                   double score_decay)
+                   double score_decay, double long_decay)
     : views_(std::move(experts)), capacity_(capacity), scores_(scores),
-      score_decay_(score_decay) {
+      score_decay_(score_decay), long_decay_(long_decay) {
   if (views_.empty()) throw std::invalid_argument("auto: no experts");
   if (scores_ == nullptr) throw std::invalid_argument("auto: no scores");
   if (capacity_ < 0) throw std::invalid_argument("auto: capacity < 0");
@@ -26,6 +26,7 @@ AutoCore::AutoCore(std::vector<PolicyView*> experts, int64_t capacity, double* s
     }
     tiers_.push_back(std::make_unique<PolicyTier>(*views_[e], capacity_));
   }
+  long_.assign(views_.size(), 0.0);
 }
 
 void AutoCore::access(const int64_t* keys, int64_t n, const double* w, const int64_t* counts,
@@ -40,6 +41,7 @@ void AutoCore::access(const int64_t* keys, int64_t n, const double* w, const int
       if (!p.resident[keys[i]]) miss_.push_back(keys[i]);
     }
     scores_[e] += static_cast<double>(n - static_cast<int64_t>(miss_.size()));
+    long_[e] += static_cast<double>(n - static_cast<int64_t>(miss_.size()));
     ResidentOrder* m = static_cast<int64_t>(e) == mirror_of ? mirror : nullptr;
     s.access(keys, n, w, counts, m);
     if (miss_.empty() || capacity_ == 0) continue;
@@ -47,9 +49,17 @@ void AutoCore::access(const int64_t* keys, int64_t n, const double* w, const int
     if (nm > s.n_free() && p.filters()) policy_rank(p, miss_.data(), nm);
     s.fill(miss_, keys, n, p.filters(), unused, m);
   }
+  choose_leader();
+}
+
+void AutoCore::choose_leader() {
+  // Off, the scores alone compare unscaled (the same leader, bit for bit, as before).
+  const bool two = long_decay_ > 0;
+  const double w1 = two ? 1.0 - score_decay_ : 1.0, w2 = two ? 1.0 - long_decay_ : 0.0;
+  auto sc = [&](size_t e) { return two ? w1 * scores_[e] + w2 * long_[e] : scores_[e]; };
   int64_t best = 0;
   for (size_t e = 1; e < tiers_.size(); ++e) {
-    if (scores_[e] > scores_[best]) best = static_cast<int64_t>(e);
+    if (sc(e) > sc(best)) best = static_cast<int64_t>(e);
   }
   leader_ = best;
 }
@@ -62,12 +72,17 @@ bool AutoCore::decay(int64_t steps, int64_t watch) {
   // As auto.py spelled it: score_decay ** steps, then one multiply.
   const double f = steps == 1 ? score_decay_ : std::pow(score_decay_, static_cast<double>(steps));
   for (size_t e = 0; e < tiers_.size(); ++e) scores_[e] *= f;
+  if (long_decay_ > 0) {
+    const double f2 = std::pow(long_decay_, static_cast<double>(steps));
+    for (double& x : long_) x *= f2;
+  }
   return watched;
 }
 
 void AutoCore::reset() {
   for (auto& t : tiers_) t->rebuild();
   std::fill(scores_, scores_ + tiers_.size(), 0.0);
+  std::fill(long_.begin(), long_.end(), 0.0);
   leader_ = 0;
 }
 

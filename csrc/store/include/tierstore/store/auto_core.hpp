@@ -12,7 +12,8 @@
 //     its misses filled into its shadow (`capacity` slots, the call's keys blocked,
 //              hottest first and its own admission filter when it has one: the one
 //              fill of replay.hpp PolicyTier, so a shadow is that expert replayed alone)
-//   leader = the first expert of highest score
+//   leader = the first expert of highest score (with a long window: of the highest sum
+//            of the two windows' per-step rates, see choose_leader)
 // decay(steps): every expert decays, scores *= score_decay^steps.
 // The decisions over the real tier (victims, rank, admit) are the leader's, made by the
 // caller through the leader's own rules.
@@ -34,7 +35,7 @@ class AutoCore {
   // keys and distinct; scores: one per expert (the caller's array, updated in place).
   // Throws std::invalid_argument on an empty list, views of another size or a repeat.
   AutoCore(std::vector<PolicyView*> experts, int64_t capacity, double* scores,
-           double score_decay);
+           double score_decay, double long_decay = 0.0);
   AutoCore(const AutoCore&) = delete;
   AutoCore& operator=(const AutoCore&) = delete;
 
@@ -65,6 +66,14 @@ class AutoCore {
   double score_decay_;
   int64_t leader_ = 0;
   std::vector<int64_t> miss_;
+  // The leader's choice (choose_leader): each expert's hits over two windows, a short one
+  // (scores_, score_decay_) that follows phase changes and a long one (long_, long_decay_;
+  // 0: none) that keeps a long-memory expert leading through short noise; each window's
+  // sum weighted by (1 - its decay), a per-step hit rate, and the two rates added; ties
+  // to the lower index. long_decay 0: the short window alone (the scores, as before).
+  double long_decay_ = 0.0;
+  std::vector<double> long_;
+  void choose_leader();
 };
 
 }  // namespace tierstore
