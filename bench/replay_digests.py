@@ -13,32 +13,14 @@ pools 10 / 20 / 40 % of the keys; layer and tick granularity.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
 
-import numpy as np
+from tierstore.testing.digests import digest, policy_state
 
 NAMES = ("lru", "heat", "hybrid", "phase", "blend", "auto")
 FLAME = "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"
-
-
-def _digest(*arrays) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()[:16]
-
-
-def _state_arrays(p) -> list:
-    if hasattr(p, "experts"):  # auto: scores, leader, then every expert's arrays
-        out = [p.expert_scores, np.array([p.leader])]
-        for e in p.experts:
-            out += _state_arrays(e)
-        return out
-    return [getattr(p, k) for k in ("_last", "_raw", "_pos", "_resident", "_raw2")
-            if getattr(p, k, np.empty(0)).size]
 
 
 def digests(flame: str) -> dict:
@@ -63,7 +45,7 @@ def digests(flame: str) -> dict:
                     c = replay_demand_fill(prep, p, slots, gran, native=True)
                     out[f"{label}/{name}/{slots}/{gran}"] = [
                         int(c.hit.sum()), int(c.demand_reads), int(c.evictions),
-                        int(c.rejected), _digest(c.hit), _digest(*_state_arrays(p))]
+                        int(c.rejected), digest(c.hit), digest(*policy_state(p))]
     return out
 
 
