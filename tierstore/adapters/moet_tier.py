@@ -127,7 +127,6 @@ class TierstoreDeltaTier(ManagerMixin):
         # phases (ms) of the last force_promote / ensure_resident (FirePhases; bench/logs)
         self.last_fire_timing: dict = {}
         self._phases: FirePhases | None = None
-        self._table_bufs: list = []     # slot-table write buffers (_write_table)
         self._init_manager()
         if self._auto_pending:
             log.info("moet tier [%s]: auto pool deferred until after the KV cache (slot %.2f MiB)",
@@ -199,47 +198,18 @@ class TierstoreDeltaTier(ManagerMixin):
 
     # -- device helpers (runner thread only) ---------------------------------------------------
     def _write_table(self, keys, values, stream=None) -> None:
-        """``slot_table.flat[keys] = values`` on ``stream`` (default: the current one), no
-        host sync: one H2D of a reused pinned [2, n] int64 buffer into a reused device one,
-        then one index_copy_. (A pin_memory() per write cost 0.3-0.5 ms a fire on the H200:
-        the largest part of the tier's own time.) A buffer is reused only once the event
-        after its last write has fired (query, never a wait); else a fresh pair is used."""
         keys = np.asarray(keys, np.int64)
-        m = len(keys)
-        if not m:
+        if not len(keys):
             return
         flat = self.slot_table.view(-1)
+        vals = torch.from_numpy(np.asarray(values, np.int64)).to(torch.int32)
         if not self._cuda:
-            flat[torch.from_numpy(keys)] = torch.from_numpy(np.asarray(values, np.int64)).to(
-                torch.int32)
+            flat[torch.from_numpy(keys)] = vals
             return
-        stream = stream or torch.cuda.current_stream(self.dev)
-        with torch.cuda.stream(stream):
-            buf = self._table_buffer(m)
-            host, on_dev = buf[0][:, :m], buf[1][:, :m]
-            hv = host.numpy()
-            hv[0] = keys
-            hv[1] = values
-            on_dev.copy_(host, non_blocking=True)
-            flat.index_copy_(0, on_dev[0], on_dev[1].to(torch.int32))
-            buf[2] = torch.cuda.Event()
-            buf[2].record(stream)
-
-    def _table_buffer(self, m: int) -> list:
-        """[pinned host int64 [2, cap], device int64 [2, cap], event | None] with cap >= m
-        whose last write has completed (runner thread, inside the write's stream). Kept
-        buffers live as long as the tier (never freed while a write may use them); when
-        all four are busy or too small, a one-off pair is made on the write's stream
-        (torch's allocators then keep it until that write has run)."""
-        for buf in self._table_bufs:
-            if buf[1].shape[1] >= m and (buf[2] is None or buf[2].query()):
-                return buf
-        cap = max([256, m] + [b[1].shape[1] for b in self._table_bufs])
-        buf = [torch.empty(2, cap, dtype=torch.int64).pin_memory(),
-               torch.empty(2, cap, dtype=torch.int64, device=self.dev), None]
-        if len(self._table_bufs) < 4:
-            self._table_bufs.append(buf)
-        return buf
+        host = torch.stack([torch.from_numpy(keys).to(torch.int32), vals]).pin_memory()
+        with torch.cuda.stream(stream or torch.cuda.current_stream(self.dev)):
+            on_dev = host.to(self.dev, non_blocking=True)
+            flat.index_copy_(0, on_dev[0].long(), on_dev[1])
 
     def _table_update(self, keys, slots, victims, stream=None) -> None:
         victims = np.asarray(victims, np.int64)
