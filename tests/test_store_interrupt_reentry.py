@@ -66,3 +66,48 @@ def test_a_batch_settled_by_another_thread_gives_sigints_handler_back_at_the_own
     fr.wait_layer(0)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert load not in set(interrupts._WATCHED)
+
+
+_HELD_EVENT_CHILD = r'''
+import signal, sys, tempfile
+import tierstore as ts
+from tierstore.store.interrupts import SettleFirst
+from tierstore.testing.packs import make_random_pack
+pack = make_random_pack(tempfile.mkdtemp(), 3, 16, 3000, seed=9)
+store = ts.ExpertStore(pack, vram_slots=8, device="cpu", lazy_per_step=0)
+for attempt in range(200):
+    fr = store.fire([(0, attempt % 16), (1, 2), (2, 3)], pipelined=True)
+    if isinstance(signal.getsignal(signal.SIGINT), SettleFirst):
+        break
+    store.release(fr)
+    store.evict([(l, e) for l in range(3) for e in range(16)])
+else:
+    print("never in flight"); sys.exit(0)
+event = fr.pending.batch.done
+try:
+    with event._cond:                       # as inside this thread's own done.wait()/set()
+        signal.raise_signal(signal.SIGINT)  # SettleFirst runs here, on this thread
+    sys.exit("no KeyboardInterrupt")
+except KeyboardInterrupt:
+    pass
+fr.wait_all()                               # the batch was left to its owner: it settles
+store.release(fr)
+assert not store._mover.inflight and not store._pool.key_pins.any()
+store.close()
+print("ok")
+'''
+
+
+def test_a_ctrl_c_inside_the_batchs_own_event_is_left_to_the_owner_not_deadlocked():
+    """SettleFirst skips a batch whose Event lock is taken (the signal may have come inside
+    this thread's own wait()/set() of it: settling would take that plain Lock again and
+    hang); the KeyboardInterrupt is raised at once and the owner's wait settles it."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _HELD_EVENT_CHILD], capture_output=True,
+                              text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("deadlock: SettleFirst waited on the Event lock its own thread held")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() in ("ok", "never in flight"), done.stdout
+    if done.stdout.strip() != "ok":
+        pytest.skip("no fire stayed in flight past its section on this machine")

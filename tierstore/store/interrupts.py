@@ -77,13 +77,25 @@ def unwatch(load) -> None:
             signal.signal(sig, handler.inner)
 
 
+def _event_busy(event) -> bool:
+    """``event``'s own lock is taken (by anyone): the signal may have come inside this
+    thread's ``wait()`` / ``set()`` of it, and settling would take that plain Lock again."""
+    cond = getattr(event, "_cond", None)
+    lock = getattr(cond, "_lock", None)
+    return bool(lock is not None and lock.locked())
+
+
 def settle_watched() -> None:
     """Settle the main thread's unsettled pipelined batches (never raises: a failed layer
     is rolled back and reported to its owner). One whose lock this thread holds (the
-    signal came inside a locked region) is left to OrphanPins / the next wait."""
+    signal came inside a locked region), or whose Events are mid wait / set, is left to
+    OrphanPins / the next wait: settling it from the handler would wait on a lock the
+    interrupted frame holds."""
     for load in _unsettled():
         lock = load.mover.lock
         if getattr(lock, "_is_owned", lambda: False)():
+            continue
+        if _event_busy(load.batch.done) or _event_busy(load.submitted):
             continue
         load.settle(load.settle_stream)
 

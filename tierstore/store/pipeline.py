@@ -144,7 +144,8 @@ class LayerLoad:
         """wait_layer / settle of one group (``layer`` = the group's first layer)."""
         if layer not in self.pending and layer not in self.failed:
             return self._wait_published(layer, stream)
-        self.submitted.wait()   # settle() from another fire may come before submit() ends
+        if not self.submitted.is_set():   # a flag read, no lock: the common case
+            self.submitted.wait()   # settle() from another fire may come before submit() ends
         comp = self.comps.get(layer)
         try:
             if comp is None or layer in self.failed:
