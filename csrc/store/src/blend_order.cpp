@@ -35,6 +35,7 @@ void BlendOrder::rebuild() {
   for (Bucket& b : buckets_) {
     b.v.clear();
     b.sorted = false;  // appended below, sorted once when first asked
+    b.detached = 0;
     b.memo = false;
     b.g1 = p_.gain;
     b.g2 = p_.gain2;
@@ -46,6 +47,33 @@ void BlendOrder::rebuild() {
 
 void BlendOrder::insert(int64_t k) {
   const size_t bi = static_cast<size_t>(p_.pos[k]);
+  const int64_t was = det_b_[k];
+  if (was >= 0) {
+    det_b_[k] = -1;
+    Bucket& o = buckets_[static_cast<size_t>(was)];
+    --o.detached;
+    auto i = o.v.end();
+    if (static_cast<size_t>(was) == bi && o.sorted)
+      i = std::lower_bound(o.v.begin(), o.v.end(), det_e_[k], EntryLess{});
+    if (i != o.v.end() && i->k == k) {
+      // Read again at its position: one rotate carries the old entry to the new one's
+      // place (the other entries keep their order, as erase + insert leaves them).
+      o.memo = false;
+      Entry e = entry_of(k);
+      e.rate = key_rate(k, o.g1, o.g2);
+      const EntryLess less;
+      auto j = std::lower_bound(o.v.begin(), o.v.end(), e, less);
+      if (j > i) {  // after the old entry: lands just before j once the old one is out
+        std::rotate(i, i + 1, j);
+        *(j - 1) = e;
+      } else {
+        std::rotate(j, i, i + 1);
+        *j = e;
+      }
+      return;
+    }
+    erase_entry(o, det_e_[k]);
+  }
   if (buckets_.size() <= bi) {
     if (buckets_.empty()) keeps();
     buckets_.resize(bi + 1);
@@ -69,16 +97,38 @@ void BlendOrder::insert(int64_t k) {
 void BlendOrder::erase(int64_t k) {
   Bucket& b = buckets_[static_cast<size_t>(p_.pos[k])];
   b.memo = false;
+  // The key's state is what it was inserted with: its reference rate is the entry's.
+  Entry e = entry_of(k);
+  e.rate = key_rate(k, b.g1, b.g2);
+  erase_entry(b, e);
+}
+
+void BlendOrder::erase_entry(Bucket& b, const Entry& e) {
   auto it = b.v.begin();
   if (b.sorted && b.v.size() > 16) {
-    // The key's state is what it was inserted with: its reference rate is the entry's.
-    Entry e = entry_of(k);
-    e.rate = key_rate(k, b.g1, b.g2);
     it = std::lower_bound(b.v.begin(), b.v.end(), e, EntryLess{});
   } else {
-    while (it != b.v.end() && it->k != k) ++it;
+    while (it != b.v.end() && it->k != e.k) ++it;
   }
-  if (it != b.v.end() && it->k == k) b.v.erase(it);
+  if (it != b.v.end() && it->k == e.k) b.v.erase(it);
+}
+
+void BlendOrder::detach(int64_t k) {
+  const int64_t bi = p_.pos[k];
+  Bucket& b = buckets_[static_cast<size_t>(bi)];
+  b.memo = false;
+  Entry e = entry_of(k);
+  e.rate = key_rate(k, b.g1, b.g2);
+  if (++b.detached < b.v.size()) {
+    det_b_[k] = bi;
+    det_e_[k] = e;
+    return;
+  }
+  // Every key of the bucket detached: erase would have emptied it, so empty it now (the
+  // first insert then takes the current gains as its reference, as after erase).
+  for (const Entry& x : b.v) det_b_[x.k] = -1;
+  b.v.clear();
+  b.detached = 0;
 }
 
 void BlendOrder::resort(Bucket& b) {

@@ -9,8 +9,8 @@ void PolicyTier::access(const int64_t* keys, int64_t n, const double* w,
                         const int64_t* counts, ResidentOrder* mirror) {
   // A resident key leaves the order while its state changes (resident_order.hpp).
   for (int64_t i = 0; i < n; ++i) {
-    if (p_.resident[keys[i]]) order_.erase(keys[i]);
-    if (mirror && mirror->holds(keys[i])) mirror->erase(keys[i]);
+    if (p_.resident[keys[i]]) order_.detach(keys[i]);
+    if (mirror && mirror->holds(keys[i])) mirror->detach(keys[i]);
   }
   policy_access(p_, keys, n, w, counts);
   for (int64_t i = 0; i < n; ++i) {

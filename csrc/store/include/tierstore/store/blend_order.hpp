@@ -33,11 +33,17 @@ namespace tierstore {
 class BlendOrder {
  public:
   BlendOrder(const PolicyView& p, const bool* members)
-      : p_(p), members_(members), taken_(p.n_keys, 0) {}
+      : p_(p), members_(members), det_b_(p.n_keys, -1), det_e_(p.n_keys), taken_(p.n_keys, 0) {}
   void rebuild();
   // As ResidentOrder: erase a held key before its state changes, insert it after.
   void erase(int64_t k);
   void insert(int64_t k);
+  // erase(k) for a key whose insert(k) follows with nothing else in between but other
+  // keys' detach / insert (an access): the entry stays in place, so a key read again at
+  // its group position moves within its sorted bucket by one rotate instead of two
+  // vector shifts. The buckets end as erase would leave them (sorted ones are unique;
+  // a bucket whose every key is detached empties at once, as erase would empty it).
+  void detach(int64_t k);
   // The n coldest members with pinned[k] == 0 (pinned may be null), coldest first.
   void victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out);
 
@@ -50,6 +56,7 @@ class BlendOrder {
  private:
   struct Bucket {
     std::vector<Entry> v;  // sorted by (rate, last, key) when `sorted`
+    size_t detached = 0;   // entries of v left there by detach(), insert() pending
     double g1 = 1.0, g2 = 1.0;  // the reference gains of the entries' rates
     bool sorted = true;    // false: entries appended unordered since the last sort
     // The remembered coldest (valid while `memo_t` is the clock and nothing changed).
@@ -80,9 +87,15 @@ class BlendOrder {
     return (pinned && pinned[k]) || taken_[k];
   }
 
+  void erase_entry(Bucket& b, const Entry& e);  // erase's removal of e (held in b)
+
   const PolicyView& p_;
   const bool* members_;
   double keep1_ = 0.0, keep2_ = 0.0;
+  // detach(): per key its entry left in bucket det_b_[k] (-1: none pending); per bucket
+  // its entries not detached (live = size - detached).
+  std::vector<int64_t> det_b_;
+  std::vector<Entry> det_e_;
   std::vector<Bucket> buckets_;
   std::vector<uint8_t> taken_;  // victims chosen in this call
   std::vector<Cand> cands_;     // victims(): each bucket's candidate in this call

@@ -48,6 +48,12 @@ class ResidentOrder {
     if (lru_) return unlink(static_cast<int32_t>(k));
     set_.erase(where_[k]);
   }
+  // erase(k) before an access changes k's state: insert(k) follows, with only other keys'
+  // detach / insert between (phase / blend move an entry within its bucket then).
+  void detach(int64_t k) {
+    if (scan_) return blend_->detach(k);
+    erase(k);
+  }
   void insert(int64_t k) {
     if (scan_) return blend_->insert(k);
     if (lru_) return link(static_cast<int32_t>(k));
