@@ -1,6 +1,8 @@
 // See replay.hpp: the demand-fill replay loop over the rules of policy.hpp.
 #include "tierstore/store/replay.hpp"
 
+#include <limits>
+
 #include <stdexcept>
 
 namespace tierstore {
@@ -13,6 +15,7 @@ void PolicyTier::access(const int64_t* keys, int64_t n, const double* w,
     if (mirror && mirror->holds(keys[i])) mirror->detach(keys[i]);
   }
   policy_access(p_, keys, n, w, counts);
+  if (w != nullptr) floor_ok_ = false;  // a weight may lower a heat
   for (int64_t i = 0; i < n; ++i) {
     if (p_.resident[keys[i]]) order_.insert(keys[i]);
     if (mirror && mirror->holds(keys[i])) mirror->insert(keys[i]);
@@ -23,7 +26,20 @@ bool PolicyTier::decay(int64_t steps) {
   // Rounding may merge two rescaled heats: their order is the tie-break's then.
   if (!policy_decay_steps(p_, steps)) return false;
   order_.rebuild();
+  floor_ok_ = false;
   return true;
+}
+
+double PolicyTier::floor() {
+  if (!floor_ok_ || floor_age_ > slots_) {
+    double m = std::numeric_limits<double>::infinity();
+    for (int64_t k = 0; k < p_.n_keys; ++k)
+      if (p_.resident[k] && p_.raw[k] < m) m = p_.raw[k];
+    floor_ = m;
+    floor_ok_ = true;
+    floor_age_ = 0;
+  }
+  return floor_;
 }
 
 void PolicyTier::fill(std::vector<int64_t>& miss, const int64_t* block, int64_t nb,
@@ -35,8 +51,16 @@ void PolicyTier::fill(std::vector<int64_t>& miss, const int64_t* block, int64_t 
   if (n <= n_free) {
     admit_.assign(miss.begin(), miss.end());
   } else {
+    // With the filter, candidates past the last one above the floor are refused whatever
+    // their victims: those victims need not be found (the shadows' main cost). The count
+    // of rejections below is the same: n - n_free - (victims taken).
+    int64_t want = n - n_free;
+    if (filter && p_.filters()) {
+      const double f = floor();
+      while (want > 0 && !(p_.raw[miss[n_free + want - 1]] > f)) --want;
+    }
     for (int64_t i = 0; i < nb; ++i) pinned_[block[i]] = 1;
-    order_.victims(n - n_free, pinned_.data(), vic_);
+    if (want > 0) order_.victims(want, pinned_.data(), vic_);
     for (int64_t i = 0; i < nb; ++i) pinned_[block[i]] = 0;
     const int64_t nv = static_cast<int64_t>(vic_.size());
     counts.rejected += n - n_free - nv;
@@ -58,8 +82,12 @@ void PolicyTier::fill(std::vector<int64_t>& miss, const int64_t* block, int64_t 
     p_.resident[k] = false;
   }
   counts.evictions += static_cast<int64_t>(vic_.size());
+  floor_age_ += static_cast<int64_t>(vic_.size());
   p_.n_resident -= static_cast<int64_t>(vic_.size());
-  for (int64_t k : admit_) p_.resident[k] = true;
+  for (int64_t k : admit_) {
+    p_.resident[k] = true;
+    if (p_.raw && p_.raw[k] < floor_) floor_ = p_.raw[k];
+  }
   // lru stamps what it admits: a mirror's copy of those keys moves with the stamp.
   const bool stamped = p_.kind == PolicyKind::kLru && mirror != nullptr;
   if (stamped) for (int64_t k : admit_) if (mirror->holds(k)) mirror->erase(k);

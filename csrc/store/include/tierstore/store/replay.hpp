@@ -60,7 +60,10 @@ class PolicyTier {
   // rebuild).
   bool decay(int64_t steps = 1);
   // The policy's arrays changed from outside (a reset): order them again.
-  void rebuild() { order_.rebuild(); }
+  void rebuild() {
+    order_.rebuild();
+    floor_ok_ = false;
+  }
   // Fill `miss` (not resident, in the order they win slots); victims never among
   // block[0:nb] (nb = 0: none blocked). `filter`: the policy's admission filter applies.
   void fill(std::vector<int64_t>& miss, const int64_t* block, int64_t nb, bool filter,
@@ -72,6 +75,16 @@ class PolicyTier {
   ResidentOrder order_;
   std::vector<uint8_t> pinned_;
   std::vector<int64_t> vic_, admit_;
+  // The filter's floor: a lower bound on every resident key's raw heat. A candidate at or
+  // below it fails policy_admit against any victim, so fill() takes victims only up to the
+  // last candidate above it (victims come coldest first: the ones taken are the same).
+  // Valid while raw heats only grow (an access without weights adds count * gain) and no
+  // renormalisation rescaled them; an admission lowers it; rescanned once `slots`
+  // evictions have loosened it.
+  double floor_ = 0.0;
+  bool floor_ok_ = false;
+  int64_t floor_age_ = 0;
+  double floor();
 };
 
 // Replays `trace` into `policy` with `slots` slots; `filter`: the policy's own admission
