@@ -28,7 +28,7 @@ namespace {
 
 struct AutoHandle {
   AutoHandle(nb::list experts, int64_t capacity, Flat<double> scores_, double score_decay,
-             double long_decay)
+             double long_decay, bool meta)
       : scores(scores_) {
     std::vector<PolicyView*> views;
     for (nb::handle h : experts) {
@@ -39,7 +39,7 @@ struct AutoHandle {
     if (scores.shape(0) != views.size()) throw nb::value_error("auto: one score per expert");
     try {
       core = std::make_unique<AutoCore>(std::move(views), capacity, scores.data(), score_decay,
-                                      long_decay);
+                                      long_decay, meta);
     } catch (const std::invalid_argument& e) {
       throw nb::value_error(e.what());
     }
@@ -87,8 +87,9 @@ void bind_policy_auto(nb::module_& m) {
   nb::class_<AutoHandle>(m, "AutoCore",
                          "The self-tuning policy's shadows, scores and leader over its experts' "
                          "PolicyCores (csrc/store/include/tierstore/store/auto_core.hpp).")
-      .def(nb::init<nb::list, int64_t, Flat<double>, double, double>(), "experts"_a,
-           "capacity"_a, "scores"_a.noconvert(), "score_decay"_a, "long_decay"_a = 0.0)
+      .def(nb::init<nb::list, int64_t, Flat<double>, double, double, bool>(), "experts"_a,
+           "capacity"_a, "scores"_a.noconvert(), "score_decay"_a, "long_decay"_a = 0.0,
+           "meta"_a = false)
       .def("access", &access, "keys"_a, "weights"_a.none(),
            "One read of the slot table: keys distinct and ascending.")
       .def("decay", [](AutoHandle& h, int64_t steps) { h.core->decay(steps); }, "steps"_a,

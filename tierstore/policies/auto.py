@@ -93,6 +93,10 @@ SCORE_HALF_LIFE = 128.0  # steps over which an expert's past hits count half
 # from -0.043 to +0.015 (synthetic, seeds 0-1) and likewise on seeds 2-3, but costs
 # FLAME's auto+prefetch latency gap 0.3532 -> 0.3314 at 51 slots (below the 0.35 goal).
 LONG_SCORE_HALF_LIFE = None
+# With a long window: True follows whichever window's own leader hit more (a regret choice
+# between the two windows, decayed over the long one; AutoCore's meta) instead of adding
+# the two windows' rates. Off by default (bench/RESULTS.md, quality's paragraph).
+META_LEADER = False
 
 
 def _experts(n_keys: int, capacity: int) -> list[DensePolicy]:
@@ -120,7 +124,8 @@ class AutoPolicy(DensePolicy):
         self._core = native_module().AutoCore(cores, self.capacity, self.expert_scores,
                                               self._score_decay,
                                               0.0 if LONG_SCORE_HALF_LIFE is None
-                                              else 2.0 ** (-1.0 / LONG_SCORE_HALF_LIFE))
+                                              else 2.0 ** (-1.0 / LONG_SCORE_HALF_LIFE),
+                                              bool(META_LEADER))
 
     @property
     def experts(self) -> list[DensePolicy]:

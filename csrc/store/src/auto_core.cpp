@@ -9,9 +9,10 @@
 namespace tierstore {
 
 AutoCore::AutoCore(std::vector<PolicyView*> experts, int64_t capacity, double* scores,
-                   double score_decay, double long_decay)
+                   double score_decay, double long_decay, bool meta)
     : views_(std::move(experts)), capacity_(capacity), scores_(scores),
-      score_decay_(score_decay), long_decay_(long_decay) {
+      score_decay_(score_decay), long_decay_(long_decay), meta_(meta) {
+  if (meta_ && !(long_decay_ > 0)) throw std::invalid_argument("auto: meta needs a long window");
   if (views_.empty()) throw std::invalid_argument("auto: no experts");
   if (scores_ == nullptr) throw std::invalid_argument("auto: no scores");
   if (capacity_ < 0) throw std::invalid_argument("auto: capacity < 0");
@@ -27,6 +28,7 @@ AutoCore::AutoCore(std::vector<PolicyView*> experts, int64_t capacity, double* s
     tiers_.push_back(std::make_unique<PolicyTier>(*views_[e], capacity_));
   }
   long_.assign(views_.size(), 0.0);
+  hits_.assign(views_.size(), 0.0);
 }
 
 void AutoCore::access(const int64_t* keys, int64_t n, const double* w, const int64_t* counts,
@@ -40,14 +42,20 @@ void AutoCore::access(const int64_t* keys, int64_t n, const double* w, const int
     for (int64_t i = 0; i < n; ++i) {
       if (!p.resident[keys[i]]) miss_.push_back(keys[i]);
     }
-    scores_[e] += static_cast<double>(n - static_cast<int64_t>(miss_.size()));
-    long_[e] += static_cast<double>(n - static_cast<int64_t>(miss_.size()));
+    const double h = static_cast<double>(n - static_cast<int64_t>(miss_.size()));
+    scores_[e] += h;
+    long_[e] += h;
+    hits_[e] = h;
     ResidentOrder* m = static_cast<int64_t>(e) == mirror_of ? mirror : nullptr;
     s.access(keys, n, w, counts, m);
     if (miss_.empty() || capacity_ == 0) continue;
     const int64_t nm = static_cast<int64_t>(miss_.size());
     if (nm > s.n_free() && p.filters()) policy_rank(p, miss_.data(), nm);
     s.fill(miss_, keys, n, p.filters(), unused, m);
+  }
+  if (meta_) {  // the windows' leaders of this read (chosen before it) score its hits
+    meta_short_ += hits_[lead_short_];
+    meta_long_ += hits_[lead_long_];
   }
   choose_leader();
 }
@@ -57,6 +65,17 @@ void AutoCore::choose_leader() {
   const bool two = long_decay_ > 0;
   const double w1 = two ? 1.0 - score_decay_ : 1.0, w2 = two ? 1.0 - long_decay_ : 0.0;
   auto sc = [&](size_t e) { return two ? w1 * scores_[e] + w2 * long_[e] : scores_[e]; };
+  if (meta_) {
+    int64_t bs = 0, bl = 0;
+    for (size_t e = 1; e < tiers_.size(); ++e) {
+      if (scores_[e] > scores_[bs]) bs = static_cast<int64_t>(e);
+      if (long_[e] > long_[bl]) bl = static_cast<int64_t>(e);
+    }
+    lead_short_ = bs;
+    lead_long_ = bl;
+    leader_ = meta_short_ > meta_long_ ? bs : bl;
+    return;
+  }
   int64_t best = 0;
   for (size_t e = 1; e < tiers_.size(); ++e) {
     if (sc(e) > sc(best)) best = static_cast<int64_t>(e);
@@ -75,6 +94,8 @@ bool AutoCore::decay(int64_t steps, int64_t watch) {
   if (long_decay_ > 0) {
     const double f2 = std::pow(long_decay_, static_cast<double>(steps));
     for (double& x : long_) x *= f2;
+    meta_short_ *= f2;
+    meta_long_ *= f2;
   }
   return watched;
 }
@@ -83,6 +104,8 @@ void AutoCore::reset() {
   for (auto& t : tiers_) t->rebuild();
   std::fill(scores_, scores_ + tiers_.size(), 0.0);
   std::fill(long_.begin(), long_.end(), 0.0);
+  lead_short_ = lead_long_ = 0;
+  meta_short_ = meta_long_ = 0.0;
   leader_ = 0;
 }
 

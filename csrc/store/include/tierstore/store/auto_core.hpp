@@ -35,7 +35,7 @@ class AutoCore {
   // keys and distinct; scores: one per expert (the caller's array, updated in place).
   // Throws std::invalid_argument on an empty list, views of another size or a repeat.
   AutoCore(std::vector<PolicyView*> experts, int64_t capacity, double* scores,
-           double score_decay, double long_decay = 0.0);
+           double score_decay, double long_decay = 0.0, bool meta = false);
   AutoCore(const AutoCore&) = delete;
   AutoCore& operator=(const AutoCore&) = delete;
 
@@ -73,6 +73,13 @@ class AutoCore {
   // to the lower index. long_decay 0: the short window alone (the scores, as before).
   double long_decay_ = 0.0;
   std::vector<double> long_;
+  // meta (needs a long window): instead of adding the two rates, follow the window whose
+  // own leader would have hit more (each window's leader's hits, decayed by long_decay_;
+  // a regret choice between the two windows, ties to the long one).
+  bool meta_ = false;
+  int64_t lead_short_ = 0, lead_long_ = 0;
+  double meta_short_ = 0.0, meta_long_ = 0.0;
+  std::vector<double> hits_;
   void choose_leader();
 };
 
