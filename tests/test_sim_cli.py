@@ -74,3 +74,15 @@ def test_policies_all_runs_every_model(capsys):
     lru = next(r for r in rows if r["policy"] == "lru")
     for r in rows:  # latency share only at no more reads than LRU
         assert r["latency_gap_closed"] is None or r["reads"] <= lru["reads"]
+
+
+def test_policies_help_names_every_registered_model(capsys):
+    """The --policies help is generated from the registry: a policy added there is
+    listed without anyone editing the help text."""
+    from tierstore.sim import available_models
+    assert main(["bench", "hits", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())   # undo argparse's wrapping
+    listed = text.split("--policies POLICIES comma-separated:", 1)[1].split("--budget", 1)[0]
+    for name in available_models():
+        assert f" {name}," in listed, name
+    assert "<policy>+prefetch" in listed

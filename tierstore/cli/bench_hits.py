@@ -37,9 +37,11 @@ def register(sub) -> None:
                      help="generate the DS4-shaped synthetic trace (see --ticks, --seed ...)")
     p.add_argument("--slots", default=[51, 102, 205], type=int_list_of(1),
                    help="pool sizes, comma-separated (default: 51,102,205)")
+    from tierstore import sim   # the registry names the choices, so help never goes stale
+    from tierstore.sim.runner import PREFETCH_SUFFIX
     p.add_argument("--policies", default=policy_list(DEFAULT_POLICIES), type=policy_list,
-                   help="comma-separated: lru, heat, hybrid, auto, lazy, reference, belady, "
-                        "belady_skip, unbounded, predict, prefetch, or all "
+                   help=f"comma-separated: {', '.join(sim.available_models())}, "
+                        f"<policy>{PREFETCH_SUFFIX} for any policy, or all "
                         f"(default: {DEFAULT_POLICIES})")
     p.add_argument("--budget", type=non_negative_int, default=8,
                    help="predict/prefetch: prefetch rows per tick")
