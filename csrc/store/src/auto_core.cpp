@@ -49,8 +49,6 @@ void AutoCore::access(const int64_t* keys, int64_t n, const double* w, const int
     ResidentOrder* m = static_cast<int64_t>(e) == mirror_of ? mirror : nullptr;
     s.access(keys, n, w, counts, m);
     if (miss_.empty() || capacity_ == 0) continue;
-    const int64_t nm = static_cast<int64_t>(miss_.size());
-    if (nm > s.n_free() && p.filters()) policy_rank(p, miss_.data(), nm);
     s.fill(miss_, keys, n, p.filters(), unused, m);
   }
   if (meta_) {  // the windows' leaders of this read (chosen before it) score its hits

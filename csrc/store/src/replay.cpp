@@ -48,6 +48,20 @@ void PolicyTier::fill(std::vector<int64_t>& miss, const int64_t* block, int64_t 
   const int64_t n_free = this->n_free();
   admit_.clear();
   vic_.clear();
+  if (n > n_free && filter && p_.filters()) {
+    // A full tier admits a candidate only over a victim hotter than the floor: when no
+    // miss is above it, every one is refused whatever their order (no ranking, no search).
+    if (n_free == 0) {
+      const double f = floor();
+      bool any = false;
+      for (int64_t k : miss) any = any || p_.raw[k] > f;
+      if (!any) {
+        counts.rejected += n;
+        return;
+      }
+    }
+    policy_rank(p_, miss.data(), n);  // the hottest misses win the free slots and victims
+  }
   if (n <= n_free) {
     admit_.assign(miss.begin(), miss.end());
   } else {
@@ -124,10 +138,8 @@ ReplayCounts replay_demand(PolicyView& p, const ReplayTrace& tr, int64_t slots, 
     if (!miss.empty()) {
       // sim/demand.py Filler.demand: the hottest misses take the free slots when the
       // filter may turn some away; a group that missed entirely protects nothing.
-      const int64_t n = static_cast<int64_t>(miss.size());
-      counts.demand_reads += n;
-      if (n > tier.n_free() && filter) policy_rank(p, miss.data(), n);
-      const bool some_hit = n < b - a;
+      counts.demand_reads += static_cast<int64_t>(miss.size());
+      const bool some_hit = static_cast<int64_t>(miss.size()) < b - a;
       tier.fill(miss, tr.keys + a, some_hit ? b - a : 0, filter, counts);
     }
     if (tr.tick_end[g]) {

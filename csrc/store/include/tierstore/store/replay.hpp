@@ -64,8 +64,10 @@ class PolicyTier {
     order_.rebuild();
     floor_ok_ = false;
   }
-  // Fill `miss` (not resident, in the order they win slots); victims never among
-  // block[0:nb] (nb = 0: none blocked). `filter`: the policy's admission filter applies.
+  // Fill `miss` (not resident, distinct); victims never among block[0:nb] (nb = 0: none
+  // blocked). `filter`: the policy's admission filter applies, and when it may turn some
+  // away (more misses than free slots) `miss` is ranked hottest first (policy_rank: the
+  // order they win slots, sim/demand.py Filler.demand); otherwise taken in its order.
   void fill(std::vector<int64_t>& miss, const int64_t* block, int64_t nb, bool filter,
             ReplayCounts& counts, ResidentOrder* mirror = nullptr);
 
