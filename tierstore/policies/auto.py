@@ -95,7 +95,10 @@ SCORE_HALF_LIFE = 128.0  # steps over which an expert's past hits count half
 LONG_SCORE_HALF_LIFE = None
 # With a long window: True follows whichever window's own leader hit more (a regret choice
 # between the two windows, decayed over the long one; AutoCore's meta) instead of adding
-# the two windows' rates. Off by default (bench/RESULTS.md, quality's paragraph).
+# the two windows' rates. Off: measured 2026-12-05 (bench/results/auto_vs_hindsight_seeds.md,
+# section META_LEADER) with SCORE_HALF_LIFE 8, LONG_SCORE_HALF_LIFE 128 and the 13 experts it is
+# worse than adding the rates (seeds 0-1 sum +0.0074 vs +0.0151) and costs FLAME more
+# (auto+prefetch latency gap 0.3011 at 51 slots, bandwidth -0.0044 vs shipped -0.0015).
 META_LEADER = False
 
 
