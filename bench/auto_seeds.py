@@ -11,12 +11,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import auto_seeds_grid as G  # noqa: E402
 from tierstore import sim
-import tierstore.policies.auto as A
 var = json.loads(sys.argv[1]); seeds = [int(s) for s in sys.argv[2].split(",")]
 names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["flame"] + list(G.SETTINGS)
-if "experts" in var: A.EXPERTS = tuple((n, None if h is None else float(h)) for n, h in var["experts"])
-if "shl" in var: A.SCORE_HALF_LIFE = float(var["shl"])
-for k, v in var.get("core", {}).items(): setattr(A, k, v)
+G.apply_variant(var)
 t = time.process_time(); tot = []; rows = {}
 for name in names:
     for seed in ([0] if name == "flame" else seeds):

@@ -12,6 +12,21 @@ SETTINGS = {"ds4": dict(n_ticks=256, prefill_tokens=256, prefill_every=1024)}
 for k, kw in [kv for kv in H.HELDOUT.items() if kv[0] != "heldout_seed1"]:
     kw = dict(kw); kw.pop("seed"); SETTINGS[k.split("_", 2)[-1] if k.count("_") > 1 else "seed1"] = kw
 SETTINGS = {("ds4" if k=="ds4" else k): v for k, v in SETTINGS.items()}
+def apply_variant(var):
+    """Set auto.py's constants to VARIANT (a dict: "experts" -> EXPERTS, "shl" ->
+    SCORE_HALF_LIFE, "core" -> any other constant), so a variant is measured without
+    editing the shipped defaults (auto_seeds.py, auto_variant_hits.py)."""
+    import tierstore.policies.auto as A
+    if "experts" in var:
+        A.EXPERTS = tuple((n, None if h is None else float(h)) for n, h in var["experts"])
+    if "shl" in var:
+        A.SCORE_HALF_LIFE = float(var["shl"])
+    for k, v in var.get("core", {}).items():
+        if not hasattr(A, k):
+            sys.exit(f"auto.py has no constant {k!r}")
+        setattr(A, k, v)
+
+
 def make(name, seed):
     if name == "flame": return traces.load_trace(H.FLAME)
     return synth.synthetic_trace(**SETTINGS[name], seed=seed)

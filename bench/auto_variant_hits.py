@@ -9,14 +9,11 @@ shipped defaults. auto+prefetch's base is the same AutoPolicy, so it takes the v
 VARIANT: "experts" (EXPERTS), "shl" (SCORE_HALF_LIFE), "core" (other auto.py constants);
 the remaining arguments are `tierstore bench hits`'s."""
 import json, sys
-import tierstore.policies.auto as A
-from tierstore.cli import main
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import auto_seeds_grid as G  # noqa: E402
+from tierstore.cli import main  # noqa: E402
 
-var = json.loads(sys.argv[1])
-if "experts" in var: A.EXPERTS = tuple((n, None if h is None else float(h)) for n, h in var["experts"])
-if "shl" in var: A.SCORE_HALF_LIFE = float(var["shl"])
-for k, v in var.get("core", {}).items():
-    if not hasattr(A, k): sys.exit(f"auto.py has no constant {k!r}")
-    setattr(A, k, v)
+G.apply_variant(json.loads(sys.argv[1]))
 print(f"VARIANT {sys.argv[1]}", flush=True)
 sys.exit(main(["bench", "hits"] + sys.argv[2:]))

@@ -110,3 +110,16 @@ def test_bad_read_ratios_are_refused_by_the_parser(capsys):
     assert main(["bench", "hits", *SMALL, "--read-ratios", "1,-2"]) == 2
     err = capsys.readouterr().err
     assert "--read-ratios: expected comma-separated numbers >= 0, found '-2'" in err
+
+
+def test_reads_against_lru_need_no_min_run(capsys):
+    # Without MIN (belady) in the run, a model is still compared with LRU's reads;
+    # only the gap share, which needs MIN's hit rate, is left out.
+    rows = _rows(capsys, [*SMALL, "--slots", "6", "--policies", "lru,hybrid,lru+prefetch"])
+    lru = next(r for r in rows if r["policy"] == "lru")
+    for r in rows:
+        assert r["latency_comparable"] == (r["reads"] <= lru["reads"])
+        assert r["reads_vs_lru"] == pytest.approx(r["reads"] / lru["reads"])
+        assert r["latency_gap_closed"] is None and r["gap_closed"] is None
+    assert main(["bench", "hits", *SMALL, "--slots", "6", "--policies", "hybrid"]) == 0
+    assert "no LRU run at this pool" in capsys.readouterr().out

@@ -29,7 +29,7 @@ def comparable_text(r) -> str:
         return {"belady": "MIN: the gap's scale", "belady_skip": "MIN that may skip",
                 "unbounded": "no evictions"}[r.policy]
     if r.latency_comparable is None:
-        return "no LRU run"
+        return "no LRU run at this pool"
     return "yes" if r.latency_comparable else "NOT comparable: reads > LRU"
 
 

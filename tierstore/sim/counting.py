@@ -116,17 +116,17 @@ class Counters:
 NOT_COMPARED = ("belady", "belady_skip", "unbounded")  # the ceilings and the bound
 
 
-def latency_compare(r: Result, lru: Result, mn: Result) -> None:
-    """Fill ``r``'s latency view against ``lru`` and ``mn`` (MIN, forced admission)
-    at the same slots: ``reads_vs_lru``, ``latency_comparable`` (reads <= LRU's) and,
-    only when comparable, ``latency_gap_closed`` = (r - lru) / (MIN - lru) of the
-    latency hit rate. MIN is the ceiling of demand fill only: a prefetching model
-    may pass it (a share above 1)."""
+def latency_compare(r: Result, lru: Result, mn: Result | None) -> None:
+    """Fill ``r``'s latency view against ``lru`` and ``mn`` (MIN, forced admission;
+    None: MIN did not run) at the same slots: ``reads_vs_lru``, ``latency_comparable``
+    (reads <= LRU's) and, only when comparable and MIN ran, ``latency_gap_closed`` =
+    (r - lru) / (MIN - lru) of the latency hit rate. MIN is the ceiling of demand fill
+    only: a prefetching model may pass it (a share above 1)."""
     if r.policy in NOT_COMPARED:
         return
     r.reads_vs_lru = r.reads / lru.reads if lru.reads else None
     r.latency_comparable = r.reads <= lru.reads
-    span = mn.latency_hit_rate - lru.latency_hit_rate
+    span = mn.latency_hit_rate - lru.latency_hit_rate if mn is not None else 0.0
     if span > 0 and r.latency_comparable:
         r.latency_gap_closed = (r.latency_hit_rate - lru.latency_hit_rate) / span
 

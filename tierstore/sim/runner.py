@@ -59,7 +59,7 @@ from tierstore import policies as _policies
 from tierstore.errors import ConfigError
 from tierstore.policies.admission import ADMIT_ALL, filters_misses
 from tierstore.sim.belady import BeladyPolicy, BeladySkipPolicy
-from tierstore.sim.counting import Counters, Prepared, Result, latency_compare
+from tierstore.sim.counting import NOT_COMPARED, Counters, Prepared, Result, latency_compare
 from tierstore.sim.demand import replay_demand_fill, replay_lazy
 from tierstore.sim.traces import Trace
 
@@ -160,10 +160,11 @@ def compare(results: list[Result]) -> None:
         if ceil is None and r.ceiling == "belady_skip":
             ceil = None  # no skip ceiling ran: no gap rather than a wrong one
         r.gap_to_min = None if ceil is None else ceil.bandwidth_hit_rate - r.bandwidth_hit_rate
+        # Reads against LRU's need only LRU's run; a share of the gap needs MIN's too.
         lru, mn = by.get(("lru", r.slots)), by.get(("belady", r.slots))
-        if lru is None or mn is None or r.policy in ("belady", "belady_skip", "unbounded"):
+        if lru is None or r.policy in NOT_COMPARED:
             continue
-        span = mn.bandwidth_hit_rate - lru.bandwidth_hit_rate
+        span = mn.bandwidth_hit_rate - lru.bandwidth_hit_rate if mn is not None else 0.0
         if span > 0:
             r.gap_closed = (r.bandwidth_hit_rate - lru.bandwidth_hit_rate) / span
         latency_compare(r, lru, mn)
