@@ -6,14 +6,13 @@ view, over hits_eval's synthetic settings at several seeds, and FLAME (10/20/40 
         "experts": [...]}' 2,3                                   # a variant, held-out seeds
 
 VARIANT: "experts" (EXPERTS), "shl" (SCORE_HALF_LIFE), "core" (other auto.py constants)."""
-import json, sys, time
+import sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import auto_seeds_grid as G  # noqa: E402
 from tierstore import sim
-var = json.loads(sys.argv[1]); seeds = [int(s) for s in sys.argv[2].split(",")]
+var = G.apply_variant(sys.argv[1]); seeds = [int(s) for s in sys.argv[2].split(",")]
 names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["flame"] + list(G.SETTINGS)
-G.apply_variant(var)
 t = time.process_time(); tot = []; rows = {}
 for name in names:
     for seed in ([0] if name == "flame" else seeds):

@@ -12,11 +12,18 @@ SETTINGS = {"ds4": dict(n_ticks=256, prefill_tokens=256, prefill_every=1024)}
 for k, kw in [kv for kv in H.HELDOUT.items() if kv[0] != "heldout_seed1"]:
     kw = dict(kw); kw.pop("seed"); SETTINGS[k.split("_", 2)[-1] if k.count("_") > 1 else "seed1"] = kw
 SETTINGS = {("ds4" if k=="ds4" else k): v for k, v in SETTINGS.items()}
-def apply_variant(var):
-    """Set auto.py's constants to VARIANT (a dict: "experts" -> EXPERTS, "shl" ->
-    SCORE_HALF_LIFE, "core" -> any other constant), so a variant is measured without
-    editing the shipped defaults (auto_seeds.py, auto_variant_hits.py)."""
+def apply_variant(text):
+    """Set auto.py's constants to VARIANT, JSON text of a dict ("experts" -> EXPERTS,
+    "shl" -> SCORE_HALF_LIFE, "core" -> any other constant), so a variant is measured
+    without editing the shipped defaults (auto_seeds.py, auto_variant_hits.py). Returns
+    the dict; exits with a one-line message on text that is not such a dict."""
     import tierstore.policies.auto as A
+    try:
+        var = json.loads(text)
+    except ValueError as e:
+        sys.exit(f"VARIANT is not JSON ({e}): {text!r}")
+    if not isinstance(var, dict):
+        sys.exit(f"VARIANT must be a JSON object, got {text!r}")
     if "experts" in var:
         A.EXPERTS = tuple((n, None if h is None else float(h)) for n, h in var["experts"])
     if "shl" in var:
@@ -25,6 +32,7 @@ def apply_variant(var):
         if not hasattr(A, k):
             sys.exit(f"auto.py has no constant {k!r}")
         setattr(A, k, v)
+    return var
 
 
 def make(name, seed):

@@ -8,12 +8,12 @@ shipped defaults. auto+prefetch's base is the same AutoPolicy, so it takes the v
 
 VARIANT: "experts" (EXPERTS), "shl" (SCORE_HALF_LIFE), "core" (other auto.py constants);
 the remaining arguments are `tierstore bench hits`'s."""
-import json, sys
+import sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import auto_seeds_grid as G  # noqa: E402
 from tierstore.cli import main  # noqa: E402
 
-G.apply_variant(json.loads(sys.argv[1]))
+G.apply_variant(sys.argv[1])
 print(f"VARIANT {sys.argv[1]}", flush=True)
 sys.exit(main(["bench", "hits"] + sys.argv[2:]))
