@@ -288,3 +288,11 @@ def test_terminated_demo_removes_its_temp_directory(tmp_path, private_tmp):
                             signal.SIGTERM, "never-appears", timeout=4)
     assert rc == 128 + signal.SIGTERM and "Traceback" not in err, err
     assert set(os.listdir(private_tmp)) <= before and os.listdir(tmp_path) == []
+
+
+def test_an_unrecognized_argument_holding_a_newline_is_still_one_line():
+    # argparse quotes the argument back; a newline in it must not split the error
+    # (found by the hostile suite's glued-fragment hypothesis test).
+    rc, _, err = run_main(["bench", "hits", "--synthetic", "--ticks", "4", "a\nb"])
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("tierstore: error: unrecognized arguments: a\\nb"), err

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tierstore.sim import synth, traces
-from tierstore.errors import ConfigError, FormatError
+from tierstore.errors import CapacityError, ConfigError, FormatError
 
 FLAME = Path("/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy")
 
@@ -47,6 +47,61 @@ def test_bad_trace_fails_fast_naming_file_and_row(tmp_path, rows, meta, message)
     with pytest.raises(FormatError, match=message) as info:
         traces.load_trace(path)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("meta, where", [
+    ({"num_experts": "64"}, r"got `str` - at `\$.num_experts`"),
+    ({"num_experts": True}, r"got `bool` - at `\$.num_experts`"),
+    ({"num_experts": 64.0}, r"got `float` - at `\$.num_experts`"),
+    ({"num_experts": 0}, r"Expected `int` >= 1 - at `\$.num_experts`"),
+    ({"num_experts": 1 << 40}, r"Expected `int` <= 1048576 - at `\$.num_experts`"),
+    ({"layers_present": 2}, r"got `int` - at `\$.layers_present`"),
+    ({"layers_present": [2, "3"]}, r"got `str` - at `\$.layers_present\[1\]`"),
+    ({"name": ["x"]}, r"got `array` - at `\$.name`"),
+    ({"top_k": -1}, r"Expected `int` >= 1 - at `\$.top_k`"),
+])
+def test_meta_fields_the_simulator_reads_are_typed(tmp_path, meta, where):
+    # They were read as int(meta["num_experts"]): a string or a list was a traceback,
+    # 2.5 silently 2, True silently 1, 10**12 an allocation the size of the key space.
+    path = write(tmp_path, np.array([[0, 0, 1]], np.int32), meta)
+    with pytest.raises(FormatError, match="t.meta.json: trace metadata field error: .*" + where):
+        traces.load_trace(path)
+
+
+def test_meta_keeps_fields_it_does_not_read(tmp_path):
+    path = write(tmp_path, np.array([[0, 0, 1]], np.int32),
+                 {"num_experts": 4, "model": {"any": [1, "thing"]}, "name": "m"})
+    tr = traces.load_trace(path)
+    assert tr.n_experts == 4 and tr.name == "m" and tr.meta["model"] == {"any": [1, "thing"]}
+
+
+def test_an_expert_id_past_the_key_space_is_refused_naming_its_row(tmp_path):
+    # max(expert) + 1 sized every policy's per-key arrays: 2**31 - 1 ran out of memory.
+    path = write(tmp_path, np.array([[0, 0, 1], [0, 0, 5], [1, 0, (1 << 31) - 1]], np.int32))
+    with pytest.raises(FormatError, match=r"row 2: expert 2147483647, more than the 1,048,576"):
+        traces.load_trace(path)
+    # in range per layer, too many layers x experts together
+    rows = np.array([[0, layer, traces.MAX_KEYS // 4] for layer in range(8)], np.int32)
+    with pytest.raises(CapacityError, match=r"8 layers x 262145 experts = 2,097,160 keys"):
+        traces.load_trace(write(tmp_path, rows))
+
+
+@settings(max_examples=60, deadline=None)
+@given(ticks=st.integers(0, 9), batch=st.integers(1, 3), prefill_tokens=st.integers(0, 5),
+       prefill_every=st.integers(0, 4), layers=st.integers(1, 3), top_k=st.integers(1, 3))
+def test_synthetic_rows_counts_what_the_generator_makes(ticks, batch, prefill_tokens,
+                                                        prefill_every, layers, top_k):
+    kw = dict(batch=batch, prefill_tokens=prefill_tokens, prefill_every=prefill_every,
+              n_layers=layers, top_k=top_k)
+    tr = synth.synthetic_trace(ticks, n_experts=8, **kw)
+    assert synth.synthetic_rows(ticks, **kw) == tr.n_rows
+
+
+def test_a_synthetic_trace_too_large_is_refused_before_generating():
+    with pytest.raises(CapacityError, match="synthetic trace: 4096 layers x 65536 experts"):
+        synth.synthetic_trace(1, n_layers=4096, n_experts=65536)
+    with pytest.raises(CapacityError, match=r"synthetic trace: [\d,]+ rows need [\d.]+ GiB"):
+        synth.synthetic_trace(1 << 24, batch=1 << 12)
 
 
 def test_not_npy_and_corrupt_meta_are_format_errors(tmp_path):

@@ -117,6 +117,20 @@ def make_place(root: str) -> Place:
     np.save(P["npy_shape"], np.ones((4, 5), np.int32))
     P["npy_object"] = _write(os.path.join(root, "object.npy"), _npy_header((2, 3), "|O")
                              + b"\x80\x04N.")
+    # an expert id that would size the replay's per-key state at 2**31 keys
+    P["npy_expert_huge"] = os.path.join(root, "expert_huge.npy")
+    np.save(P["npy_expert_huge"], np.array([[0, 0, 1], [0, 1, (1 << 31) - 1]], np.int32))
+    # a good trace beside a .meta.json of hostile values (named as the error must name it)
+    for kind, meta in (("str", {"num_experts": "abc"}), ("list", {"num_experts": [1]}),
+                       ("bool", {"num_experts": True}), ("float", {"num_experts": 1e12}),
+                       ("huge", {"num_experts": 1 << 40}), ("neg", {"num_experts": -5}),
+                       ("layers", {"layers_present": 5}), ("name", {"name": 5}),
+                       ("topk", {"top_k": 0})):
+        d = os.path.join(root, f"meta-{kind}")
+        os.makedirs(d)
+        np.save(os.path.join(d, "t.npy"), np.array([[0, 0, 1], [1, 0, 3]], np.int32))
+        P[f"npy_meta_{kind}"] = os.path.join(d, "t.npy")
+        P[f"meta_{kind}"] = _write(os.path.join(d, "t.meta.json"), json.dumps(meta).encode())
     # packs
     side = json.load(open(pl.pack[:-5] + ".json"))
     P["pack_cut"] = _pack_dir_with(root, "pk-cut", pl.pack, pack_bytes=open(pl.pack, "rb").read()[:5000])
@@ -263,6 +277,17 @@ def cli_cases(pl: Place) -> list[tuple[str, list[str], list[str]]]:
                  "npy_cut", "npy_float", "npy_shape", "npy_object", "garbage", "loop",
                  "sidecar", "pack", "poolmon", "noperm", "json_text", "empty"):
         add(f"bench-hits-trace-{kind}", ["bench", "hits", "--trace", P[kind]], P[kind])
+    add("bench-hits-trace-expert-huge", ["bench", "hits", "--trace", P["npy_expert_huge"]],
+        P["npy_expert_huge"], "row 1", "expert 2147483647")
+    for kind in ("str", "list", "bool", "float", "huge", "neg", "layers", "name", "topk"):
+        add(f"bench-hits-trace-meta-{kind}", ["bench", "hits", "--trace", P[f"npy_meta_{kind}"]],
+            P[f"meta_{kind}"])
+    add("bench-hits-key-space", hits + ["--layers", "4096", "--experts", "65536"],
+        "--layers", "--experts")
+    add("bench-hits-rows-huge", hits + ["--ticks", "16777216", "--batch", "4096"],
+        "--ticks", "--batch")
+    add("bench-hits-prefill-huge", hits + ["--prefill-tokens", "100000000000"],
+        "--prefill-tokens")
     add("bench-hits-both", ["bench", "hits", "--trace", pl.trace, "--synthetic"], "--synthetic")
     for opt in ("--budget", "--threshold", "--ticks-per-second", "--half-life", "--row-bytes",
                 "--ticks", "--batch", "--layers", "--experts", "--prefill-every"):

@@ -76,13 +76,13 @@ def _signals_and_warnings():
     def on_term(signum, frame):
         raise Terminated()
 
-    def one_line(message, category, filename, lineno, file=None, line=None):
-        print(f"tierstore: warning: {message}", file=sys.stderr)
+    def show_one_line(message, category, filename, lineno, file=None, line=None):
+        print(f"tierstore: warning: {one_line(str(message))}", file=sys.stderr)
 
     main_thread = threading.current_thread() is threading.main_thread()
     old_term = signal.signal(signal.SIGTERM, on_term) if main_thread else None
     old_show = warnings.showwarning
-    warnings.showwarning = one_line
+    warnings.showwarning = show_one_line
     try:
         yield
     finally:

@@ -18,7 +18,7 @@ import tempfile
 from typing import Callable, Iterable
 
 from tierstore import settings
-from tierstore.errors import ConfigError
+from tierstore.errors import ConfigError, one_line
 
 
 class Parser(argparse.ArgumentParser):
@@ -30,7 +30,8 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*a, **kw)
 
     def error(self, message: str):  # noqa: D401 - argparse's hook
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        # argparse quotes the user's argv, which may hold a newline: still one line.
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -105,9 +105,29 @@ def trace_file(text: str) -> str:
     return path
 
 
+# What a replay holds per trace row, with margin: `bench hits --policies all` grew by ~53 B
+# per row from 264 k to 1.58 M rows (synthetic DS4, 2026-12-05); plus the trace itself.
+REPLAY_BYTES_PER_ROW = 96
+
+
 def _check_args(args) -> None:
-    if args.synthetic and args.top_k > args.experts:
+    """Refuse, before generating anything, a synthetic trace that cannot be replayed."""
+    if not args.synthetic:
+        return
+    from tierstore.sim import synth, traces
+    if args.top_k > args.experts:
         raise ConfigError(f"--top-k {args.top_k}: more than --experts {args.experts}")
+    if args.layers * args.experts > traces.MAX_KEYS:
+        raise ConfigError(f"--layers {args.layers} x --experts {args.experts} = "
+                          f"{args.layers * args.experts:,} keys, more than the "
+                          f"{traces.MAX_KEYS:,} a replay keeps state for")
+    rows = synth.synthetic_rows(args.ticks, batch=args.batch, prefill_tokens=args.prefill_tokens,
+                                prefill_every=args.prefill_every, n_layers=args.layers,
+                                top_k=args.top_k)
+    traces.check_fits_memory(rows * REPLAY_BYTES_PER_ROW,
+                             f"--ticks {args.ticks} --batch {args.batch} --prefill-tokens "
+                             f"{args.prefill_tokens} --layers {args.layers} --top-k {args.top_k}: "
+                             f"{rows:,} trace rows to replay")
 
 
 def load_source(args):
@@ -129,6 +149,10 @@ def main(args) -> int:
     trace = load_source(args)
     if trace.n_rows == 0:
         raise ConfigError(f"{args.trace or 'synthetic trace'}: no routed rows to replay")
+    if args.trace:
+        from tierstore.sim.traces import check_fits_memory
+        check_fits_memory(trace.n_rows * REPLAY_BYTES_PER_ROW,
+                          f"{args.trace}: {trace.n_rows:,} rows to replay")
     params = {"predict": {"threshold": args.threshold}}
     if args.half_life is not None:
         for name in ("heat", "hybrid"):

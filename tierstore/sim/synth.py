@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from tierstore.errors import ConfigError
-from tierstore.sim.traces import Trace
+from tierstore.sim.traces import Trace, check_fits_memory, check_key_space
 
 DS4_SHAPE = {"n_layers": 43, "n_experts": 256, "top_k": 6}
 
@@ -127,24 +127,46 @@ class SyntheticRouter:
         return self._route(topics)
 
 
+def _is_prefill(t: int, prefill_tokens: int, prefill_every: int) -> bool:
+    return prefill_tokens > 0 and (t == 0 or (prefill_every > 0 and t % prefill_every == 0))
+
+
+def synthetic_rows(n_ticks: int, *, batch: int = 1, prefill_tokens: int = 512,
+                   prefill_every: int = 1024, n_layers: int = 43, top_k: int = 6) -> int:
+    """The rows ``synthetic_trace`` with these arguments makes (counted, not generated)."""
+    n_ticks = max(int(n_ticks), 0)
+    n_prefill = 0
+    if n_ticks and prefill_tokens > 0:  # tick 0, then every prefill_every-th (_is_prefill)
+        n_prefill = 1 + ((n_ticks - 1) // prefill_every if prefill_every > 0 else 0)
+    tokens = (n_ticks - n_prefill) * int(batch) + n_prefill * int(prefill_tokens)
+    return tokens * int(n_layers) * int(top_k)
+
+
 def synthetic_trace(n_ticks: int = 2048, *, batch: int = 1, prefill_tokens: int = 512,
                     prefill_every: int = 1024, n_layers: int = 43, n_experts: int = 256,
                     top_k: int = 6, seed: int = 0, **params) -> Trace:
     """A capture-format trace: a prompt of ``prefill_tokens`` (one tick) every
     ``prefill_every`` ticks (0 = only at tick 0; prefill_tokens = 0 = none), the
-    other ticks decode steps of ``batch`` sequences."""
+    other ticks decode steps of ``batch`` sequences. Raises CapacityError, before
+    generating, when the trace cannot fit in memory or its key space is too large."""
+    rows = synthetic_rows(n_ticks, batch=batch, prefill_tokens=prefill_tokens,
+                          prefill_every=prefill_every, n_layers=n_layers, top_k=top_k)
+    check_key_space(n_layers, n_experts, "synthetic trace")
+    # Each row is held twice while the chunks are joined: int64 tick + int32 layer + expert.
+    check_fits_memory(rows * 2 * 16, f"synthetic trace: {rows:,} rows")
     router = SyntheticRouter(n_layers, n_experts, top_k, seed, **params)
     chunks, prefill_ticks = [], []
     for t in range(n_ticks):
-        is_prefill = prefill_tokens > 0 and (t == 0 or (prefill_every > 0 and t % prefill_every == 0))
+        is_prefill = _is_prefill(t, prefill_tokens, prefill_every)
         ids = router.prefill(prefill_tokens) if is_prefill else router.step(batch)
         if is_prefill:
             prefill_ticks.append(t)
         layers = np.broadcast_to(np.arange(n_layers, dtype=np.int32)[:, None, None], ids.shape)
         chunks.append((np.full(ids.size, t, np.int64), layers.reshape(-1), ids.reshape(-1)))
-    ticks = np.concatenate([c[0] for c in chunks])
-    layers = np.concatenate([c[1] for c in chunks]).astype(np.int32)
-    experts = np.concatenate([c[2] for c in chunks]).astype(np.int32)
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32))
+    ticks = np.concatenate([empty[0]] + [c[0] for c in chunks])  # n_ticks 0: no rows
+    layers = np.concatenate([empty[1]] + [c[1] for c in chunks]).astype(np.int32)
+    experts = np.concatenate([empty[2]] + [c[2] for c in chunks]).astype(np.int32)
     meta = {"name": f"synthetic_ds4_seed{seed}", "generator": "tierstore.sim.synth.synthetic_trace",
             "seed": seed, "n_ticks": n_ticks, "batch": batch, "prefill_tokens": prefill_tokens,
             "prefill_every": prefill_every, "prefill_ticks": prefill_ticks,

@@ -20,8 +20,9 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Annotated, Iterator
 
+import msgspec
 import numpy as np
 
 from tierstore.errors import CapacityError, FormatError
@@ -29,6 +30,19 @@ from tierstore.files.atomic import write_atomic_with
 from tierstore.files.untrusted import open_regular, read_json
 
 MAX_META_BYTES = 16 << 20   # a trace's .meta.json is a few hundred bytes
+# layers x experts: the replays keep dense state per key (a policy's arrays, the
+# prefetcher's tables), so a hostile expert id of 2**31 must not size them. Real models
+# have tens of thousands (DeepSeek-V4-Flash: 43 x 256 = 11,008).
+MAX_KEYS = 1 << 20
+
+
+class TraceMeta(msgspec.Struct, frozen=True):
+    """The fields of a trace's ``.meta.json`` the simulator reads, typed (the others are
+    kept as they are, in ``Trace.meta``)."""
+    num_experts: Annotated[int, msgspec.Meta(ge=1, le=MAX_KEYS)] | None = None
+    layers_present: list[Annotated[int, msgspec.Meta(ge=0)]] | None = None
+    name: str | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 REQUIRED_COLUMNS = ("tick", "layer", "expert")
 OPTIONAL_COLUMNS = ("weight",)
@@ -107,21 +121,36 @@ def _meta_path(path: Path) -> Path:
         else Path(str(path) + ".meta.json")
 
 
-def _int64_rows(path, arr: np.ndarray) -> np.ndarray:
-    """The [rows, 3] int64 copy validation works on, refused (naming the file) when it
-    cannot fit in memory: a header may declare billions of rows over a sparse file."""
-    need = int(arr.shape[0]) * 3 * 8
+def check_fits_memory(need: int, what: str) -> None:
+    """Refuse (CapacityError starting with ``what``) work that needs more than half of
+    this machine's memory, before it allocates anything."""
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         ram = 0
-    too_big = f"{path}: {arr.shape[0]} rows need {need / 2**30:.1f} GiB to load"
     if ram and need > ram // 2:
-        raise CapacityError(f"{too_big}, more than half of this machine's memory")
+        raise CapacityError(f"{what} need {need / 2**30:.1f} GiB, more than half of this "
+                            f"machine's memory ({ram / 2**30:.1f} GiB)")
+
+
+def check_key_space(n_layers: int, n_experts: int, what: str) -> None:
+    """Refuse (CapacityError starting with ``what``) a key space over MAX_KEYS."""
+    n = int(n_layers) * int(n_experts)
+    if n > MAX_KEYS:
+        raise CapacityError(f"{what}: {n_layers} layers x {n_experts} experts = {n:,} keys, "
+                          f"more than the {MAX_KEYS:,} a replay keeps state for (expert ids "
+                          "must be dense: 0 .. num_experts - 1)")
+
+
+def _int64_rows(path, arr: np.ndarray) -> np.ndarray:
+    """The [rows, 3] int64 copy validation works on, refused (naming the file) when it
+    cannot fit in memory: a header may declare billions of rows over a sparse file."""
+    what = f"{path}: {arr.shape[0]} rows"
+    check_fits_memory(int(arr.shape[0]) * 3 * 8, what)
     try:
         return np.asarray(arr[:, :3], dtype=np.int64)
     except MemoryError:
-        raise CapacityError(f"{too_big}: out of memory") from None
+        raise CapacityError(f"{what}: out of memory while loading") from None
 
 
 def load_trace(path: str | os.PathLike, *, n_experts: int | None = None) -> Trace:
@@ -142,16 +171,27 @@ def load_trace(path: str | os.PathLike, *, n_experts: int | None = None) -> Trac
                           f"{', '.join(REQUIRED_COLUMNS)} (optional: {', '.join(OPTIONAL_COLUMNS)})")
     if arr.dtype.kind not in "iu":
         raise FormatError(f"{path}: dtype {arr.dtype}, expected int32")
-    meta = {}
+    meta, typed = {}, TraceMeta()
     mp = _meta_path(path)
     if mp.exists():
         meta = read_json(mp, MAX_META_BYTES, "trace metadata")
         if not isinstance(meta, dict):
             raise FormatError(f"{mp}: trace metadata must be a JSON object")
+        try:
+            typed = msgspec.convert(meta, TraceMeta, strict=True)
+        except msgspec.ValidationError as exc:
+            raise FormatError(f"{mp}: trace metadata field error: {exc}") from None
     rows = _int64_rows(path, arr)
     ticks, layers, experts = rows[:, 0], rows[:, 1], rows[:, 2]
-    if n_experts is None:
-        n_experts = int(meta.get("num_experts") or (experts.max() + 1 if rows.size else 1))
+    if n_experts is None and typed.num_experts is not None:
+        n_experts = typed.num_experts
+    elif n_experts is None:
+        n_experts = int(experts.max()) + 1 if rows.size else 1
+        if n_experts > MAX_KEYS:  # before np.unique below; the row names the culprit
+            r = int(np.argmax(experts))
+            raise FormatError(f"{path}: row {r}: expert {int(experts[r])}, more than the "
+                              f"{MAX_KEYS:,} keys a replay keeps state for (expert ids must "
+                              "be dense: 0 .. num_experts - 1)")
     _fail_on_first(path, ticks < 0, ticks, "tick", ">= 0")
     if ticks.size > 1:
         back = np.flatnonzero(np.diff(ticks) < 0)
@@ -163,7 +203,8 @@ def load_trace(path: str | os.PathLike, *, n_experts: int | None = None) -> Trac
     _fail_on_first(path, (experts < 0) | (experts >= n_experts), experts, "expert",
                    f"in [0, {n_experts})")
     layer_ids, dense = np.unique(layers, return_inverse=True)
-    declared = meta.get("layers_present")
+    check_key_space(layer_ids.size, n_experts, str(path))
+    declared = typed.layers_present
     if declared is not None:
         extra = np.setdiff1d(layer_ids, np.asarray(declared))
         if extra.size:
@@ -172,7 +213,7 @@ def load_trace(path: str | os.PathLike, *, n_experts: int | None = None) -> Trac
                               f"layers_present {declared} from {mp.name}")
     return Trace(ticks, dense.astype(np.int32), experts.astype(np.int32),
                  layer_ids.astype(np.int64), int(n_experts),
-                 meta.get("name", path.stem), meta)
+                 typed.name if typed.name is not None else path.stem, meta)
 
 
 def _fail_on_first(path, bad: np.ndarray, values: np.ndarray, column: str, expected: str):
