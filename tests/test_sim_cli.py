@@ -76,6 +76,21 @@ def test_policies_all_runs_every_model(capsys):
         assert r["latency_gap_closed"] is None or r["reads"] <= lru["reads"]
 
 
+def test_every_run_prints_one_progress_line_on_stderr(capsys):
+    """A long replay says where it is: one stderr line per (model, pool, ratio) run,
+    numbered against the total, with the ratio in a prefetching model's label."""
+    assert main(["bench", "hits", *SMALL, "--slots", "4,8", "--policies", "lru,lru+prefetch",
+                 "--read-ratios", "1,0.5", "--json"]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)                      # stdout stays pure JSON
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("[bench hits] ")]
+    assert len(lines) == 6                        # 2 models x 2 pools + 1 extra ratio x 2 pools
+    assert [ln.split()[2] for ln in lines] == [f"{i}/6" for i in range(1, 7)]
+    labels = [(ln.split()[3], ln.split()[5]) for ln in lines]
+    assert labels == [("lru", "4"), ("lru+prefetch", "4"), ("lru", "8"), ("lru+prefetch", "8"),
+                      ("lru+prefetch@0.5", "4"), ("lru+prefetch@0.5", "8")]
+
+
 def test_policies_help_names_every_registered_model(capsys):
     """The --policies help is generated from the registry: a policy added there is
     listed without anyone editing the help text."""

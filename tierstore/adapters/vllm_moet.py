@@ -206,7 +206,6 @@ def force_promote_step(layers=None, max_promote="default") -> int:
 def register() -> None:
     """``vllm.general_plugins`` entry point: with VLLM_MOE_W2_TIERSTORE=1 install the
     tierstore FP4 tier into vLLM-Moet's moe_w2_delta; otherwise do nothing."""
-    global _TARGET
     if from_env().tierstore is False or _TARGET is not None:
         return
     import importlib

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import time
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 from tierstore.cli import bench_fire_extra as fx
 from tierstore.cli import bench_fire_measure as fm
 from tierstore.cli.args import (check_cuda, int_in, int_list_of, names_of, non_negative_float,
-                                output_file, positive_float)
+                                output_file, positive_float, say)
 from tierstore.errors import ConfigError, TierIOError
 
 ROW_12MIB = 12_582_912
@@ -88,7 +87,7 @@ class Ctx:
 
 
 def _progress(text: str) -> None:
-    print(f"[bench fire] {text}", file=sys.stderr, flush=True)
+    say(f"[bench fire] {text}")
 
 
 def run(args, res: dict) -> dict:

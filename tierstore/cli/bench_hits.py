@@ -17,8 +17,6 @@ all`` runs every registered policy and simulator model.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 from tierstore.cli.args import (existing_file, float_in, int_in, int_list_of, non_negative_int,
                                 output_file, positive_float, positive_int)

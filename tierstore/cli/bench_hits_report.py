@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tierstore.cli.args import float_in, non_negative_int, output_file, positive_float
+from tierstore.cli.args import float_in, non_negative_int, output_file, positive_float, say
 from tierstore.errors import ConfigError
 
 DEFAULT_READ_RATIOS = (1.0,)
@@ -81,13 +81,25 @@ def replay_views(trace, names, slots, *, params: dict, lead, ratios, **kw):
         return {**params, **{n: {**params.get(n, {}), "lead_time": lead, "read_ratio": r}
                              for n in pf_names}}
     first = ratios[0] if 1.0 not in ratios else 1.0
-    results = sim.replay(prep, names, slots, policy_params=with_ratio(first), **kw)
+    total = len(slots) * (len(names) + len(pf_names) * sum(r != first for r in ratios))
+    done = [0]
+
+    def progress_at(ratio):  # one stderr line per run: `--policies all` takes minutes
+        def progress(r):
+            done[0] += 1
+            label = r.policy if ratio is None else f"{r.policy}@{ratio:g}"
+            say(f"[bench hits] {done[0]}/{total} {label} at {r.slots} slots: "
+                f"{r.seconds:.2f} s")
+        return progress
+    results = sim.replay(prep, names, slots, policy_params=with_ratio(first),
+                         progress=progress_at(None), **kw)
     for r in results:
         r.read_ratio = first if r.policy in pf_names else None
     for ratio in ratios:
         if ratio == first or not pf_names:
             continue
-        for r in sim.replay(prep, pf_names, slots, policy_params=with_ratio(ratio), **kw):
+        for r in sim.replay(prep, pf_names, slots, policy_params=with_ratio(ratio),
+                            progress=progress_at(ratio), **kw):
             r.policy = f"{r.policy}@{ratio:g}"
             r.read_ratio = ratio
             results.append(r)

@@ -19,7 +19,7 @@ import numpy as np
 from tierstore.errors import ConfigError
 from tierstore.cli import bench_io_measure as m
 from tierstore.cli.args import (check_cuda, float_in, int_in, int_list_of, names_of,
-                                non_negative_float, output_file, positive_float)
+                                non_negative_float, output_file, positive_float, say)
 
 ROW_12MIB = 12_582_912
 
@@ -139,7 +139,7 @@ def check_args(args) -> None:
 
 
 def _progress(text: str) -> None:
-    print(f"[bench io] {text}", file=sys.stderr, flush=True)
+    say(f"[bench io] {text}")
 
 
 def run(args, res: dict | None = None) -> dict:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -280,7 +279,7 @@ def run(cfg: DemoConfig, out_dir: str, console=None) -> dict:
                 cold = run_decode(cfg, lm, store, cfg.warm_steps, progress, t,
                                   early=cfg.warm_steps, stream=warm_seed)
 
-            t = stage(f"decode, warm restart from poolmon on the same routing", cfg.warm_steps)
+            t = stage("decode, warm restart from poolmon on the same routing", cfg.warm_steps)
             with ExpertStore(pack, warm_start=poolmon, **store_args) as store:
                 warm = run_decode(cfg, lm, store, cfg.warm_steps, progress, t,
                                   early=cfg.warm_steps, stream=warm_seed)
@@ -321,7 +320,7 @@ def print_summary(result: dict, console=None) -> None:
     tab.add_column("metric")
     tab.add_column(f"learning run\n(routing {cfg['seed']})", justify="right")
     tab.add_column(f"cold start\n(unseen routing {cfg['warm_seed']})", justify="right")
-    tab.add_column(f"warm restart\n(same unseen routing)", justify="right")
+    tab.add_column("warm restart\n(same unseen routing)", justify="right")
     pct = lambda v: f"{100 * v:.1f}%"   # noqa: E731
     row_kib = result["row_bytes"] / 1024
     bandwidth = result["row_bytes"] >= 128 << 10

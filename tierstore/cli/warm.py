@@ -9,7 +9,6 @@ import datetime as _dt
 import json
 
 from tierstore.cli.args import existing_file, existing_path, int_in, output_file, positive_float
-from tierstore.errors import ConfigError
 
 
 def _identity_from_pack(path):

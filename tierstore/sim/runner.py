@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 
 from tierstore import policies as _policies
 from tierstore.errors import ConfigError
@@ -173,12 +172,14 @@ def compare(results: list[Result]) -> None:
 def replay(trace: Trace | Prepared, policies=("lru", "heat", "hybrid", "reference", "belady"),
            slots=(51, 102, 205), *, budget: int = 8, row_bytes: int = 0,
            ticks_per_second: float = DEFAULT_TICKS_PER_SECOND,
-           granularity: str = "layer", policy_params: dict | None = None) -> list[Result]:
+           granularity: str = "layer", policy_params: dict | None = None,
+           progress=None) -> list[Result]:
     """Replay ``trace`` through every (policy, slots) pair -> list[Result]
     (``"all"`` in ``policies``: every model), with the gaps of ``compare``
     filled where their ceiling ran at the same slots. ``row_bytes``
     turns reads into bytes; ``policy_params`` (name -> kwargs) reaches
-    ``policies.make`` and the predictor."""
+    ``policies.make`` and the predictor. ``progress(result)``, when given, is
+    called after each run (a long ``all`` replay takes minutes)."""
     bad_slots = [s for s in slots if int(s) <= 0]
     problems = [check_policy_names(policies, raise_=False),
                 bad_slots and f"slots must be > 0, got {bad_slots}"]
@@ -197,5 +198,7 @@ def replay(trace: Trace | Prepared, policies=("lru", "heat", "hybrid", "referenc
             r = cnt.result(name, s, prep, row_bytes, time.perf_counter() - t0)
             r.ceiling = _ceiling(name, params)
             results.append(r)
+            if progress is not None:
+                progress(r)
     compare(results)
     return results
