@@ -53,8 +53,14 @@ void BlendOrder::insert(int64_t k) {
     Bucket& o = buckets_[static_cast<size_t>(was)];
     --o.detached;
     auto i = o.v.end();
-    if (static_cast<size_t>(was) == bi && o.sorted)
-      i = std::lower_bound(o.v.begin(), o.v.end(), det_e_[k], EntryLess{});
+    if (static_cast<size_t>(was) == bi && o.sorted) {
+      if (o.v.size() > 128) {
+        i = std::lower_bound(o.v.begin(), o.v.end(), det_e_[k], EntryLess{});
+      } else {  // as erase_entry: a short scan finds the key's own entry
+        i = o.v.begin();
+        while (i != o.v.end() && i->k != k) ++i;
+      }
+    }
     if (i != o.v.end() && i->k == k) {
       // Read again at its position: one rotate carries the old entry to the new one's
       // place (the other entries keep their order, as erase + insert leaves them).
@@ -104,8 +110,10 @@ void BlendOrder::erase(int64_t k) {
 }
 
 void BlendOrder::erase_entry(Bucket& b, const Entry& e) {
+  // A linear scan of <= 128 entries (contiguous, predictable) beats a binary search's
+  // dependent, mispredicted loads; longer sorted buckets are searched.
   auto it = b.v.begin();
-  if (b.sorted && b.v.size() > 16) {
+  if (b.sorted && b.v.size() > 128) {
     it = std::lower_bound(b.v.begin(), b.v.end(), e, EntryLess{});
   } else {
     while (it != b.v.end() && it->k != e.k) ++it;
@@ -120,7 +128,7 @@ void BlendOrder::detach(int64_t k) {
   Entry e = entry_of(k);
   e.rate = key_rate(k, b.g1, b.g2);
   if (++b.detached < b.v.size()) {
-    det_b_[k] = bi;
+    det_b_[k] = static_cast<int32_t>(bi);
     det_e_[k] = e;
     return;
   }
@@ -263,21 +271,25 @@ void BlendOrder::victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>&
   cands_.resize(buckets_.size());
   for (size_t bi = 0; bi < buckets_.size(); ++bi)
     candidate(bi, pinned, off_of(bi), cands_[bi]);
+  const size_t nb = cands_.size();
   while (static_cast<int64_t>(out.size()) < n) {
-    const Cand* best = nullptr;
-    for (const Cand& c : cands_) {
-      if (c.k < 0) continue;
-      if (best == nullptr || c.primary < best->primary ||
-          (c.primary == best->primary &&
-           (c.last != best->last ? c.last < best->last : c.k < best->k)))
-        best = &c;
+    // The least (primary, last, key) over the candidates; an empty one (k = -1) never
+    // wins. Selects instead of branches: which bucket wins is data, not a pattern.
+    size_t bi = nb;
+    for (size_t j = 0; j < nb; ++j) {
+      const Cand& c = cands_[j];
+      const Cand& w = cands_[bi < nb ? bi : j];
+      const bool better = c.k >= 0 &&
+          (bi == nb || c.primary < w.primary ||
+           (c.primary == w.primary && (c.last != w.last ? c.last < w.last : c.k < w.k)));
+      bi = better ? j : bi;
     }
-    if (best == nullptr) break;
-    const int64_t k = best->k;
+    if (bi == nb) break;
+    const int64_t k = cands_[bi].k;
     out.push_back(k);
     taken_[k] = 1;
-    const size_t bi = static_cast<size_t>(best - cands_.data());
-    candidate(bi, pinned, off_of(bi), cands_[bi]);
+    // The victim's bucket needs a new candidate only if another victim is wanted.
+    if (static_cast<int64_t>(out.size()) < n) candidate(bi, pinned, off_of(bi), cands_[bi]);
   }
   for (int64_t k : out) taken_[k] = 0;
 }

@@ -178,8 +178,14 @@ void policy_rank(const PolicyView& p, int64_t* keys, int64_t n) {
     return x.primary != y.primary ? x.primary > y.primary : x.last > y.last;
   };
   const PolicyOrder order(p);
-  thread_local std::vector<Item> items;
-  items.resize(static_cast<size_t>(n));
+  // A group's few misses fit a stack buffer; a larger call takes the reused vector.
+  Item small[64];
+  thread_local std::vector<Item> big;
+  Item* items = small;
+  if (n > 64) {
+    big.resize(static_cast<size_t>(n));
+    items = big.data();
+  }
   for (int64_t i = 0; i < n; ++i)
     items[i] = Item{order.primary(keys[i]), p.stamps() ? p.last[keys[i]] : 0, keys[i]};
   if (n <= 16) {
@@ -190,7 +196,7 @@ void policy_rank(const PolicyView& p, int64_t* keys, int64_t n) {
       items[j] = x;
     }
   } else {
-    std::stable_sort(items.begin(), items.end(), hotter);
+    std::stable_sort(items, items + n, hotter);
   }
   for (int64_t i = 0; i < n; ++i) keys[i] = items[i].key;
 }

@@ -94,7 +94,7 @@ class BlendOrder {
   double keep1_ = 0.0, keep2_ = 0.0;
   // detach(): per key its entry left in bucket det_b_[k] (-1: none pending); per bucket
   // its entries not detached (live = size - detached).
-  std::vector<int64_t> det_b_;
+  std::vector<int32_t> det_b_;  // int32: half the cache lines of the per-key arrays
   std::vector<Entry> det_e_;
   std::vector<Bucket> buckets_;
   std::vector<uint8_t> taken_;  // victims chosen in this call
