@@ -1,5 +1,6 @@
 """Replay speed, M accesses/s, per policy: the native demand loops
-(tierstore.sim.native_replay -> tierstore._C.replay_demand / replay_auto) against the
+(tierstore.sim.native_replay -> tierstore._C.replay_demand / replay_auto / replay_min,
+the last for Belady's MIN and MIN that may skip, the ceilings) against the
 Python loop (replay_demand_fill(native=False)), layer granularity, one thread, on the
 FLAME trace and a synthetic DeepSeek-V4-Flash-shaped one.
 
@@ -9,9 +10,9 @@ Writes <out>.md and <out>.json. Accesses = token-weighted routing rows of the
 trace (the "M acc/s" of bench/results/hits_eval_*.md). Figures are CPU seconds of
 the process (``time.process_time``: on a shared VM the wall clock counts other
 people's work; the wall figure is kept in the json). Native = the median of
-``--repeat`` runs; pools are 10 / 20 / 40 % of the keys; the Python loop runs once, for ``auto`` (twelve shadow caches, ~1e3 acc/s
-in Python, now a Python fill loop over the native AutoCore) only over the first
-``--auto-python-ticks`` ticks. Both paths are
+``--repeat`` runs; pools are 10 / 20 / 40 % of the keys; the Python loop runs once, for
+``auto`` (nine shadow caches; a Python fill loop over the native AutoCore) only over the
+first ``--auto-python-ticks`` ticks. Both paths are
 checked to agree on the hits and reads of what the Python loop replayed.
 """
 from __future__ import annotations
@@ -26,12 +27,20 @@ from pathlib import Path
 import numpy as np
 
 from tierstore import policies
+from tierstore.sim.belady import BeladyPolicy, BeladySkipPolicy
 from tierstore.sim.counting import Prepared
 from tierstore.sim.demand import replay_demand_fill
 from tierstore.sim.synth import synthetic_trace
 from tierstore.sim.traces import Trace, load_trace
 
-NAMES = ("lru", "heat", "hybrid", "phase", "blend", "auto")
+NAMES = ("lru", "heat", "hybrid", "phase", "blend", "auto", "belady", "belady_skip")
+MIN = {"belady": BeladyPolicy, "belady_skip": BeladySkipPolicy}  # the ceilings, over the oracle
+
+
+def make(prep, name, slots):
+    if name in MIN:
+        return MIN[name](prep.n_keys, slots, next_use=prep.next_use)
+    return policies.make(name, prep.n_keys, slots)
 
 
 def timed(prep, name, slots, native, repeat):
@@ -39,7 +48,7 @@ def timed(prep, name, slots, native, repeat):
     shared VM's noise is one-sided, but a median is what the issue's figures quote)."""
     cpu, walls, cnt = [], [], None
     for _ in range(repeat):
-        pol = policies.make(name, prep.n_keys, slots)
+        pol = make(prep, name, slots)
         t0, w0 = time.process_time(), time.perf_counter()
         cnt = replay_demand_fill(prep, pol, slots, "layer", native=native)
         cpu.append(time.process_time() - t0)

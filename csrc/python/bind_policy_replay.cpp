@@ -1,5 +1,5 @@
-// Binding of store/replay.hpp: tierstore._C.replay_demand (bind_policy_auto.cpp binds
-// auto's), called by tierstore/sim/native_replay.py with the policies' cores (their
+// Binding of store/replay.hpp and store/min_replay.hpp: tierstore._C.replay_demand and
+// replay_min (bind_policy_auto.cpp binds auto's), called by tierstore/sim/native_replay.py with the policies' cores (their
 // faces' arrays, mutated in place: the policy object ends in the state the Python loop
 // over the same faces would leave) and the prepared trace.
 // The GIL is released: the loop touches only these buffers, which the caller holds.
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <tuple>
 
+#include "tierstore/store/min_replay.hpp"
 #include "tierstore/store/replay.hpp"
 
 #include "flat_array.hpp"
@@ -57,6 +58,24 @@ Counts replay(PolicyCore& core, Flat<const int64_t> keys, Flat<const int64_t> co
   return Counts{c.demand_reads, c.evictions, c.rejected};
 }
 
+Counts replay_min_(Flat<const int64_t> keys, Flat<const int64_t> counts, bool single,
+                   Flat<const int64_t> starts, Flat<const bool> tick_end,
+                   Flat<const int64_t> next_use, int64_t slots, bool skip, Flat<int64_t> next,
+                   Flat<bool> resident, Flat<bool> hit) {
+  const ReplayTrace tr = replay_trace(keys, counts, single, starts, tick_end, hit.shape(0));
+  if (static_cast<int64_t>(next_use.shape(0)) != tr.n)
+    throw nb::value_error("replay_min: next_use and keys disagree in length");
+  if (next.shape(0) != resident.shape(0))
+    throw nb::value_error("replay_min: next and resident disagree in length");
+  ReplayCounts c;
+  {
+    nb::gil_scoped_release unlocked;
+    c = replay_min(tr, next_use.data(), static_cast<int64_t>(next.shape(0)), slots, skip,
+                   next.data(), resident.data(), hit.data());
+  }
+  return Counts{c.demand_reads, c.evictions, c.rejected};
+}
+
 }  // namespace
 
 void bind_policy_replay(nb::module_& m) {
@@ -64,6 +83,12 @@ void bind_policy_replay(nb::module_& m) {
         "tick_end"_a, "slots"_a, "filter"_a, "hit"_a.noconvert(),
         "Demand-fill replay of a prepared trace through one PolicyCore (its n_resident "
         "set by the caller), in place; returns (demand_reads, evictions, rejected).");
+  m.def("replay_min", &replay_min_, "keys"_a, "counts"_a, "single"_a, "starts"_a, "tick_end"_a,
+        "next_use"_a, "slots"_a, "skip"_a, "next"_a.noconvert(), "resident"_a.noconvert(),
+        "hit"_a.noconvert(),
+        "Belady's MIN (skip: the variant that may skip caching a miss) replayed over a "
+        "prepared trace and its per-access next uses; next / resident (the policy's arrays) "
+        "updated in place; returns (demand_reads, evictions, rejected).");
 }
 
 }  // namespace tierstore::python

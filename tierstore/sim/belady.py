@@ -35,6 +35,23 @@ class BeladyPolicy(DensePolicy):
     def _order(self):
         return self._neg, None
 
+    def replay_state(self, oracle: np.ndarray):
+        """(next uses, resident mask) for the native replay to update in place
+        (``tierstore._C.replay_min``), or None unless this policy is fresh and reads
+        ``oracle``; ``load_replayed`` must follow it."""
+        if self._cursor or self.n_resident or self._oracle is not oracle:
+            return None
+        return self._next, self._resident
+
+    def load_replayed(self, keys: np.ndarray) -> None:
+        """After the native replay of the whole oracle (read order ``keys``): the rest
+        of the state from it (a key never read keeps on_access's untouched 0)."""
+        read = np.zeros(self.n_keys, dtype=bool)
+        read[keys] = True
+        self._neg[:] = np.where(read, -self._next, 0)
+        self._cursor = int(self._oracle.size)
+        self._n_resident = int(np.count_nonzero(self._resident))
+
     def rank(self, keys) -> np.ndarray:
         arr = np.asarray(keys, dtype=np.int64)
         return arr[np.argsort(self._next[arr], kind="stable")]

@@ -22,7 +22,7 @@ from tierstore.policies.admission import ADMIT_ALL, Admission, HotterThanVictim,
 from tierstore.policies.base import Policy
 from tierstore.policies.fill import plan_fill, plan_lazy
 from tierstore.sim.counting import Counters, Prepared
-from tierstore.sim.native_replay import native_filter, replay_native
+from tierstore.sim.native_replay import native_filter, replay_min_native, replay_native
 
 
 class Filler:
@@ -96,8 +96,9 @@ def replay_demand_fill(prep: Prepared, policy: Policy, slots: int,
                        native: bool = True) -> Counters:
     """Demand fill through ``policy``; ``admission`` defaults to the policy's own
     filter (``ADMIT_ALL`` is the store's fire). ``native``: run lru / heat / hybrid /
-    phase / auto through the C++ loops (``tierstore.sim.native_replay``, same
-    results, 10-100x faster); False forces this Python loop (the tests' oracle).
+    phase / auto and Belady's MIN (both forms) through the C++ loops
+    (``tierstore.sim.native_replay``, same results, 10-100x faster); False forces this
+    Python loop (the tests' oracle).
 
     ``granularity="layer"`` (default): each (tick, layer) reads the slot table
     in turn; its misses are filled before the next layer reads, evicting any key
@@ -116,6 +117,10 @@ def replay_demand_fill(prep: Prepared, policy: Policy, slots: int,
     filter_ = native_filter(policy, adm) if native else None
     if filter_ is not None:
         cnt = replay_native(prep, policy, slots, granularity, filter_)
+        if cnt is not None:
+            return cnt
+    if native:
+        cnt = replay_min_native(prep, policy, slots, granularity, adm)
         if cnt is not None:
             return cnt
     tier = Filler(prep, policy, slots)

@@ -9,6 +9,11 @@ update in place: afterwards the policy is in exactly the state the Python loop
 leaves (same hits, reads, evictions, rejections, tie-breaks;
 tests/test_native_policies.py compares the two).
 
+``tierstore._C.replay_min`` (csrc/store/src/min_replay.cpp) replays Belady's MIN,
+both forms (``tierstore.sim.belady``), over the prepared trace's next uses; the policy
+object is left as the Python loop leaves it (next uses, resident mask, cursor;
+tests/test_native_min.py compares the two).
+
 Used only where it is exact: a fresh (nothing resident) policy of exactly one of
 those classes (or blend, or auto) on the step clock (``half_life_s`` reads the wall
 clock), with the
@@ -22,7 +27,9 @@ import numpy as np
 
 from tierstore.policies.admission import ADMIT_ALL, PolicyFilter
 from tierstore.policies.auto import AutoPolicy
+from tierstore.policies.base import Policy
 from tierstore.policies.native import NativePolicy
+from tierstore.sim.belady import BeladyPolicy, BeladySkipPolicy
 from tierstore.sim.counting import Counters, Prepared
 
 
@@ -54,6 +61,18 @@ def native_filter(policy, admission) -> bool | None:
     return None
 
 
+def _trace_arrays(prep: Prepared, granularity: str) -> tuple:
+    """The prepared trace as the native loops take it: keys, counts, single, group
+    starts, tick ends (``granularity`` 'layer': a group per (tick, layer); 'tick': per tick)."""
+    if granularity == "layer":
+        starts, ends = prep.gstarts, prep.g_tick_end
+    else:
+        starts, ends = prep.dstarts, np.ones(prep.n_ticks, dtype=bool)
+    return (np.ascontiguousarray(prep.dkeys, dtype=np.int64),
+            np.ascontiguousarray(prep.dcounts, dtype=np.int64), bool(prep.all_single),
+            np.ascontiguousarray(starts, dtype=np.int64), np.ascontiguousarray(ends, dtype=bool))
+
+
 def replay_native(prep: Prepared, policy, slots: int, granularity: str,
                   filter_: bool) -> Counters | None:
     """Counters of the native replay (``replay_demand_fill``'s semantics), or None
@@ -61,14 +80,8 @@ def replay_native(prep: Prepared, policy, slots: int, granularity: str,
     state = policy.native_state()
     if state is None:
         return None
-    if granularity == "layer":
-        starts, ends = prep.gstarts, prep.g_tick_end
-    else:
-        starts, ends = prep.dstarts, np.ones(prep.n_ticks, dtype=bool)
     cnt = Counters(prep)
-    trace = (np.ascontiguousarray(prep.dkeys, dtype=np.int64),
-             np.ascontiguousarray(prep.dcounts, dtype=np.int64), bool(prep.all_single),
-             np.ascontiguousarray(starts, dtype=np.int64), np.ascontiguousarray(ends, dtype=bool))
+    trace = _trace_arrays(prep, granularity)
     if type(policy) is AutoPolicy:
         core, resident, n_resident = state
         n_resident, (reads, evictions, rejected) = _native("replay_auto")(
@@ -77,5 +90,30 @@ def replay_native(prep: Prepared, policy, slots: int, granularity: str,
     else:
         reads, evictions, rejected = _native()(state, *trace, int(slots), bool(filter_), cnt.hit)
         policy.load_native_state()
+    cnt.demand_reads, cnt.evictions, cnt.rejected = int(reads), int(evictions), int(rejected)
+    return cnt
+
+
+def replay_min_native(prep: Prepared, policy: Policy, slots: int, granularity: str,
+                      admission) -> Counters | None:
+    """Counters of MIN's native replay (``replay_demand_fill``'s semantics for a fresh
+    BeladyPolicy / BeladySkipPolicy under its own rule or ``ADMIT_ALL``), the policy left
+    as the Python loop leaves it; None where that is not exact or not built."""
+    replay = _native("replay_min")
+    state = (policy.replay_state(prep.next_use)
+             if type(policy) in (BeladyPolicy, BeladySkipPolicy) else None)
+    if replay is None or state is None:
+        return None
+    if admission is ADMIT_ALL:
+        skip = False
+    elif type(admission) is PolicyFilter and admission.policy is policy:
+        skip = bool(admission.filters)
+    else:
+        return None
+    cnt = Counters(prep)
+    reads, evictions, rejected = replay(
+        *_trace_arrays(prep, granularity), np.ascontiguousarray(prep.next_use, dtype=np.int64),
+        int(slots), skip, *state, cnt.hit)
+    policy.load_replayed(prep.dkeys)
     cnt.demand_reads, cnt.evictions, cnt.rejected = int(reads), int(evictions), int(rejected)
     return cnt
