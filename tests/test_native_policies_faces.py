@@ -48,6 +48,20 @@ def test_weights_must_match_keys(name):
         p.on_access(np.array([1, 2, 3]), np.array([1.0, 2.0]))
 
 
+@pytest.mark.parametrize("name", ["heat", "hybrid", "phase", "blend", "auto"])
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), -1e-300])
+def test_weights_must_be_finite_and_not_negative(name, bad):
+    # A use adds heat: a negative or NaN weight would make a heat negative (and void the
+    # admission floor the shadows prune by). Refused, naming the weight; nothing changes.
+    p = policies.make(name, 8, 2)
+    p.on_access(np.array([1, 2]), np.array([2.0, 0.0]))  # zero is a use of no weight
+    before = p.scores().copy()
+    with pytest.raises(ConfigError, match=r"on_access: weight .* is not a finite number >= 0"):
+        p.on_access(np.array([1, 3]), np.array([1.0, bad]))
+    assert np.array_equal(p.scores(), before)
+    p.check_invariants()
+
+
 @pytest.mark.parametrize("name", ["lru", "heat", "hybrid", "phase"])
 def test_bad_keys_name_the_key(name):
     p = policies.make(name, 8, 2)

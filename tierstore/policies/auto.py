@@ -68,7 +68,7 @@ import numpy as np
 
 from tierstore.errors import ConfigError
 from tierstore.policies.blend import BlendPolicy
-from tierstore.policies.dense import DensePolicy
+from tierstore.policies.dense import DensePolicy, as_weights
 from tierstore.policies.heat import HeatPolicy
 from tierstore.policies.hybrid import HybridPolicy
 from tierstore.policies.lru import LRUPolicy
@@ -158,10 +158,7 @@ class AutoPolicy(DensePolicy):
             arr, counts = np.unique(arr, return_counts=True)
             w = None if counts.max(initial=1) == 1 else counts.astype(np.float64)
         else:
-            w = np.asarray(weights, dtype=np.float64).reshape(-1)
-            if w.size != arr.size:
-                raise ConfigError(f"policy 'auto'.on_access: {w.size} weights for "
-                                  f"{arr.size} keys")
+            w = as_weights(weights, arr.size, "policy 'auto'.on_access")
             if arr.size > 1 and np.any(arr[1:] <= arr[:-1]):
                 # Key order breaks the shadows' ranking ties: make it the callers' common one
                 # (ascending); a key given twice is one access of the summed weight.

@@ -24,6 +24,19 @@ def as_keys(keys) -> np.ndarray:
     return arr.reshape(-1)
 
 
+def as_weights(weights, n: int, where: str) -> np.ndarray:
+    """``weights`` as a flat contiguous float64 array of ``n`` (one per key), each finite
+    and >= 0 (a use adds heat; a negative or NaN weight would turn a heat negative and
+    void the orders' bounds); ConfigError naming ``where`` otherwise."""
+    w = np.ascontiguousarray(weights, dtype=np.float64).reshape(-1)
+    if w.size != n:
+        raise ConfigError(f"{where}: {w.size} weights for {n} keys")
+    if w.size and not (np.isfinite(w).all() and w.min() >= 0.0):
+        bad = w[~(np.isfinite(w) & (w >= 0.0))][0]
+        raise ConfigError(f"{where}: weight {bad!r} is not a finite number >= 0")
+    return w
+
+
 def coldest(cand: np.ndarray, primary: np.ndarray, secondary: np.ndarray | None,
             n: int) -> np.ndarray:
     """The ``n`` keys of ``cand`` with the smallest (primary, secondary, key)."""

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tierstore.errors import ConfigError, TierstoreError
-from tierstore.policies.dense import DensePolicy, as_keys
+from tierstore.errors import TierstoreError
+from tierstore.policies.dense import DensePolicy, as_keys, as_weights
 
 NEVER = -1  # the last-use tick of a key never read
 _NO_INTS = np.empty(0, dtype=np.int64)
@@ -64,10 +64,8 @@ class NativePolicy(DensePolicy):
     # -- events -------------------------------------------------------------------
     def _access(self, keys, weights) -> None:
         arr = as_keys(keys)
-        w = None if weights is None else np.ascontiguousarray(weights, dtype=np.float64).reshape(-1)
-        if w is not None and w.size != arr.size:
-            raise ConfigError(f"policy {self.name!r}.on_access: {w.size} weights for "
-                              f"{arr.size} keys")
+        w = None if weights is None else as_weights(weights, arr.size,
+                                                     f"policy {self.name!r}.on_access")
         try:
             self._core.access(np.ascontiguousarray(arr), w)
         except IndexError:

@@ -15,7 +15,13 @@ void PolicyTier::access(const int64_t* keys, int64_t n, const double* w,
     if (mirror && mirror->holds(keys[i])) mirror->detach(keys[i]);
   }
   policy_access(p_, keys, n, w, counts);
-  if (w != nullptr) floor_ok_ = false;  // a weight may lower a heat
+  // The floor stays a lower bound while heats only grow: only a negative (or NaN) weight
+  // can lower one. (Dropping it for every weighted call cost the live face, whose calls
+  // carry token counts as weights, a scan of every key per shadow per call.)
+  if (w != nullptr) {
+    for (int64_t i = 0; i < n && floor_ok_; ++i)
+      if (!(w[i] >= 0.0)) floor_ok_ = false;
+  }
   for (int64_t i = 0; i < n; ++i) {
     if (p_.resident[keys[i]]) order_.insert(keys[i]);
     if (mirror && mirror->holds(keys[i])) mirror->insert(keys[i]);
