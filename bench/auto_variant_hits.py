@@ -1,6 +1,7 @@
 """`tierstore bench hits` with auto.py's constants set to a variant first (same VARIANT form as
 bench/auto_seeds.py), so a variant's latency/bandwidth views are measured without editing the
-shipped defaults. auto+prefetch's base is the same AutoPolicy, so it takes the variant too.
+shipped defaults. auto+prefetch's base is AutoPolicy(prefetching=True): "shl" and the long window
+reach it only through PREFETCH_SCORE_HALF_LIFE / PREFETCH_LONG_SCORE_HALF_LIFE in "core".
 
     PYTHONPATH=$PWD python3 bench/auto_variant_hits.py '{"shl": 8, ...}' \\
         --trace /work/shared/traces/flame_moe_290m_pretrain_2048tok.npy --slots 51,102,205 \\

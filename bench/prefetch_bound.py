@@ -110,7 +110,7 @@ def run(label: str, base: str, kinds: list[str], read_ratio: float = 1.0) -> lis
             t0 = time.perf_counter()
             pf = ToldPrefetcher(table, trace.n_layers, trace.n_experts, slots, read_ratio=read_ratio,
                        top_k=top_k)
-            cnt = replay_prefetching(prep, policies.make(base, trace.n_keys, slots), slots, pf)
+            cnt = replay_prefetching(prep, policies.make(base, trace.n_keys, slots, prefetching=True), slots, pf)
             r = cnt.result(f"{base}+{kind}-bound", slots, prep, 0, time.perf_counter() - t0)
             results.append(r)
     compare(results)

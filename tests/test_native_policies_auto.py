@@ -26,6 +26,10 @@ class ReferenceAuto:
         self.experts = auto_module._experts(n_keys, capacity)
         self.capacity = capacity
         self.scores = np.zeros(len(self.experts))
+        self.long = np.zeros(len(self.experts))  # the long window (LONG_SCORE_HALF_LIFE)
+        self.d1 = 2.0 ** (-1.0 / auto_module.SCORE_HALF_LIFE)
+        lhl = auto_module.LONG_SCORE_HALF_LIFE
+        self.d2 = None if lhl is None else 2.0 ** (-1.0 / lhl)
         self.blocked = np.zeros(n_keys, dtype=bool)
         self.leader = 0
 
@@ -34,6 +38,7 @@ class ReferenceAuto:
         for i, e in enumerate(self.experts):
             r = e.is_resident(keys)
             self.scores[i] += float(np.count_nonzero(r))  # distinct hits
+            self.long[i] += float(np.count_nonzero(r))
             e.on_access(keys, w)
             miss = keys[~r]
             if miss.size == 0 or self.capacity == 0:
@@ -48,12 +53,18 @@ class ReferenceAuto:
             if fill.keys.size:
                 e.on_admit(fill.keys)
         self.blocked[keys] = False
-        self.leader = int(np.argmax(self.scores))
+        # The leader: the first best of the sum of the two windows' per-step hit rates
+        # (the short window alone when there is no long one).
+        comb = (self.scores if self.d2 is None
+                else (1.0 - self.d1) * self.scores + (1.0 - self.d2) * self.long)
+        self.leader = int(np.argmax(comb))
 
     def decay(self, steps):
         for e in self.experts:
             e.decay(steps=steps)
-        self.scores *= (2.0 ** (-1.0 / auto_module.SCORE_HALF_LIFE)) ** steps
+        self.scores *= self.d1 ** steps
+        if self.d2 is not None:
+            self.long *= self.d2 ** steps
 
 
 def _arrays(e):

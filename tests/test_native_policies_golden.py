@@ -8,13 +8,14 @@ entries are the nine-expert auto of policies/auto.py's EXPERTS (blend experts,
 distinct-hit scores), regenerated for the 2026-12-03 expert list (phase(4) and
 phase(128) in place of phase(16) and heat(128): a deliberate change of auto's
 behaviour) from the one native AutoCore, native replay and the per-group
-"python_loop" (as the live store drives it) equal."""
+"python_loop" (as the live store drives it) equal. Those entries are the one-window
+auto that now runs beside a prefetcher (``prefetching=True``, unchanged bit for bit);
+GOLDEN_AUTO pins the two-window default (2026-12-06, the same two paths equal)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tierstore import policies
@@ -64,6 +65,16 @@ GOLDEN = {
     "synth/auto/40/tick": (2471, 4051, 822, 3189, '6e5754cdd11d992b', '04881851d42b5ddc'),
 }
 
+# auto's default two score windows (SCORE_HALF_LIFE 16 + LONG_SCORE_HALF_LIFE 512)
+GOLDEN_AUTO = {
+    "flame_head/auto/51/layer": (778, 3158, 589, 2518, 'e9df81e2d8e9679d', 'aa2e93856126e022'),
+    "flame_head/auto/205/layer": (2011, 1925, 1051, 669, '0a599e3d93c198ce', '4346a818a80bc1c0'),
+    "synth/auto/9/layer": (606, 5916, 272, 5635, '38e22ff4c2851934', '7d704452fbb34fcd'),
+    "synth/auto/9/tick": (697, 5825, 122, 5694, '2aa2e6259ff5c515', 'db7650c6c925013a'),
+    "synth/auto/40/layer": (2294, 4228, 1223, 2965, 'ae2b80848099e786', '8e85ec301d3ac6dd'),
+    "synth/auto/40/tick": (2472, 4050, 828, 3182, 'b9f37e4afad232ae', 'be3e4ec24d3224ae'),
+}
+
 # blend (BlendPolicy over the long heat), pinned to the tuning branch's Python
 # implementation (tuning c015c34 and 916e67e give the same figures: phase's Python order
 # with blend's rate, over heat.py's long HeatPolicy); state digest over _last, _raw,
@@ -111,18 +122,28 @@ def preps():
     return out
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native", "python_loop"])
-@pytest.mark.parametrize("case", sorted(GOLDEN))
-def test_matches_the_python_implementation(preps, case, native):
+def _replayed(preps, case, native, prefetching):
     label, name, slots, granularity = case.split("/")
     if label not in preps:
         pytest.skip("FLAME trace not present")
     prep, slots = preps[label], int(slots)
-    p = policies.make(name, prep.n_keys, slots)
+    p = policies.make(name, prep.n_keys, slots, prefetching=prefetching)
     c = replay_demand_fill(prep, p, slots, granularity, native=native)
-    got = (int(c.hit.sum()), c.demand_reads, c.evictions, c.rejected, _digest(c.hit),
-           _digest(*policy_state(p, GOLDEN_STATE)))
-    assert got == GOLDEN[case], case
+    return (int(c.hit.sum()), c.demand_reads, c.evictions, c.rejected, _digest(c.hit),
+            _digest(*policy_state(p, GOLDEN_STATE)))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python_loop"])
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_matches_the_python_implementation(preps, case, native):
+    # prefetching=True: auto's one window, as pinned; the fixed policies ignore it
+    assert _replayed(preps, case, native, True) == GOLDEN[case], case
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python_loop"])
+@pytest.mark.parametrize("case", sorted(GOLDEN_AUTO))
+def test_auto_default_windows_are_pinned(preps, case, native):
+    assert _replayed(preps, case, native, False) == GOLDEN_AUTO[case], case
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python_loop"])

@@ -5,6 +5,7 @@ publishes, after every access of random traces."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 import tierstore.policies.auto as auto_mod
@@ -15,12 +16,12 @@ from tierstore import policies
 @given(seed=st.integers(0, 10**6), cap=st.integers(1, 8), long_on=st.booleans())
 def test_leader_is_the_first_best_of_the_two_windows(seed, cap, long_on):
     old = auto_mod.SCORE_HALF_LIFE, auto_mod.LONG_SCORE_HALF_LIFE
-    auto_mod.SCORE_HALF_LIFE, auto_mod.LONG_SCORE_HALF_LIFE = (8.0, 64.0) if long_on else old
+    auto_mod.SCORE_HALF_LIFE, auto_mod.LONG_SCORE_HALF_LIFE = (8.0, 64.0) if long_on else (128.0, None)
     try:
         p = policies.make("auto", 24, cap)
     finally:
         auto_mod.SCORE_HALF_LIFE, auto_mod.LONG_SCORE_HALF_LIFE = old
-    d1 = 2.0 ** (-1.0 / (8.0 if long_on else old[0]))
+    d1 = 2.0 ** (-1.0 / (8.0 if long_on else 128.0))
     d2 = 2.0 ** (-1.0 / 64.0)
     rng = np.random.default_rng(seed)
     long = np.zeros(len(p.expert_scores))
@@ -89,6 +90,35 @@ def test_meta_leader_needs_a_long_window():
     auto_mod.META_LEADER = True
     try:
         with pytest.raises(ValueError, match="meta needs a long window"):
-            policies.make("auto", 24, 4)
+            policies.make("auto", 24, 4, prefetching=True)  # its one window
     finally:
         auto_mod.META_LEADER = old
+
+
+def test_prefetching_picks_the_one_slow_window():
+    plain, beside = policies.make("auto", 24, 4), policies.make("auto", 24, 4, prefetching=True)
+    assert (plain.score_half_life, plain.long_score_half_life) == (
+        auto_mod.SCORE_HALF_LIFE, auto_mod.LONG_SCORE_HALF_LIFE)
+    assert (beside.score_half_life, beside.long_score_half_life) == (
+        auto_mod.PREFETCH_SCORE_HALF_LIFE, auto_mod.PREFETCH_LONG_SCORE_HALF_LIFE)
+    # The same reads, two leaders: the windows decide (a burst on expert 1's side moves the
+    # short-window leader first). Checked on a trace where they differ.
+    rng = np.random.default_rng(3)
+    leads = set()
+    for _ in range(400):
+        keys = np.unique(rng.integers(0, 24, size=4))
+        plain.on_access(keys)
+        beside.on_access(keys)
+        leads.add((plain.leader, beside.leader))
+        if rng.random() < 0.25:
+            plain.decay()
+            beside.decay()
+    assert any(a != b for a, b in leads)
+
+
+def test_prefetching_must_be_a_bool():
+    from tierstore.errors import ConfigError
+    with pytest.raises(ConfigError, match="prefetching must be true or false"):
+        policies.make("auto", 24, 4, prefetching="yes")
+    # a policy that does not tune itself for a prefetcher is the same policy either way
+    assert type(policies.make("lru", 24, 4, prefetching=True)) is type(policies.make("lru", 24, 4))

@@ -84,7 +84,7 @@ def test_proposals_respect_the_budget_and_reads_are_counted(shape):
     prep = Prepared(trace)
     slots = max(1, int(trace.n_keys * frac))
     pf = LoggingPrefetcher(L, E, slots, read_ratio=ratio)
-    cnt = replay_prefetching(prep, policies.make(name, trace.n_keys, slots), slots, pf)
+    cnt = replay_prefetching(prep, policies.make(name, trace.n_keys, slots, prefetching=True), slots, pf)
     for _tick, layer, credit, cost, res, fetch, hold in pf.log:
         assert fetch.size == 0 or cost <= max(credit, 0.0) + 1e-9  # expected reads in credit
         target = (layer + 1) % L
@@ -127,7 +127,7 @@ def test_decisions_up_to_t_use_only_the_past(seed, cut, name):
     for tr in (a, b):
         prep = Prepared(tr)
         pf = LoggingPrefetcher(3, 10, 9, read_ratio=1.5)
-        cnt = replay_prefetching(prep, policies.make(name, tr.n_keys, 9), 9, pf)
+        cnt = replay_prefetching(prep, policies.make(name, tr.n_keys, 9, prefetching=True), 9, pf)
         logs.append([e for e in pf.log if e[0] < cut])
         hits.append(cnt.hit[prep.dtick < cut])
     assert len(logs[0]) == len(logs[1])
@@ -177,9 +177,9 @@ def test_an_inaccurate_model_spends_nothing(seed, name):
                   np.arange(L, dtype=np.int64), E, "uniform")
     prep = Prepared(trace)
     slots = 24
-    cnt, pf = replay_with_prefetch(prep, policies.make(name, trace.n_keys, slots), slots,
+    cnt, pf = replay_with_prefetch(prep, policies.make(name, trace.n_keys, slots, prefetching=True), slots,
                                    read_ratio=1.0, top_k=k)
-    base = replay_demand_fill(prep, policies.make(name, trace.n_keys, slots), slots,
+    base = replay_demand_fill(prep, policies.make(name, trace.n_keys, slots, prefetching=True), slots,
                               native=False)
     # Chance is p = k / E = 0.06, below the lowest price: only the first proposals,
     # before the calibration has seen outcomes, may fetch.

@@ -23,7 +23,7 @@ def _state(seed, slots_frac, ratio, name):
     prep = Prepared(trace)
     slots = max(4, int(trace.n_keys * slots_frac))
     pf = Prefetcher(4, 16, slots, read_ratio=ratio, top_k=3)
-    replay_prefetching(prep, policies.make(name, trace.n_keys, slots), slots, pf)
+    replay_prefetching(prep, policies.make(name, trace.n_keys, slots, prefetching=True), slots, pf)
     return pf
 
 

@@ -65,12 +65,14 @@ def test_store_prefetch_and_simulator_agree_exactly(tmp_path, label, trace, name
     # Reads beyond LRU's, so even an LRU base prefetches; the store is told top_k (the
     # replay reads it from the trace) to count a group's tokens the same way.
     budget = {"read_ratio": 1.5, "top_k": int(trace.meta["top_k"])}
-    cnt, pf = replay_with_prefetch(prep, policies.make(name, trace.n_keys, slots, **params),
-                                   slots, admission=ADMIT_ALL, **budget)
+    # prefetching=True: the base <policy>+prefetch and the store's prefetch= both build
+    base = policies.make(name, trace.n_keys, slots, prefetching=True, **params)
+    cnt, pf = replay_with_prefetch(prep, base, slots, admission=ADMIT_ALL, **budget)
     pack = make_random_pack(tmp_path / "pack", trace.n_layers, trace.n_experts, 64, seed=1)
     with ts.ExpertStore(pack, vram_slots=slots, ram_gb=0, device="cpu",
                         policy={"name": name, **params}, lazy_per_step=0,
                         max_promote=trace.n_keys, threads=1, prefetch=budget) as store:
+        assert getattr(store.pool_policy, "prefetching", True)  # auto told, as the replay's
         hits = drive_store(store, trace)
         store.check_invariants()
         st = store.stats()

@@ -3,8 +3,9 @@
 ``make(name, n_keys, capacity, **params)`` builds one instance (one per tier:
 instances share no state); ``available()`` lists the names. Parameters:
 
-- ``lru``, ``auto`` (self-tuning: follows the best of nine shadowed fixed
-  policies, see policies/auto.py): none.
+- ``lru``: none. ``auto`` (self-tuning: follows the best of nine shadowed fixed
+  policies, see policies/auto.py): ``prefetching`` (bool, default False: a
+  prefetcher runs beside it; ``make(..., prefetching=True)`` sets it).
 - ``heat``, ``hybrid``, ``phase`` (hybrid + within-tick next-use order, policies/phase.py),
   ``blend`` (phase over the mean of a short and a 32x longer rate, policies/blend.py): ``half_life`` (decode steps, default
   ``tierstore.settings.HEAT_HALF_LIFE_STEPS`` = 256, the store's and the simulator's) or ``half_life_s`` (seconds of wall clock).
@@ -42,13 +43,20 @@ def has_half_life(name: str) -> bool:
     return cls is not None and issubclass(cls, HeatPolicy)
 
 
-def make(name: str, n_keys: int, capacity: int, **params) -> Policy:
+def make(name: str, n_keys: int, capacity: int, *, prefetching: bool = False,
+         **params) -> Policy:
     """A fresh policy ``name`` over ``n_keys`` dense keys holding ``capacity``.
+    ``prefetching``: the tier runs the prefetcher (policies/prefetch.py) beside it; a
+    policy that tunes itself for that (``takes_prefetching``: auto) is told, the others
+    are the same policy either way. The simulator's ``<policy>+prefetch`` and the store's
+    ``prefetch=`` both pass it, so the two build the same policy.
 
     Raises ConfigError for an unknown name or parameter."""
     cls = _REGISTRY.get(str(name).lower())
     if cls is None:
         raise ConfigError(f"unknown policy {name!r}; available: {', '.join(available())}")
+    if getattr(cls, "takes_prefetching", False):
+        params = {"prefetching": prefetching, **params}
     return cls(n_keys, capacity, **params)
 
 

@@ -15,8 +15,11 @@ lists and LeCaR's regret, but choosing among whole policies):
   expert replayed alone).
 - Each expert's score is its shadow's hits, each distinct key of a call once (a
   hit saves one read however many tokens it serves: the bandwidth view's unit),
-  decayed with a half-life of ``SCORE_HALF_LIFE`` steps (regret over a recent
-  window, so the choice follows phase changes).
+  kept over two windows: decayed with a half-life of ``SCORE_HALF_LIFE`` (16)
+  steps, so the choice follows phase changes, and of ``LONG_SCORE_HALF_LIFE``
+  (512), so a short run of luck does not move it; the leader is chosen by the
+  sum of the two windows' per-step hit rates. With a prefetcher beside it
+  (``prefetching=True``) one 128-step window (``PREFETCH_SCORE_HALF_LIFE``).
 - The real tier follows the leader (highest score; ties to the earlier expert):
   victims are the leader's coldest among the real resident keys, promotion
   order is the leader's ranking, and ``admit`` is the leader's filter.
@@ -29,7 +32,8 @@ disagree. Every expert must have a native core on the step clock.
 Cost: nine shadows make ``on_access`` ~10x a plain policy's; fine at the
 store's one fold per step, and the simulator's replay shows it (M acc/s).
 
-Measured (share of the LRU -> MIN gap closed, bandwidth view, 10 / 20 / 40 %
+Measured with the one 128-step window (now auto+prefetch's; the two windows'
+figures: bench/results/auto_vs_hindsight_seeds.md) (share of the LRU -> MIN gap closed, bandwidth view, 10 / 20 / 40 %
 pools; bench/results/auto_vs_hindsight.md, bench/auto_vs_hindsight.py, against the
 stored hindsight grid of bench/results/hits_eval_*.json): FLAME +0.130 / +0.206 /
 +0.255, synthetic DS4 seed 0 +0.092 / +0.205 / +0.290, held-out settings 0.08-0.77.
@@ -85,14 +89,23 @@ _CLASSES = {"blend": BlendPolicy, "phase": PhasePolicy, "hybrid": HybridPolicy,
 # The list is data: the native core takes any list of native experts.
 EXPERTS = (("blend", 16.0), ("blend", 4.0), ("blend", 64.0), ("blend", 2.0), ("blend", 256.0),
            ("phase", 4.0), ("phase", 128.0), ("hybrid", 512.0), ("lru", None))
-SCORE_HALF_LIFE = 128.0  # steps over which an expert's past hits count half
-# A second, longer score window (steps; None: off), its per-step hit rate added to the
-# first's when the leader is chosen (AutoCore's long_decay). Off: measured 2026-12-04
-# (bench/RESULTS.md, quality's paragraph) with SCORE_HALF_LIFE 8 and four more experts
-# (blend(8), blend(32), phase(2), phase(64)) it lifts auto - best fixed in hindsight
-# from -0.043 to +0.015 (synthetic, seeds 0-1) and likewise on seeds 2-3, but costs
-# FLAME's auto+prefetch latency gap 0.3532 -> 0.3314 at 51 slots (below the 0.35 goal).
-LONG_SCORE_HALF_LIFE = None
+# The leader's score windows (steps over which an expert's past hits count half): a short
+# one, and a longer one whose per-step hit rate is added to the short one's when the leader
+# is chosen (AutoCore's long_decay; None: off). Measured 2026-12-06
+# (bench/results/auto_vs_hindsight_seeds.md, "Two-window grid"): 16 + 512 lifts auto - best
+# fixed in hindsight from sum -0.0428 / min -0.0066 / 5 of 39 points >= 0 (the one 128-step
+# window) to -0.0201 / -0.0053 / 12 on the tuned seeds and -0.0428 / -0.0070 / 3 to
+# -0.0214 / -0.0064 / 12 on held-out seeds; FLAME's bandwidth cells move by < 0.001
+# (-0.0015 / -0.0008 / +0.0004 -> -0.0013 / -0.0010 / -0.0003).
+SCORE_HALF_LIFE = 16.0
+LONG_SCORE_HALF_LIFE = 512.0
+# With the prefetcher beside it (``prefetching=True``: ``<policy>+prefetch``, the store's
+# ``prefetch=``) auto keeps the one slower window: the prefetcher's credit and holds were
+# tuned against that leader, and the faster one drops FLAME's auto+prefetch latency gap
+# closed at 51 slots from 0.3532 to 0.34 (below the 0.35 goal) for every two-window variant
+# measured. A slower leader also changes the eviction order less under the prefetcher's pins.
+PREFETCH_SCORE_HALF_LIFE = 128.0
+PREFETCH_LONG_SCORE_HALF_LIFE = None
 # With a long window: True follows whichever window's own leader hit more (a regret choice
 # between the two windows, decayed over the long one; AutoCore's meta) instead of adding
 # the two windows' rates. Off: measured 2026-12-05 (bench/results/auto_vs_hindsight_seeds.md,
@@ -113,8 +126,19 @@ class AutoPolicy(DensePolicy):
     # accesses are grouped (the simulator must not merge groups for this policy).
     groups_accesses = False
 
-    def __init__(self, n_keys: int, capacity: int, **params):
+    # policies.make(..., prefetching=True) tells it a prefetcher runs beside it
+    takes_prefetching = True
+
+    def __init__(self, n_keys: int, capacity: int, *, prefetching: bool = False, **params):
         super().__init__(n_keys, capacity, **params)
+        if not isinstance(prefetching, (bool, np.bool_)):
+            raise ConfigError(f"policy 'auto': prefetching must be true or false, "
+                              f"got {prefetching!r}")
+        self.prefetching = bool(prefetching)
+        # Read here, not at import, so bench/auto_seeds_grid.py's variants take effect.
+        self.score_half_life, self.long_score_half_life = (
+            (PREFETCH_SCORE_HALF_LIFE, PREFETCH_LONG_SCORE_HALF_LIFE) if self.prefetching
+            else (SCORE_HALF_LIFE, LONG_SCORE_HALF_LIFE))
         self._experts = _experts(self.n_keys, self.capacity)
         cores = [getattr(e, "native_state", lambda: None)() for e in self._experts]
         for e, c in zip(self._experts, cores):
@@ -123,11 +147,11 @@ class AutoPolicy(DensePolicy):
                                   "step clock (auto's rules run natively)")
         # Scores: this array, updated in place by the core (never rebind it).
         self.expert_scores = np.zeros(len(self._experts))
-        self._score_decay = 2.0 ** (-1.0 / SCORE_HALF_LIFE)
+        self._score_decay = 2.0 ** (-1.0 / self.score_half_life)
         self._core = native_module().AutoCore(cores, self.capacity, self.expert_scores,
                                               self._score_decay,
-                                              0.0 if LONG_SCORE_HALF_LIFE is None
-                                              else 2.0 ** (-1.0 / LONG_SCORE_HALF_LIFE),
+                                              0.0 if self.long_score_half_life is None
+                                              else 2.0 ** (-1.0 / self.long_score_half_life),
                                               bool(META_LEADER))
 
     @property

@@ -140,7 +140,8 @@ def run_one(prep: Prepared, name: str, slots: int, *, budget: int, ticks_per_sec
             raise ConfigError(f"model {name!r} needs granularity 'layer' (it prefetches "
                               f"later layers while the current one runs)")
         base = name[:-len(PREFETCH_SUFFIX)]
-        policy = _policies.make(base, prep.n_keys, slots, **params.get(base, {}))
+        policy = _policies.make(base, prep.n_keys, slots,
+                                **{"prefetching": True, **params.get(base, {})})
         return replay_with_prefetch(prep, policy, slots, **params.get(name, {}))[0]
     if name in ("predict", "prefetch"):
         from tierstore.sim.predict import replay_predict

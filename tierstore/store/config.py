@@ -222,7 +222,10 @@ class StoreConfig:
         from tierstore.store.arena import HostArena
         from tierstore.store.pool import SlotPool
         n_keys = int(pack.n_layers) * int(pack.n_experts)
-        pool_pol = policies.make(self.pool_policy[0], n_keys, self.n_slots, **self.pool_policy[1])
+        # With prefetch= the pool's policy is the one the simulator's <policy>+prefetch runs.
+        pool_pol = policies.make(self.pool_policy[0], n_keys, self.n_slots,
+                                 **{"prefetching": self.prefetch is not None,
+                                    **self.pool_policy[1]})
         arena_pol = policies.make(self.arena_policy[0], n_keys, self.n_rows, **self.arena_policy[1])
         pool = SlotPool(self.n_slots, pack.slot_bytes, pack.n_layers, pack.n_experts,
                         self.device, pool_pol)
