@@ -179,8 +179,11 @@ class AutoPolicy(DensePolicy):
     def on_access(self, keys, weights=None, now=None) -> None:
         arr = self._checked(keys, "on_access")
         if weights is None:  # repeats = one access per token: fold them into weights
-            arr, counts = np.unique(arr, return_counts=True)
-            w = None if counts.max(initial=1) == 1 else counts.astype(np.float64)
+            if arr.size > 1 and not np.all(arr[1:] > arr[:-1]):  # (distinct and ascending:
+                arr, counts = np.unique(arr, return_counts=True)  # the simulator's groups)
+                w = None if counts.max(initial=1) == 1 else counts.astype(np.float64)
+            else:
+                w = None
         else:
             w = as_weights(weights, arr.size, "policy 'auto'.on_access")
             if arr.size > 1 and np.any(arr[1:] <= arr[:-1]):

@@ -126,6 +126,7 @@ class Prefetcher:
         self.shadow = LRUPolicy(self.n_keys, max(self.capacity, 1))
         self._shadow_blocked = np.zeros(self.n_keys, dtype=bool)
         self.held_mask = np.zeros(self.n_keys, dtype=bool)
+        self._routed = np.zeros(self.n_keys, dtype=bool)  # scratch: the keys of the read
         self._held: list[np.ndarray] = [_EMPTY] * L     # target layer -> pinned keys
         self._fetched: list[np.ndarray] = [_EMPTY] * L  # target layer -> keys read for it
         self._fetched_p: list[np.ndarray] = [_EMPTY] * L  # their calibrated p
@@ -183,9 +184,11 @@ class Prefetcher:
         if release.size:
             self.held_mask[release] = False
             self._held[layer] = _EMPTY
+        routed_mask = self._routed  # membership in this read by lookup, not np.isin
+        routed_mask[keys] = True
         fetched = self._fetched[layer]
         if fetched.size:
-            used = int(np.count_nonzero(np.isin(fetched, keys, assume_unique=True)))
+            used = int(np.count_nonzero(routed_mask[fetched]))
             self.useful += used
             self._useful_w += used
             self._wasted_w += fetched.size - used
@@ -194,11 +197,12 @@ class Prefetcher:
             self._fetched[layer] = self._fetched_p[layer] = _EMPTY
         scored = self._scored[layer]
         if scored is not None:
-            routed = np.isin(scored[0], keys, assume_unique=True)
+            routed = routed_mask[scored[0]]
             kind = scored[2]
             self._cal_n[kind] += np.bincount(scored[1], minlength=N_BINS)
             self._cal_hit[kind] += np.bincount(scored[1], weights=routed, minlength=N_BINS)
             self._scored[layer] = None
+        routed_mask[keys] = False
         self.misses += int(hit.size - np.count_nonzero(hit))
         r = int(experts.size if routings is None else routings)
         if experts.size and (self._k_seen == 0 or r < self._k_seen):
