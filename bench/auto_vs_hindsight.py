@@ -21,7 +21,7 @@ import hits_eval as H  # noqa: E402
 
 from tierstore import sim  # noqa: E402
 from tierstore.files.atomic import write_atomic_with  # noqa: E402
-from tierstore.policies.auto import EXPERTS, SCORE_HALF_LIFE  # noqa: E402
+from tierstore.policies import auto as auto_policy  # noqa: E402
 from tierstore.sim import synth, traces  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -58,13 +58,16 @@ def main(argv=None) -> int:
                         f"{best['bandwidth_hit_rate']:.4f} | {by['auto', s]['bandwidth_hit_rate']:.4f} | "
                         f"{r.bandwidth_hit_rate:.4f} | {(r.bandwidth_hit_rate - lru) / (mn - lru):.3f} | "
                         f"{d:+.4f} |")
-    experts = ", ".join(n if h is None else f"{n}({h:g})" for n, h in EXPERTS)
+    experts = ", ".join(n if h is None else f"{n}({h:g})" for n, h in auto_policy.EXPERTS)
+    lhl = auto_policy.LONG_SCORE_HALF_LIFE
+    windows = (f"score half-life {auto_policy.SCORE_HALF_LIFE:g} steps"
+               + ("" if lhl is None else f" plus a long window of {lhl:g} steps"))
     md = "\n".join([
         "# auto vs the best fixed policy in hindsight (bandwidth view)", "",
         f"Command: `PYTHONPATH=$PWD python3 bench/auto_vs_hindsight.py --traces {args.traces}`; "
         f"machine: {platform.platform()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{time.process_time() - t0:.0f} s CPU.", "",
-        f"auto's experts: {experts}; score half-life {SCORE_HALF_LIFE:g} steps. "
+        f"auto's experts: {experts}; {windows}. "
         "Hindsight grid and lru/MIN/old auto: the stored bench/results/hits_eval_<trace>.json "
         "(heat/hybrid/phase/blend at half-lives "
         f"{', '.join(f'{h:g}' for h in H.SWEEP)}, and lru; equal reads: demand fill, "

@@ -32,8 +32,11 @@ disagree. Every expert must have a native core on the step clock.
 Cost: nine shadows make ``on_access`` ~10x a plain policy's; fine at the
 store's one fold per step, and the simulator's replay shows it (M acc/s).
 
-Measured with the one 128-step window (now auto+prefetch's; the two windows'
-figures: bench/results/auto_vs_hindsight_seeds.md) (share of the LRU -> MIN gap closed, bandwidth view, 10 / 20 / 40 %
+Measured with the two windows (2026-12-06, bench/results/auto_vs_hindsight.md):
+auto - best fixed in hindsight -0.0030..+0.0022 over its 24 points, sum -0.0098 (the
+one 128-step window: -0.0036..+0.0004, sum -0.0216); over the 39 points of
+bench/auto_seeds.py sum -0.0201 / -0.0214 (tune / held-out seeds; one window -0.0428).
+Measured with the one 128-step window, now auto+prefetch's (share of the LRU -> MIN gap closed, bandwidth view, 10 / 20 / 40 %
 pools; bench/results/auto_vs_hindsight.md, bench/auto_vs_hindsight.py, against the
 stored hindsight grid of bench/results/hits_eval_*.json): FLAME +0.130 / +0.206 /
 +0.255, synthetic DS4 seed 0 +0.092 / +0.205 / +0.290, held-out settings 0.08-0.77.
