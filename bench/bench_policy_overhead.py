@@ -10,8 +10,12 @@ keys out of 43 x 256. Measured per policy and batch 1/16/64/256:
 - ``per_layer``: 43 ``on_access`` calls of one layer each + ``decay()``;
 - ``victims8``: ``victims(8, pinned)`` on a full 512-slot tier (a lazy pass);
 - floor: one ``np.add.at`` of the step's keys into a float64 [11008] array,
-  the single scatter any numpy bookkeeping of the step must pay.
-Results: bench/results/hits.md ("Policy overhead").
+  the single scatter any numpy bookkeeping of the step must pay;
+- ``prefetch_step``: the prefetcher's work in one decode step of the synthetic
+  DS4 trace (43 x ``on_read`` + ``propose`` with the tier's victims, the store's
+  record() hook under its lock, + ``end_tick``), through the face
+  (tierstore.policies.prefetch) and, as the layer below, the native core's calls alone.
+Results: bench/results/hits.md ("Policy overhead"), bench/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -80,3 +84,60 @@ def test_floor_one_scatter(benchmark, batch):
     acc, keys = np.zeros(N_KEYS), step_keys(batch)
     benchmark.group = f"step batch={batch}"
     benchmark(np.add.at, acc, keys, 1.0)
+
+
+def _prefetch_steps(n_ticks: int = 96):
+    """(layer, experts, keys) per read of the synthetic DS4 trace's decode ticks."""
+    from tierstore.sim.counting import Prepared
+    from tierstore.sim.synth import synthetic_trace
+    prep = Prepared(synthetic_trace(n_ticks, seed=0, prefill_tokens=0))
+    E, g = prep.trace.n_experts, prep.gstarts
+    ticks: list[list] = [[]]
+    for i in range(g.size - 1):
+        keys = prep.dkeys[g[i]:g[i + 1]]
+        layer = int(keys[0]) // E
+        ticks[-1].append((layer, keys - layer * E, keys))
+        if prep.g_tick_end[i]:
+            ticks.append([])
+    return prep.trace.n_layers, E, [t for t in ticks if t]
+
+
+@pytest.mark.parametrize("level", ["face", "core"])
+def test_prefetch_step(benchmark, level):
+    """One decode step of the prefetcher over a full 1101-slot (10 %) tier: per layer
+    on_read + propose (victims from the tier's policy), then end_tick."""
+    from tierstore.policies.prefetch import Prefetcher
+    n_layers, n_experts, ticks = _prefetch_steps()
+    slots = n_layers * n_experts // 10
+    pf = Prefetcher(n_layers, n_experts, slots, top_k=6)
+    tier = policies.make("lru", n_layers * n_experts, slots)
+    tier.on_admit(np.arange(slots) * 10)
+    resident = np.zeros(n_layers * n_experts, dtype=bool)
+    resident[np.arange(slots) * 10] = True
+
+    def victims(n, blocked):
+        return np.asarray(tier.victims(int(n), blocked), dtype=np.int64)
+
+    state = {"t": 0}
+    if level == "face":
+        def one_step():
+            for layer, experts, keys in ticks[state["t"] % len(ticks)]:
+                pf.on_read(layer, experts, resident[keys], experts.size)
+                pf.propose(layer, resident, victims)
+            pf.end_tick()
+            state["t"] += 1
+    else:
+        core = pf._core
+
+        def one_step():
+            for layer, experts, keys in ticks[state["t"] % len(ticks)]:
+                core.on_read(layer, experts, resident[keys], experts.size)
+                m, wraps = core.target(layer)
+                core.propose(layer, core.predict(layer, m, wraps), resident, victims)
+            core.end_tick()
+            state["t"] += 1
+    for _ in range(len(ticks) // 2):  # learned past the first ticks
+        one_step()
+    benchmark.group = "prefetch step (43 layers)"
+    benchmark(one_step)
+    assert pf.issued > 0 and pf.lru_reads > 0

@@ -1,6 +1,7 @@
 """Replay speed, M accesses/s, per policy: the native demand loops
 (tierstore.sim.native_replay -> tierstore._C.replay_demand / replay_auto / replay_min,
-the last for Belady's MIN and MIN that may skip, the ceilings) against the
+the last for Belady's MIN and MIN that may skip, the ceilings; replay_prefetch /
+replay_prefetch_auto for ``<policy>+prefetch``, demand fill plus the prefetcher) against the
 Python loop (replay_demand_fill(native=False)), layer granularity, one thread, on the
 FLAME trace and a synthetic DeepSeek-V4-Flash-shaped one.
 
@@ -30,6 +31,7 @@ from tierstore import policies
 from tierstore.sim.belady import BeladyPolicy, BeladySkipPolicy
 from tierstore.sim.counting import Prepared
 from tierstore.sim.demand import replay_demand_fill
+from tierstore.sim.prefetching import replay_with_prefetch
 from tierstore.sim.synth import synthetic_trace
 from tierstore.sim.traces import Trace, load_trace
 
@@ -37,9 +39,14 @@ NAMES = ("lru", "heat", "hybrid", "phase", "blend", "auto", "belady", "belady_sk
 MIN = {"belady": BeladyPolicy, "belady_skip": BeladySkipPolicy}  # the ceilings, over the oracle
 
 
+PREFETCH = "+prefetch"  # "<policy>+prefetch": demand fill plus the prefetcher
+
+
 def make(prep, name, slots):
     if name in MIN:
         return MIN[name](prep.n_keys, slots, next_use=prep.next_use)
+    if name.endswith(PREFETCH):
+        return policies.make(name[:-len(PREFETCH)], prep.n_keys, slots, prefetching=True)
     return policies.make(name, prep.n_keys, slots)
 
 
@@ -50,7 +57,10 @@ def timed(prep, name, slots, native, repeat):
     for _ in range(repeat):
         pol = make(prep, name, slots)
         t0, w0 = time.process_time(), time.perf_counter()
-        cnt = replay_demand_fill(prep, pol, slots, "layer", native=native)
+        if name.endswith(PREFETCH):
+            cnt = replay_with_prefetch(prep, pol, slots, native=native)[0]
+        else:
+            cnt = replay_demand_fill(prep, pol, slots, "layer", native=native)
         cpu.append(time.process_time() - t0)
         walls.append(time.perf_counter() - w0)
     return float(np.median(cpu)), float(np.median(walls)), cnt
@@ -88,7 +98,8 @@ def main(argv=None) -> int:
                 py = short if name == "auto" else prep
                 tp, _, cp = timed(py, name, slots, False, 1)
                 cs = cn if py is prep else timed(py, name, slots, True, 1)[2]
-                assert np.array_equal(cs.hit, cp.hit) and cs.demand_reads == cp.demand_reads, \
+                assert (np.array_equal(cs.hit, cp.hit) and cs.demand_reads == cp.demand_reads
+                        and cs.prefetched == cp.prefetched), \
                     f"{label} {name} {slots}: native and Python disagree"
                 rows.append({"trace": label, "n_keys": prep.n_keys, "accesses": prep.accesses,
                              "policy": name, "slots": slots,
@@ -98,7 +109,7 @@ def main(argv=None) -> int:
                              "python_accesses": py.accesses,
                              "speedup": (prep.accesses / tn) / (py.accesses / tp),
                              "hits": int(cn.hit.sum())})
-                print(f"{label:40s} {name:7s} {slots:6d}  native {rows[-1]['native_macc_s']:7.2f}"
+                print(f"{label:40s} {name:14s} {slots:6d}  native {rows[-1]['native_macc_s']:7.2f}"
                       f"  python {rows[-1]['python_macc_s']:6.3f} M acc/s", flush=True)
     machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
                f"(shared VM), Python {platform.python_version()}, one thread")

@@ -25,15 +25,6 @@ using Keys = Flat<const int64_t>;
 using IdArray = nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>;
 using MaskArray = nb::ndarray<nb::numpy, bool, nb::ndim<1>>;
 
-template <typename T>
-nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(const T* data, size_t n) {
-  T* out = new T[n > 0 ? n : 1];
-  if (n) std::memcpy(out, data, n * sizeof(T));
-  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<T*>(p); });
-  const size_t shape[1] = {n};
-  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(out, 1, shape, owner);
-}
-
 // Keys outside [0, n_keys) raise IndexError (the face turns it into its ConfigError).
 void check_keys(const PolicyCore& c, const Keys& keys) {
   const int64_t n = c.view.n_keys;

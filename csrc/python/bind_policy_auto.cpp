@@ -16,6 +16,7 @@
 
 #include "tierstore/store/auto_core.hpp"
 #include "tierstore/store/auto_replay.hpp"
+#include "tierstore/store/prefetch_replay.hpp"
 
 #include "flat_array.hpp"
 #include "policy_core.hpp"
@@ -81,6 +82,27 @@ std::tuple<int64_t, Counts> replay(AutoHandle& h, Flat<bool> resident, int64_t n
   return {n_resident, Counts{c.demand_reads, c.evictions, c.rejected}};
 }
 
+using PrefetchCounts = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+std::tuple<int64_t, PrefetchCounts> replay_prefetch(
+    AutoHandle& h, Flat<bool> resident, int64_t n_resident, Prefetcher& pf,
+    Flat<const int64_t> keys, Flat<const int64_t> counts, bool single, Flat<const int64_t> starts,
+    Flat<const bool> tick_end, int64_t slots, bool filter, bool demand_fill, Flat<bool> hit) {
+  if (static_cast<int64_t>(resident.shape(0)) != h.core->n_keys())
+    throw nb::value_error("replay_prefetch_auto: the resident mask has one flag per key");
+  const ReplayTrace tr = replay_trace(keys, counts, single, starts, tick_end, hit.shape(0));
+  PrefetchReplayCounts c;
+  try {
+    nb::gil_scoped_release unlocked;  // the whole loop is native: no Python callback
+    c = replay_prefetch_auto(*h.core, resident.data(), n_resident, pf, tr, slots, filter,
+                             demand_fill, hit.data());
+  } catch (const std::invalid_argument& e) {
+    throw nb::value_error(e.what());
+  }
+  return {n_resident, PrefetchCounts{c.demand_reads, c.evictions, c.rejected, c.prefetched,
+                                     c.prefetch_hits, c.wasted, c.unserved}};
+}
+
 }  // namespace
 
 void bind_policy_auto(nb::module_& m) {
@@ -103,6 +125,12 @@ void bind_policy_auto(nb::module_& m) {
         "hit"_a.noconvert(),
         "Demand-fill replay through an AutoCore into the real resident mask (both updated "
         "in place); returns (n_resident, (demand_reads, evictions, rejected)).");
+  m.def("replay_prefetch_auto", &replay_prefetch, "core"_a, "resident"_a.noconvert(),
+        "n_resident"_a, "prefetcher"_a, "keys"_a, "counts"_a, "single"_a, "starts"_a,
+        "tick_end"_a, "slots"_a, "filter"_a, "demand_fill"_a, "hit"_a.noconvert(),
+        "sim/prefetching.py's replay through an AutoCore and a Prefetcher (all updated in "
+        "place); returns (n_resident, (demand_reads, evictions, rejected, prefetched, "
+        "prefetch_hits, wasted, unserved)).");
 }
 
 }  // namespace tierstore::python

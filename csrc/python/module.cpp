@@ -14,6 +14,7 @@ void bind_bounds(nb::module_& m);  // bind_bounds.cpp: read ceilings measured in
 void bind_policy(nb::module_& m);         // bind_policy.cpp: the policies' rules (PolicyCore)
 void bind_policy_replay(nb::module_& m);  // bind_policy_replay.cpp: native demand replay
 void bind_policy_auto(nb::module_& m);    // bind_policy_auto.cpp: auto's core and replay
+void bind_prefetch(nb::module_& m);       // bind_prefetch.cpp: the prefetcher and its model
 }  // namespace tierstore::python
 
 NB_MODULE(_C, m) {
@@ -31,4 +32,5 @@ NB_MODULE(_C, m) {
   tierstore::python::bind_policy(m);
   tierstore::python::bind_policy_replay(m);
   tierstore::python::bind_policy_auto(m);
+  tierstore::python::bind_prefetch(m);
 }

@@ -24,107 +24,19 @@ global gain as in heat.py, so a tick costs O(1) and not O(counts)):
   layer with no observations yet is uniform (q = k / E).
 Everything is learned from the past only: ``learn`` is told what was routed,
 ``predict`` answers from the counts so far.
+
+Implemented once, natively (csrc/store/include/tierstore/store/prefetcher.hpp,
+``tierstore._C.CoRouting``): the prefetcher's core owns one, and the simulator's
+``predict`` model (``tierstore.sim.predict``) builds its own through this module.
+Arrays are summed as numpy sums them; exp / log / pow are libm's.
 """
 from __future__ import annotations
 
-import numpy as np
-
-_RENORM_EXPONENT = 256.0
+from tierstore.policies.native import native_module
 
 
-class CoRouting:
-    """Cross-layer (distance ``distance``) and next-token co-routing counts over
-    ``n_layers`` dense layers of ``n_experts`` experts (see module doc)."""
-
-    def __init__(self, n_layers: int, n_experts: int, distance: int = 1,
-                 half_life: float = 512.0, prior_weight: float = 4.0):
-        self.n_layers, self.n_experts = int(n_layers), int(n_experts)
-        self.distance = int(distance)
-        shape = (max(self.n_layers - self.distance, 1), self.n_experts, self.n_experts)
-        self.cross = np.zeros(shape)
-        self.cross_n = np.zeros(shape[:2])
-        self.temporal = np.zeros((self.n_layers, self.n_experts, self.n_experts))
-        self.temporal_n = np.zeros((self.n_layers, self.n_experts))
-        self.marginal = np.zeros((self.n_layers, self.n_experts))  # decayed routings
-        self.marginal_n = np.zeros(self.n_layers)                  # decayed reads
-        self.half_life = float(half_life)
-        self.prior_weight = float(prior_weight)
-        self._t = 0.0
-        self._gain = 1.0
-        self.loglik = np.zeros(2)  # decayed log-likelihood of the truth: cross, next-token
-
-    def tick(self) -> None:
-        self._t += 1.0
-        exponent = self._t / self.half_life
-        if exponent > _RENORM_EXPONENT:
-            for arr in (self.cross, self.cross_n, self.temporal, self.temporal_n,
-                        self.marginal, self.marginal_n):
-                arr *= 2.0 ** -exponent
-            self._t, exponent = 0.0, 0.0
-        self._gain = 2.0 ** exponent
-
-    def observe(self, layer: int, experts: np.ndarray, weight: float = 1.0) -> None:
-        """``layer`` routed ``experts`` (their marginal: the predictions' prior);
-        ``weight``: 1 / the group's tokens (module doc)."""
-        self.marginal[layer][experts] += self._gain * weight
-        self.marginal_n[layer] += self._gain * weight
-
-    def learn(self, layer: int, src: np.ndarray, dst: np.ndarray, *, temporal: bool,
-              weight: float = 1.0) -> None:
-        """``src`` experts (layer ``layer``; or layer ``layer`` one tick earlier) were
-        followed by ``dst`` (layer ``layer + distance``; or ``layer`` now); ``weight``:
-        1 / the tokens of the larger group (module doc)."""
-        if src.size == 0 or dst.size == 0:
-            return
-        counts, totals = ((self.temporal, self.temporal_n) if temporal
-                          else (self.cross, self.cross_n))
-        w = self._gain * weight
-        counts[layer][np.ix_(src, dst)] += w
-        totals[layer][src] += w
-
-    def seen(self, layer: int) -> bool:
-        """Whether ``layer`` has been observed (else ``present`` is uniform)."""
-        return bool(self.marginal_n[layer] > 0)
-
-    @staticmethod
-    def present(q: np.ndarray | None, tokens: float, per_token: float, n_experts: int) -> np.ndarray:
-        """P(routed by any of ``tokens`` tokens) from the per-token estimate ``q``
-        (None: no observation, uniform ``per_token / n_experts``)."""
-        if q is None:
-            q = np.full(n_experts, min(per_token / max(n_experts, 1), 1.0))
-        q = np.clip(q, 0.0, 1.0)
-        return q if tokens <= 1.0 else 1.0 - (1.0 - q) ** tokens
-
-    def predict(self, layer: int, src: np.ndarray, *, temporal: bool) -> np.ndarray:
-        """float64 [n_experts]: P(each expert routed) at layer ``layer + distance``
-        (cross) or at ``layer`` next tick (temporal), given ``src`` at ``layer``."""
-        counts, totals = ((self.temporal, self.temporal_n) if temporal
-                          else (self.cross, self.cross_n))
-        dst = layer if temporal else layer + self.distance
-        denom = totals[layer][src].sum() if src.size else 0.0
-        if denom <= 0 or self.marginal_n[dst] <= 0:
-            return np.zeros(self.n_experts)
-        prior = self.marginal[dst] / self.marginal_n[dst]
-        return (counts[layer][src].sum(axis=0) + self.prior_weight * prior) / \
-            (denom + self.prior_weight)
-
-    def mix(self, p_cross: np.ndarray | None, p_temp: np.ndarray | None) -> np.ndarray | None:
-        if p_cross is None:
-            return p_temp
-        if p_temp is None:
-            return p_cross
-        d = np.clip(self.loglik - self.loglik.max(), -700.0, 0.0)
-        w = np.exp(d)
-        w /= w.sum()
-        return w[0] * p_cross + w[1] * p_temp
-
-    def score(self, p_cross, p_temp, actual: np.ndarray, per_token: int) -> None:
-        """Credit each predictor with the log-likelihood it gave ``actual`` (per routed
-        expert; both scored only when both predicted, so the weights compare them on
-        the same reads)."""
-        if p_cross is None or p_temp is None or actual.size == 0:
-            return
-        decay = 2.0 ** (-1.0 / self.half_life)
-        for i, p in enumerate((p_cross, p_temp)):
-            ll = np.log(np.clip(p[actual], 1e-6, 1.0)).sum() / max(per_token, 1)
-            self.loglik[i] = self.loglik[i] * decay + ll
+def __getattr__(name: str):
+    """``CoRouting`` is the native class (TierstoreError when the extension is not built)."""
+    if name == "CoRouting":
+        return native_module().CoRouting
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,6 +9,10 @@ update in place: afterwards the policy is in exactly the state the Python loop
 leaves (same hits, reads, evictions, rejections, tie-breaks;
 tests/test_native_policies.py compares the two).
 
+``tierstore._C.replay_prefetch`` / ``replay_prefetch_auto`` (csrc/store/src/
+prefetch_replay.cpp) run ``tierstore.sim.prefetching``'s loop (demand fill plus the
+prefetcher, ``<policy>+prefetch``) over the same cores and the prefetcher's.
+
 ``tierstore._C.replay_min`` (csrc/store/src/min_replay.cpp) replays Belady's MIN,
 both forms (``tierstore.sim.belady``), over the prepared trace's next uses; the policy
 object is left as the Python loop leaves it (next uses, resident mask, cursor;
@@ -91,6 +95,40 @@ def replay_native(prep: Prepared, policy, slots: int, granularity: str,
         reads, evictions, rejected = _native()(state, *trace, int(slots), bool(filter_), cnt.hit)
         policy.load_native_state()
     cnt.demand_reads, cnt.evictions, cnt.rejected = int(reads), int(evictions), int(rejected)
+    return cnt
+
+
+def native_prefetch_replay(prep: Prepared, policy, slots: int, prefetcher, admission,
+                           demand_fill: bool) -> Counters | None:
+    """Counters of ``tierstore.sim.prefetching``'s loop run natively
+    (``tierstore._C.replay_prefetch`` / ``replay_prefetch_auto``, csrc/store/src/
+    prefetch_replay.cpp) for a fresh exact policy under its own filter or ``ADMIT_ALL``
+    and a ``Prefetcher`` itself (a subclass may override ``predict`` / ``propose``: it
+    stays on the Python loop), at least two layers; None where that is not exact. The
+    policy and the prefetcher are left as the Python loop leaves them."""
+    from tierstore.policies.prefetch import Prefetcher
+    filter_ = native_filter(policy, admission)
+    loop = "replay_prefetch_auto" if type(policy) is AutoPolicy else "replay_prefetch"
+    if (filter_ is None or type(prefetcher) is not Prefetcher or prep.trace.n_layers < 2
+            or _native(loop) is None):
+        return None
+    state = policy.native_state()
+    if state is None:
+        return None
+    cnt = Counters(prep)
+    keys, counts, single, starts, ends = _trace_arrays(prep, "layer")
+    if type(policy) is AutoPolicy:
+        core, resident, n_resident = state
+        n_resident, out = _native(loop)(core, resident, int(n_resident), prefetcher._core, keys,
+                                        counts, single, starts, ends, int(slots), bool(filter_),
+                                        bool(demand_fill), cnt.hit)
+        policy.load_native_state(n_resident)
+    else:
+        out = _native(loop)(state, prefetcher._core, keys, counts, single, starts, ends,
+                            int(slots), bool(filter_), bool(demand_fill), cnt.hit)
+        policy.load_native_state()
+    (cnt.demand_reads, cnt.evictions, cnt.rejected, cnt.prefetched, cnt.prefetch_hits,
+     cnt.wasted, cnt.unserved) = (int(x) for x in out)
     return cnt
 
 

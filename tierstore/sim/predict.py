@@ -1,8 +1,8 @@
 """The ``predict`` model: demand fill under a base policy (``hybrid``) plus
 prefetch of the experts the routing so far predicts, learned online.
 
-Predictor (``tierstore.policies.corouting.CoRouting``, the live prefetcher's
-model), per pair of consecutive layers, decayed
+Predictor (``tierstore.policies.corouting``, the live prefetcher's model,
+native), per pair of consecutive layers, decayed
 counts (half-life ``half_life`` ticks, lazy global gain as in heat.py):
 - cross-layer: ``C[l, f, e]`` = how often expert f at layer l and expert e at
   layer l+1 were routed by the same token. After layer l reads the slot table
@@ -35,8 +35,8 @@ from tierstore import policies as _policies
 from tierstore.errors import ConfigError
 from tierstore.policies.admission import ADMIT_ALL, PolicyFilter, for_policy
 from tierstore.policies.base import Policy
-from tierstore.policies.corouting import CoRouting
 from tierstore.policies.fill import plan_lazy
+from tierstore.policies.native import native_module
 from tierstore.sim.counting import score_group
 from tierstore.sim.demand import Filler, hottest_nonresident
 
@@ -62,7 +62,7 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     trace = prep.trace
     L, E = trace.n_layers, trace.n_experts
     policy: Policy = _policies.make(base, prep.n_keys, slots, **base_params)
-    pred = CoRouting(L, E, 1, half_life, prior_weight)
+    pred = native_module().CoRouting(L, E, 1, half_life, prior_weight)
     prefetched = np.zeros(prep.n_keys, dtype=bool)  # admitted by prefetch, not yet read
 
     def wasted(v):

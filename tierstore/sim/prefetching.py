@@ -27,21 +27,33 @@ from tierstore.sim.counting import Counters, Prepared
 from tierstore.sim.counting import score_group
 from tierstore.sim.demand import Filler
 from tierstore.sim.leadtime import Clock, LeadTime
+from tierstore.sim.native_replay import native_prefetch_replay
 
 
 def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: Prefetcher,
                        admission: Admission | None = None, demand_fill: bool = True,
-                       lead_time: LeadTime | None = None) -> Counters:
+                       lead_time: LeadTime | None = None, native: bool = True) -> Counters:
     """Counters of ``policy`` + ``prefetcher`` at ``slots`` (module doc).
     ``demand_fill=False``: misses are not read (served elsewhere: ``unserved``),
     the live store's record/step path without fires. ``lead_time`` timed: the
-    latency view counts a resident row only once landed."""
+    latency view counts a resident row only once landed. ``native``: a fresh native
+    policy (or auto) with the Prefetcher itself (not a subclass), untimed, runs in
+    the C++ loop (``tierstore.sim.native_replay``, same results); False forces this
+    Python loop (the tests' oracle)."""
     trace = prep.trace
     E = trace.n_experts
     if prefetcher.n_keys != prep.n_keys or prefetcher.capacity != int(slots):
         raise ConfigError(f"prefetch: prefetcher built for {prefetcher.n_keys} keys / "
                           f"{prefetcher.capacity} slots, replay has {prep.n_keys} / {slots}")
     adm = for_policy(policy) if admission is None else admission
+    if lead_time is not None and lead_time.lead != prefetcher.lead:
+        raise ConfigError(f"prefetch: lead time model has lead {lead_time.lead}, the "
+                          f"prefetcher {prefetcher.lead}")
+    timed = lead_time is not None and lead_time.timed
+    if native and not timed:
+        cnt = native_prefetch_replay(prep, policy, slots, prefetcher, adm, demand_fill)
+        if cnt is not None:
+            return cnt
     prefetched = np.zeros(prep.n_keys, dtype=bool)  # read by prefetch, not yet read by a layer
 
     def evicted(v):
@@ -53,10 +65,7 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
     dkeys, dcounts, single = prep.dkeys, prep.dcounts, prep.all_single
     bounds, ends = prep.gstarts.tolist(), prep.g_tick_end.tolist()
     routings = np.add.reduceat(dcounts, prep.gstarts[:-1]) if dcounts.size else dcounts
-    if lead_time is not None and lead_time.lead != prefetcher.lead:
-        raise ConfigError(f"prefetch: lead time model has lead {lead_time.lead}, the "
-                          f"prefetcher {prefetcher.lead}")
-    clock = Clock(lead_time, prep.n_keys) if lead_time is not None and lead_time.timed else None
+    clock = Clock(lead_time, prep.n_keys) if timed else None
     if clock is not None:
         cnt.landed = np.zeros(prep.dkeys.size, dtype=bool)
     for g in range(len(bounds) - 1):
@@ -100,14 +109,15 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
 
 def replay_with_prefetch(prep: Prepared, base: Policy, slots: int, *, admission=None,
                          demand_fill: bool = True, lead_time: LeadTime | None = None,
-                         **prefetch_params) -> tuple[Counters, Prefetcher]:
+                         native: bool = True, **prefetch_params) -> tuple[Counters, Prefetcher]:
     """``replay_prefetching`` with a fresh Prefetcher(``prefetch_params``) over
     ``base``; ``lead_time`` sets the prefetcher's ``lead`` too, the trace's
-    ``top_k`` (meta.json) its ``top_k`` unless given."""
+    ``top_k`` (meta.json) its ``top_k`` unless given; ``native`` as replay_prefetching's."""
     if lead_time is not None:
         prefetch_params = {**prefetch_params, "lead": lead_time.lead}
     top_k = prep.trace.meta.get("top_k") if isinstance(prep.trace.meta, dict) else None
     if "top_k" not in prefetch_params and isinstance(top_k, int) and top_k > 0:
         prefetch_params = {**prefetch_params, "top_k": top_k}
     pf = Prefetcher(prep.trace.n_layers, prep.trace.n_experts, int(slots), **prefetch_params)
-    return replay_prefetching(prep, base, slots, pf, admission, demand_fill, lead_time), pf
+    return replay_prefetching(prep, base, slots, pf, admission, demand_fill, lead_time,
+                              native), pf

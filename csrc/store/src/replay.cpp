@@ -48,8 +48,9 @@ double PolicyTier::floor() {
   return floor_;
 }
 
-void PolicyTier::fill(std::vector<int64_t>& miss, const int64_t* block, int64_t nb,
-                      bool filter, ReplayCounts& counts, ResidentOrder* mirror) {
+void PolicyTier::fill_impl(std::vector<int64_t>& miss, const int64_t* block, int64_t nb,
+                           const uint8_t* mask, bool filter, ReplayCounts& counts,
+                           ResidentOrder* mirror) {
   const int64_t n = static_cast<int64_t>(miss.size());
   const int64_t n_free = this->n_free();
   admit_.clear();
@@ -79,9 +80,13 @@ void PolicyTier::fill(std::vector<int64_t>& miss, const int64_t* block, int64_t 
       const double f = floor();
       while (want > 0 && !(p_.raw[miss[n_free + want - 1]] > f)) --want;
     }
-    for (int64_t i = 0; i < nb; ++i) pinned_[block[i]] = 1;
-    if (want > 0) order_.victims(want, pinned_.data(), vic_);
-    for (int64_t i = 0; i < nb; ++i) pinned_[block[i]] = 0;
+    if (mask != nullptr) {
+      if (want > 0) order_.victims(want, mask, vic_);
+    } else {
+      for (int64_t i = 0; i < nb; ++i) pinned_[block[i]] = 1;
+      if (want > 0) order_.victims(want, pinned_.data(), vic_);
+      for (int64_t i = 0; i < nb; ++i) pinned_[block[i]] = 0;
+    }
     const int64_t nv = static_cast<int64_t>(vic_.size());
     counts.rejected += n - n_free - nv;
     admit_.assign(miss.begin(), miss.begin() + n_free);

@@ -69,7 +69,23 @@ class PolicyTier {
   // away (more misses than free slots) `miss` is ranked hottest first (policy_rank: the
   // order they win slots, sim/demand.py Filler.demand); otherwise taken in its order.
   void fill(std::vector<int64_t>& miss, const int64_t* block, int64_t nb, bool filter,
-            ReplayCounts& counts, ResidentOrder* mirror = nullptr);
+            ReplayCounts& counts, ResidentOrder* mirror = nullptr) {
+    fill_impl(miss, block, nb, nullptr, filter, counts, mirror);
+  }
+  // As fill, the victims never keys with pinned[k] != 0 (the caller's whole mask: a
+  // prefetcher's pins and the group being read).
+  void fill_masked(std::vector<int64_t>& miss, const uint8_t* pinned, bool filter,
+                   ReplayCounts& counts) {
+    fill_impl(miss, nullptr, 0, pinned, filter, counts, nullptr);
+  }
+  // The last fill's victims and the keys it admitted (free slots first, then over the
+  // victims, in pairs).
+  const std::vector<int64_t>& evicted() const { return vic_; }
+  const std::vector<int64_t>& admitted() const { return admit_; }
+  // The n coldest resident keys with pinned[k] == 0, coldest first (changes nothing).
+  void victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out) {
+    order_.victims(n, pinned, out);
+  }
 
  private:
   PolicyView& p_;
@@ -87,6 +103,8 @@ class PolicyTier {
   bool floor_ok_ = false;
   int64_t floor_age_ = 0;
   double floor();
+  void fill_impl(std::vector<int64_t>& miss, const int64_t* block, int64_t nb,
+                 const uint8_t* mask, bool filter, ReplayCounts& counts, ResidentOrder* mirror);
 };
 
 // Replays `trace` into `policy` with `slots` slots; `filter`: the policy's own admission

@@ -1,0 +1,251 @@
+// See prefetch_replay.hpp: sim/prefetching.py's loop over a native policy or auto's core.
+#include "tierstore/store/prefetch_replay.hpp"
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+#include "tierstore/store/resident_order.hpp"
+
+namespace tierstore {
+namespace {
+
+// A plain policy's simulated tier (replay.hpp PolicyTier; its resident mask is the view's).
+class PlainTier {
+ public:
+  PlainTier(PolicyView& p, int64_t slots) : p_(p), tier_(p, slots) {}
+  const bool* resident() const { return p_.resident; }
+  int64_t n_free() const { return tier_.n_free(); }
+  void access(const int64_t* keys, int64_t n, const int64_t* counts) {
+    tier_.access(keys, n, nullptr, counts);
+  }
+  void fill(std::vector<int64_t>& cand, const uint8_t* pinned, bool filter, ReplayCounts& c) {
+    tier_.fill_masked(cand, pinned, filter, c);
+  }
+  const std::vector<int64_t>& evicted() const { return tier_.evicted(); }
+  const std::vector<int64_t>& admitted() const { return tier_.admitted(); }
+  void victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out) {
+    tier_.victims(n, pinned, out);
+  }
+  void decay() { tier_.decay(); }
+
+ private:
+  PolicyView& p_;
+  PolicyTier tier_;
+};
+
+// Auto's real tier: the leader's decisions over the real resident set (auto_replay.cpp's,
+// the group always protected, the prefetcher's pins too).
+class AutoTier {
+ public:
+  AutoTier(AutoCore& core, bool* resident, int64_t& n_resident, int64_t slots)
+      : core_(core), resident_(resident), n_resident_(n_resident), slots_(slots) {}
+  const bool* resident() const { return resident_; }
+  int64_t n_free() const { return std::max<int64_t>(slots_ - n_resident_, 0); }
+
+  void access(const int64_t* keys, int64_t n, const int64_t* counts) {
+    if (!std::is_sorted(keys, keys + n)) {  // the live face's order breaks the shadows' ties
+      idx_.resize(static_cast<size_t>(n));
+      std::iota(idx_.begin(), idx_.end(), 0);
+      std::stable_sort(idx_.begin(), idx_.end(),
+                       [keys](int64_t x, int64_t y) { return keys[x] < keys[y]; });
+      skeys_.resize(idx_.size());
+      scounts_.resize(idx_.size());
+      for (size_t i = 0; i < idx_.size(); ++i) {
+        skeys_[i] = keys[idx_[i]];
+        scounts_[i] = counts ? counts[idx_[i]] : 1;
+      }
+      keys = skeys_.data();
+      counts = counts ? scounts_.data() : nullptr;
+    }
+    core_.access(keys, n, nullptr, counts, lead_.get(), lead_of_);
+  }
+
+  void fill(std::vector<int64_t>& cand, const uint8_t* pinned, bool filter, ReplayCounts& c) {
+    vic_.clear();
+    admit_.clear();
+    const PolicyView& lead = core_.expert(static_cast<size_t>(core_.leader()));
+    const int64_t n = static_cast<int64_t>(cand.size()), n_free = this->n_free();
+    if (n > n_free && filter) policy_rank(lead, cand.data(), n);
+    if (n <= n_free) {
+      for (int64_t k : cand) add(k);
+      return;
+    }
+    order().victims(n - n_free, pinned, got_);
+    const int64_t nv = static_cast<int64_t>(got_.size());
+    c.rejected += n - n_free - nv;
+    for (int64_t j = 0; j < n_free; ++j) add(cand[static_cast<size_t>(j)]);
+    for (int64_t j = 0; j < nv; ++j) {
+      const int64_t k = cand[static_cast<size_t>(n_free + j)], v = got_[static_cast<size_t>(j)];
+      if (filter && !policy_admit(lead, k, v)) {
+        ++c.rejected;
+        continue;
+      }
+      if (lead_) lead_->erase(v);
+      resident_[v] = false;
+      --n_resident_;
+      vic_.push_back(v);
+      add(k);
+    }
+  }
+  const std::vector<int64_t>& evicted() const { return vic_; }
+  const std::vector<int64_t>& admitted() const { return admit_; }
+  void victims(int64_t n, const uint8_t* pinned, std::vector<int64_t>& out) {
+    order().victims(n, pinned, out);
+  }
+  void decay() {
+    if (core_.decay(1, lead_of_)) lead_->rebuild();
+  }
+
+ private:
+  // The real resident set in the current leader's order (rebuilt when another leads).
+  ResidentOrder& order() {
+    const int64_t leader = core_.leader();
+    if (lead_of_ != leader) {
+      lead_ = std::make_unique<ResidentOrder>(core_.expert(static_cast<size_t>(leader)), resident_);
+      lead_of_ = leader;
+    }
+    return *lead_;
+  }
+  void add(int64_t k) {
+    resident_[k] = true;
+    if (lead_) lead_->insert(k);
+    ++n_resident_;
+    admit_.push_back(k);
+  }
+
+  AutoCore& core_;
+  bool* resident_;
+  int64_t& n_resident_;
+  const int64_t slots_;
+  std::unique_ptr<ResidentOrder> lead_;
+  int64_t lead_of_ = -1;
+  std::vector<int64_t> vic_, admit_, got_, idx_, skeys_, scounts_;
+};
+
+template <class Tier>
+PrefetchReplayCounts run(Tier& tier, Prefetcher& pf, const ReplayTrace& tr, bool filter,
+                         bool demand_fill, bool* hit) {
+  const int64_t E = pf.n_experts, K = pf.n_keys;
+  if (pf.n_layers < 2)
+    throw std::invalid_argument("replay_prefetch: one layer (a prefetch would target its own read)");
+  check_trace_keys(tr, K);
+  const bool* resident = tier.resident();
+  std::vector<uint8_t> prefetched(static_cast<size_t>(K), 0), pinned(static_cast<size_t>(K), 0);
+  std::unique_ptr<bool[]> r(new bool[1]);
+  size_t r_cap = 1;
+  std::vector<int64_t> experts, fetch, hold, miss, vtmp, released;
+  std::vector<double> p(static_cast<size_t>(E));
+  PrefetchReplayCounts c;
+  ReplayCounts fills;
+  const auto evicted = [&](const std::vector<int64_t>& v) {
+    for (int64_t k : v) {
+      if (prefetched[static_cast<size_t>(k)]) {
+        ++c.wasted;
+        prefetched[static_cast<size_t>(k)] = 0;
+      }
+    }
+    c.evictions += static_cast<int64_t>(v.size());
+  };
+  // sim/demand.py Filler.would_evict: free slots first (-1), then the tier's victims.
+  const Prefetcher::Victims would_evict = [&](int64_t n, const bool* blocked) {
+    const int64_t nf = std::min(tier.n_free(), n);
+    std::vector<int64_t> out(static_cast<size_t>(nf), -1);
+    tier.victims(n - nf, reinterpret_cast<const uint8_t*>(blocked), vtmp);
+    out.insert(out.end(), vtmp.begin(), vtmp.end());
+    return out;
+  };
+  const bool* held = pf.held_mask.get();
+  for (int64_t k = 0; k < K; ++k) pinned[static_cast<size_t>(k)] = held[k] ? 1 : 0;
+  for (int64_t g = 0; g < tr.n_groups; ++g) {
+    const int64_t a = tr.starts[g], b = tr.starts[g + 1], n = b - a;
+    const int64_t* u = tr.keys + a;
+    if (n > 0) {
+      const int64_t layer = u[0] / E;
+      if (static_cast<size_t>(n) > r_cap) {
+        r.reset(new bool[static_cast<size_t>(n)]);
+        r_cap = static_cast<size_t>(n);
+      }
+      int64_t n_miss = 0, routings = 0;
+      experts.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t k = u[i];
+        r[i] = hit[a + i] = resident[k];
+        n_miss += r[i] ? 0 : 1;
+        if (prefetched[static_cast<size_t>(k)]) {
+          ++c.prefetch_hits;
+          prefetched[static_cast<size_t>(k)] = 0;
+        }
+        experts[static_cast<size_t>(i)] = k - layer * E;
+        routings += tr.counts ? tr.counts[a + i] : 1;
+      }
+      tier.access(u, n, tr.counts ? tr.counts + a : nullptr);
+      released = pf.on_read(layer, experts.data(), n, r.get(), routings);
+      const auto [m, wraps] = pf.target(layer);
+      const bool predicted = pf.predict(layer, m, wraps, p.data());
+      pf.propose(layer, predicted ? p.data() : nullptr, resident, &would_evict, fetch, hold);
+      // The held keys block eviction as the store's pins do, and the group its own. The
+      // mask is the held one plus the group: kept in step with the held mask by the keys
+      // that changed (those released at this read and those held by this proposal), not
+      // copied per read.
+      for (int64_t k : released) pinned[static_cast<size_t>(k)] = 0;
+      for (int64_t k : hold) pinned[static_cast<size_t>(k)] = 1;
+      if (!fetch.empty()) {
+        for (int64_t i = 0; i < n; ++i) pinned[static_cast<size_t>(u[i])] = 1;
+        ReplayCounts unused;  // a prefetch left out is not read
+        tier.fill(fetch, pinned.data(), false, unused);
+        for (int64_t i = 0; i < n; ++i) pinned[static_cast<size_t>(u[i])] = held[u[i]] ? 1 : 0;
+        evicted(tier.evicted());
+        for (int64_t k : tier.admitted()) prefetched[static_cast<size_t>(k)] = 1;
+        c.prefetched += static_cast<int64_t>(tier.admitted().size());
+      }
+      if (n_miss > 0) {
+        if (demand_fill) {
+          miss.clear();
+          for (int64_t i = 0; i < n; ++i)
+            if (!r[i]) miss.push_back(u[i]);
+          c.demand_reads += n_miss;
+          for (int64_t i = 0; i < n; ++i) pinned[static_cast<size_t>(u[i])] = 1;
+          tier.fill(miss, pinned.data(), filter, fills);
+          for (int64_t i = 0; i < n; ++i) pinned[static_cast<size_t>(u[i])] = held[u[i]] ? 1 : 0;
+          evicted(tier.evicted());
+        } else {
+          for (int64_t i = 0; i < n; ++i)
+            if (!r[i]) c.unserved += tr.counts ? tr.counts[a + i] : 1;
+        }
+      }
+    }
+    if (tr.tick_end[g]) {
+      tier.decay();
+      pf.end_tick();
+    }
+  }
+  for (uint8_t x : prefetched) c.wasted += x;
+  c.rejected = fills.rejected;
+  return c;
+}
+
+}  // namespace
+
+PrefetchReplayCounts replay_prefetch(PolicyView& policy, Prefetcher& pf, const ReplayTrace& tr,
+                                     int64_t slots, bool filter, bool demand_fill, bool* hit) {
+  check_view(policy);
+  if (policy.n_keys != pf.n_keys) throw std::invalid_argument("replay_prefetch: key spaces differ");
+  if (filter && !policy.filters())
+    throw std::invalid_argument("replay_prefetch: this kind has no admission filter");
+  PlainTier tier(policy, slots);
+  return run(tier, pf, tr, filter, demand_fill, hit);
+}
+
+PrefetchReplayCounts replay_prefetch_auto(AutoCore& core, bool* resident, int64_t& n_resident,
+                                          Prefetcher& pf, const ReplayTrace& tr, int64_t slots,
+                                          bool filter, bool demand_fill, bool* hit) {
+  if (resident == nullptr) throw std::invalid_argument("replay_prefetch_auto: no resident mask");
+  if (core.n_keys() != pf.n_keys) throw std::invalid_argument("replay_prefetch: key spaces differ");
+  AutoTier tier(core, resident, n_resident, slots);
+  return run(tier, pf, tr, filter, demand_fill, hit);
+}
+
+}  // namespace tierstore
