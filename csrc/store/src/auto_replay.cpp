@@ -28,28 +28,13 @@ class AutoReplayer {
   }
 
  private:
-  // The group's keys in ascending order (the live face's order: it breaks the shadows'
-  // ranking ties), then one AutoCore access.
+  // One AutoCore access of the group, its keys ascending.
   void access(int64_t a, int64_t b) {
-    const int64_t n = b - a;
     const int64_t* keys = tr_.keys + a;
     const int64_t* counts = tr_.counts ? tr_.counts + a : nullptr;
-    if (!std::is_sorted(keys, keys + n)) {
-      idx_.resize(static_cast<size_t>(n));
-      std::iota(idx_.begin(), idx_.end(), 0);
-      std::stable_sort(idx_.begin(), idx_.end(),
-                       [keys](int64_t x, int64_t y) { return keys[x] < keys[y]; });
-      skeys_.resize(idx_.size());
-      scounts_.resize(idx_.size());
-      for (size_t i = 0; i < idx_.size(); ++i) {
-        skeys_[i] = keys[idx_[i]];
-        scounts_[i] = counts ? counts[idx_[i]] : 1;
-      }
-      keys = skeys_.data();
-      counts = counts ? scounts_.data() : nullptr;
-    }
+    sorted_.sort(keys, counts, b - a);
     // The real set's order by the leader follows the leader's state changes.
-    core_.access(keys, n, nullptr, counts, lead_.get(), lead_of_);
+    core_.access(keys, b - a, nullptr, counts, lead_.get(), lead_of_);
   }
 
   // sim/demand.py Filler.demand + plan_fill with auto's decisions (the leader's).
@@ -109,11 +94,28 @@ class AutoReplayer {
   std::unique_ptr<ResidentOrder> lead_;  // the real resident keys in expert lead_of_'s order
   int64_t lead_of_ = -1;
   std::vector<uint8_t> pinned_;
-  std::vector<int64_t> miss_, vic_, idx_, skeys_, scounts_;
+  std::vector<int64_t> miss_, vic_;
+  AscendingGroup sorted_;
   ReplayCounts counts_;
 };
 
 }  // namespace
+
+void AscendingGroup::sort(const int64_t*& keys, const int64_t*& counts, int64_t n) {
+  if (std::is_sorted(keys, keys + n)) return;
+  idx_.resize(static_cast<size_t>(n));
+  std::iota(idx_.begin(), idx_.end(), 0);
+  const int64_t* k = keys;
+  std::stable_sort(idx_.begin(), idx_.end(), [k](int64_t x, int64_t y) { return k[x] < k[y]; });
+  keys_.resize(idx_.size());
+  counts_.resize(idx_.size());
+  for (size_t i = 0; i < idx_.size(); ++i) {
+    keys_[i] = keys[idx_[i]];
+    counts_[i] = counts ? counts[idx_[i]] : 1;
+  }
+  keys = keys_.data();
+  counts = counts ? counts_.data() : nullptr;
+}
 
 ReplayCounts replay_auto(AutoCore& core, bool* resident, int64_t& n_resident,
                          const ReplayTrace& tr, int64_t slots, bool filter, bool* hit) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "tierstore/store/auto_replay.hpp"
 #include "tierstore/store/resident_order.hpp"
 
 namespace tierstore {
@@ -46,20 +47,7 @@ class AutoTier {
   int64_t n_free() const { return std::max<int64_t>(slots_ - n_resident_, 0); }
 
   void access(const int64_t* keys, int64_t n, const int64_t* counts) {
-    if (!std::is_sorted(keys, keys + n)) {  // the live face's order breaks the shadows' ties
-      idx_.resize(static_cast<size_t>(n));
-      std::iota(idx_.begin(), idx_.end(), 0);
-      std::stable_sort(idx_.begin(), idx_.end(),
-                       [keys](int64_t x, int64_t y) { return keys[x] < keys[y]; });
-      skeys_.resize(idx_.size());
-      scounts_.resize(idx_.size());
-      for (size_t i = 0; i < idx_.size(); ++i) {
-        skeys_[i] = keys[idx_[i]];
-        scounts_[i] = counts ? counts[idx_[i]] : 1;
-      }
-      keys = skeys_.data();
-      counts = counts ? scounts_.data() : nullptr;
-    }
+    sorted_.sort(keys, counts, n);
     core_.access(keys, n, nullptr, counts, lead_.get(), lead_of_);
   }
 
@@ -122,7 +110,8 @@ class AutoTier {
   const int64_t slots_;
   std::unique_ptr<ResidentOrder> lead_;
   int64_t lead_of_ = -1;
-  std::vector<int64_t> vic_, admit_, got_, idx_, skeys_, scounts_;
+  std::vector<int64_t> vic_, admit_, got_;
+  AscendingGroup sorted_;
 };
 
 template <class Tier>

@@ -7,11 +7,23 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tierstore/store/auto_core.hpp"
 #include "tierstore/store/replay.hpp"
 
 namespace tierstore {
+
+// A read group's keys in ascending order with their counts (the live face's order: it breaks
+// the shadows' ranking ties), as AutoCore::access takes them: `keys` / `counts` (null: all
+// 1) are repointed at sorted copies unless already ascending. Both auto replays use it.
+class AscendingGroup {
+ public:
+  void sort(const int64_t*& keys, const int64_t*& counts, int64_t n);
+
+ private:
+  std::vector<int64_t> idx_, keys_, counts_;
+};
 
 // Replays `trace` through `core` (its experts' state, scores and leader updated in place,
 // as the live store's calls would leave them) into the real tier: `resident` (n_keys
