@@ -9,6 +9,9 @@ What one decode step of DeepSeek-V4-Flash costs the store on the CPU
 - ``record``: 43 ``store.record(layer, topk_ids)`` calls (numpy and torch ids);
 - ``record + step``: the same plus ``step()`` (fold into heat + hit counters, decay,
   lazy-candidate choice; lazy I/O off so nothing else runs);
+- ``record + step, prefetch``: the same on a store with ``prefetch={"top_k": 6}``: each
+  record also runs the prefetcher's hook under the store lock (fold, on_read, propose
+  with the pool's victims, pins) and hands its fetch to the worker;
 - ``fire``: bookkeeping of a fire whose 258 routed keys are all resident, and a
   fire of 64 new keys whose rows are arena hits (tiny rows, so it is overhead);
 - (the ``fold=numpy`` "before" rows of bench/results/store.md came from the numpy fold,
@@ -165,3 +168,35 @@ def test_fire_64_arena_hits(benchmark, store):
         store.release(fr)
     benchmark.group = "fire"
     benchmark.pedantic(fire_release, setup=setup, rounds=200, warmup_rounds=5)
+
+
+@pytest.fixture(scope="module")
+def prefetch_store(pack):
+    s = ts.ExpertStore(pack, vram_slots=1101, ram_gb=2048 * pack.stride / 2**30, device="cpu",
+                       lazy_per_step=0, threads=4, prefetch={"top_k": K})
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_record_and_step_one_ds4_step_prefetch(benchmark, prefetch_store, batch):
+    """A decode step of synthetic DS4 routing (learnable, unlike ``routing``'s), cycling
+    through 64 ticks after 32 to learn from."""
+    from tierstore.sim.synth import synthetic_trace
+    tr = synthetic_trace(96, batch=batch, prefill_tokens=0, seed=2)
+    ticks = [[tr.experts[(tr.ticks == t) & (tr.layers == layer)].astype(np.int64)
+              for layer in range(L)] for t in range(96)]
+    state = {"t": 0}
+
+    def one_step():
+        for layer, ids in enumerate(ticks[32 + state["t"] % 64]):
+            prefetch_store.record(layer, ids)
+        prefetch_store.step()
+        state["t"] += 1
+    for step in ticks[:32]:
+        for layer, ids in enumerate(step):
+            prefetch_store.record(layer, ids)
+        prefetch_store.step()
+    benchmark.group = f"record+step prefetch batch={batch}"
+    benchmark(one_step)
+    assert prefetch_store.prefetch.counts()["issued"] > 0

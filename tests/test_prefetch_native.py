@@ -94,3 +94,15 @@ def test_a_one_layer_trace_stays_on_the_python_loop():
     prep = Prepared(synth.synthetic_trace(12, n_layers=1, n_experts=8, top_k=2, seed=2))
     pol = policies.make("lru", prep.n_keys, 4, prefetching=True)
     assert native_prefetch_replay(prep, pol, 4, Prefetcher(1, 8, 4), for_policy(pol), True) is None
+
+
+def test_bad_reads_are_refused_with_a_clear_error():
+    from tierstore.errors import ConfigError
+    pf = Prefetcher(3, 8, 6)
+    for experts, hit, what in [([1, 1], [0, 0], "distinct"), ([3, 9], [0, 0], "out of range"),
+                               ([1, 2], [0], "hit flag")]:
+        with pytest.raises(ConfigError, match=what):
+            pf.on_read(0, np.array(experts), np.array(hit, dtype=bool))
+    with pytest.raises(ConfigError, match="out of range"):
+        pf.on_read(3, np.array([0]), np.array([True]))
+    assert pf.misses == 0 and pf.lru_reads == 0  # nothing was counted

@@ -44,6 +44,15 @@ void check_experts(const Ids& ids, int64_t n_experts, const char* what) {
   }
 }
 
+// Counts add once per expert (as numpy's fancy +=): a repeated id would count twice.
+void check_distinct(const Ids& ids, const char* what) {
+  const int64_t* e = ids.data();
+  for (size_t i = 1; i < ids.shape(0); ++i) {
+    if (e[i] <= e[i - 1])
+      throw nb::value_error((std::string(what) + ": experts must be distinct and ascending").c_str());
+  }
+}
+
 void check_probs(const Probs& p, int64_t n_experts, const char* what) {
   if (static_cast<int64_t>(p.shape(0)) != n_experts)
     throw nb::value_error((std::string(what) + ": one probability per expert").c_str());
@@ -63,6 +72,7 @@ nb::ndarray<nb::numpy, double, nb::ndim<N>> view(std::vector<double>& v,
 void co_observe(CoRouting& c, int64_t layer, Ids experts, double weight) {
   check_layer(layer, c.n_layers, "corouting");
   check_experts(experts, c.n_experts, "corouting");
+  check_distinct(experts, "corouting");
   c.observe(layer, experts.data(), size(experts), weight);
 }
 
@@ -70,6 +80,8 @@ void co_learn(CoRouting& c, int64_t layer, Ids src, Ids dst, bool temporal, doub
   check_layer(layer, temporal ? c.n_layers : c.n_layers - c.distance, "corouting");
   check_experts(src, c.n_experts, "corouting");
   check_experts(dst, c.n_experts, "corouting");
+  check_distinct(src, "corouting");
+  check_distinct(dst, "corouting");
   c.learn(layer, src.data(), size(src), dst.data(), size(dst), temporal, weight);
 }
 
@@ -110,6 +122,7 @@ IdArray pf_on_read(Prefetcher& pf, int64_t layer, Ids experts, Flat<const bool> 
                    int64_t routings) {
   check_layer(layer, pf.n_layers, "prefetch");
   check_experts(experts, pf.n_experts, "prefetch");
+  check_distinct(experts, "prefetch");
   if (hit.shape(0) != experts.shape(0)) throw nb::value_error("prefetch: one hit flag per expert");
   const std::vector<int64_t> release =
       pf.on_read(layer, experts.data(), size(experts), hit.data(), routings);

@@ -168,9 +168,13 @@ class Prefetcher:
         """Layer ``layer`` read the slot table for ``experts`` (unique, ascending),
         ``hit`` = which were resident; ``routings``: the group's routed (token,
         expert) pairs (default: one per expert). Returns the keys to unpin."""
-        return self._core.on_read(int(layer), np.ascontiguousarray(experts, dtype=np.int64),
-                                  np.ascontiguousarray(hit, dtype=bool),
-                                  -1 if routings is None else int(routings))
+        try:
+            return self._core.on_read(int(layer), np.ascontiguousarray(experts, dtype=np.int64),
+                                      np.ascontiguousarray(hit, dtype=bool),
+                                      -1 if routings is None else int(routings))
+        except (IndexError, ValueError) as e:  # out of range, repeated, unpaired flags
+            shown = np.asarray(experts).ravel()[:8].tolist()
+            raise ConfigError(f"{e}: layer {layer}, experts {shown}") from None
 
     def propose(self, layer: int, resident: np.ndarray,
                 victims=None) -> tuple[np.ndarray, np.ndarray]:
