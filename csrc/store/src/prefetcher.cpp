@@ -318,14 +318,29 @@ void Prefetcher::propose(int64_t layer, const double* p, const bool* resident,
   const int64_t cap = max_per_read_ < 0 ? expect : std::min(expect, max_per_read_);
   // The likeliest `expect` experts, as argsort(-p, "stable")[:expect]: ties by index make
   // the order total, so selecting the first `expect` and sorting them gives that prefix.
-  order_.resize(static_cast<size_t>(E));
-  std::iota(order_.begin(), order_.end(), 0);
   const auto likelier = [p](int64_t a, int64_t b) {
-    return -p[a] < -p[b] || (-p[a] == -p[b] && a < b);
+    return p[a] > p[b] || (p[a] == p[b] && a < b);  // -p ascending, ties by index
   };
-  if (expect < E) std::nth_element(order_.begin(), order_.begin() + expect, order_.end(), likelier);
-  order_.resize(static_cast<size_t>(expect));
-  std::sort(order_.begin(), order_.end(), likelier);
+  if (expect <= 32) {
+    // A decode read expects a few experts: one pass keeps the best `expect` in order (a key
+    // enters only when likelier than the worst kept, so most cost one comparison).
+    // Indices rise, so a later key is likelier than the worst kept only if strictly above.
+    order_.clear();
+    double worst = -1.0;
+    for (int64_t e = 0; e < E; ++e) {
+      const bool full = static_cast<int64_t>(order_.size()) == expect;
+      if (full && !(p[e] > worst)) continue;
+      if (full) order_.pop_back();
+      order_.insert(std::upper_bound(order_.begin(), order_.end(), e, likelier), e);
+      if (static_cast<int64_t>(order_.size()) == expect) worst = p[order_.back()];
+    }
+  } else {
+    order_.resize(static_cast<size_t>(E));
+    std::iota(order_.begin(), order_.end(), 0);
+    if (expect < E) std::nth_element(order_.begin(), order_.begin() + expect, order_.end(), likelier);
+    order_.resize(static_cast<size_t>(expect));
+    std::sort(order_.begin(), order_.end(), likelier);
+  }
   top_.assign(static_cast<size_t>(E), 0);
   keep_.clear();
   for (int64_t e : order_) {
