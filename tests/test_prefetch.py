@@ -182,8 +182,10 @@ def test_an_inaccurate_model_spends_nothing(seed, name):
     base = replay_demand_fill(prep, policies.make(name, trace.n_keys, slots, prefetching=True), slots,
                               native=False)
     # Chance is p = k / E = 0.06, below the lowest price: only the first proposals,
-    # before the calibration has seen outcomes, may fetch.
-    assert cnt.prefetched <= 0.05 * base.demand_reads
+    # before the calibration has seen outcomes, may fetch (seeds 0-999 x both policies:
+    # median 0, p99 3.5 %, max 5.5 % of the demand reads; hypothesis found 5.04 %, seed
+    # 11671, past the former 5 % bound, the same with the Python implementation of 848e399).
+    assert cnt.prefetched <= 0.06 * base.demand_reads
     assert pf.held_resident > 0  # the holds ran, so the bound below covers them
     noise = max(3, int(0.02 * base.hit.sum()))
     assert cnt.hit.sum() >= base.hit.sum() - 2 * cnt.prefetched - noise

@@ -106,3 +106,9 @@ def test_bad_reads_are_refused_with_a_clear_error():
     with pytest.raises(ConfigError, match="out of range"):
         pf.on_read(3, np.array([0]), np.array([True]))
     assert pf.misses == 0 and pf.lru_reads == 0  # nothing was counted
+
+
+def test_tables_too_large_for_this_machine_are_refused_before_allocating():
+    from tierstore.errors import CapacityError
+    with pytest.raises(CapacityError, match="co-routing tables of 4 layers x 1000000 experts"):
+        Prefetcher(4, 10**6, 10)

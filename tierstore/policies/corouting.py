@@ -32,7 +32,16 @@ Arrays are summed as numpy sums them; exp / log / pow are libm's.
 """
 from __future__ import annotations
 
+from tierstore.memory import check_fits_memory
 from tierstore.policies.native import native_module
+
+
+def check_tables_fit(n_layers: int, n_experts: int, what: str) -> None:
+    """CapacityError unless the tables (cross-layer and next-token, n_layers x n_experts^2
+    float64 each, zero-filled at once) fit this machine: checked before allocating."""
+    L, E = int(n_layers), int(n_experts)
+    check_fits_memory(16 * L * E * (E + 4), f"{what}: the co-routing tables of {L} layers "
+                      f"x {E} experts")
 
 
 def __getattr__(name: str):

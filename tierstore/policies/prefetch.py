@@ -69,6 +69,7 @@ from __future__ import annotations
 import numpy as np
 
 from tierstore.errors import ConfigError
+from tierstore.policies.corouting import check_tables_fit
 from tierstore.policies.native import native_module
 
 
@@ -98,6 +99,7 @@ class Prefetcher:
             raise ConfigError(f"prefetch: max_per_read must be >= 0, got {max_per_read}")
         if not half_life > 0:
             raise ConfigError(f"prefetch: half_life must be > 0, got {half_life}")
+        check_tables_fit(L, E, "prefetch")
         self._core = native_module().Prefetcher(
             L, E, int(capacity), float(read_ratio), int(lead), float(threshold), float(half_life),
             -1 if max_per_read is None else int(max_per_read), -1 if top_k is None else int(top_k),

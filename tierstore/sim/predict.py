@@ -35,6 +35,7 @@ from tierstore import policies as _policies
 from tierstore.errors import ConfigError
 from tierstore.policies.admission import ADMIT_ALL, PolicyFilter, for_policy
 from tierstore.policies.base import Policy
+from tierstore.policies.corouting import check_tables_fit
 from tierstore.policies.fill import plan_lazy
 from tierstore.policies.native import native_module
 from tierstore.sim.counting import score_group
@@ -62,6 +63,7 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     trace = prep.trace
     L, E = trace.n_layers, trace.n_experts
     policy: Policy = _policies.make(base, prep.n_keys, slots, **base_params)
+    check_tables_fit(L, E, "predict")
     pred = native_module().CoRouting(L, E, 1, half_life, prior_weight)
     prefetched = np.zeros(prep.n_keys, dtype=bool)  # admitted by prefetch, not yet read
 

@@ -26,6 +26,7 @@ import msgspec
 import numpy as np
 
 from tierstore.errors import CapacityError, FormatError
+from tierstore.memory import check_fits_memory  # noqa: F401 (re-exported)
 from tierstore.files.atomic import write_atomic_with
 from tierstore.files.untrusted import open_regular, read_json
 
@@ -119,18 +120,6 @@ class Trace:
 def _meta_path(path: Path) -> Path:
     return path.with_suffix("").with_suffix(".meta.json") if path.suffix == ".npy" \
         else Path(str(path) + ".meta.json")
-
-
-def check_fits_memory(need: int, what: str) -> None:
-    """Refuse (CapacityError starting with ``what``) work that needs more than half of
-    this machine's memory, before it allocates anything."""
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        ram = 0
-    if ram and need > ram // 2:
-        raise CapacityError(f"{what} need {need / 2**30:.1f} GiB, more than half of this "
-                            f"machine's memory ({ram / 2**30:.1f} GiB)")
 
 
 def check_key_space(n_layers: int, n_experts: int, what: str) -> None:
