@@ -19,6 +19,7 @@ from tierstore.policies.prefetch import Prefetcher
 from tierstore.sim import Prepared, synth
 from tierstore.sim.leadtime import LeadTime
 from tierstore.sim.native_replay import native_prefetch_replay
+from tierstore.sim.predict import replay_predict
 from tierstore.sim.prefetching import replay_prefetching
 from tierstore.testing.digests import digest, policy_state
 
@@ -112,3 +113,25 @@ def test_tables_too_large_for_this_machine_are_refused_before_allocating():
     from tierstore.errors import CapacityError
     with pytest.raises(CapacityError, match="co-routing tables of 4 layers x 1000000 experts"):
         Prefetcher(4, 10**6, 10)
+
+
+def _predict(prep, slots, native, **kw):
+    c = replay_predict(prep, slots, native=native, **kw)
+    return (c.demand_reads, c.prefetched, c.prefetch_hits, c.wasted, c.evictions, c.rejected,
+            c.unserved, digest(c.hit))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.sampled_from([8, 16, 32]),
+       st.integers(1, 3), st.sampled_from([1, 2]), st.floats(0.05, 0.6),
+       st.sampled_from(["lru", "heat", "hybrid", "phase", "blend"]), st.integers(0, 12),
+       st.sampled_from([0.0, 0.05, 0.2, 0.6]), st.booleans(), st.booleans())
+def test_native_predict_model_equals_the_python_loop(seed, L, E, top_k, batch, frac, base,
+                                                     budget, threshold, cross, temporal):
+    trace = synth.synthetic_trace(24, batch=batch, n_layers=L, n_experts=E, top_k=top_k,
+                                  prefill_tokens=8, prefill_every=10, seed=seed % 1000)
+    prep = Prepared(trace)
+    slots = max(1, int(prep.n_keys * frac))
+    kw = dict(base=base, budget=budget, threshold=threshold, use_cross=cross,
+              use_temporal=temporal)
+    assert _predict(prep, slots, True, **kw) == _predict(prep, slots, False, **kw)

@@ -180,6 +180,29 @@ PrefetchCounts replay(PolicyCore& core, Prefetcher& pf, Flat<const int64_t> keys
                         c.wasted, c.unserved};
 }
 
+PrefetchCounts predict_replay(PolicyCore& core, CoRouting& model, Flat<const int64_t> keys,
+                              Flat<const int64_t> counts, bool single, Flat<const int64_t> starts,
+                              Flat<const bool> tick_end, int64_t slots, bool filter,
+                              int64_t budget, double threshold, bool cross, bool temporal,
+                              int64_t top_k, Flat<bool> hit) {
+  const ReplayTrace tr = replay_trace(keys, counts, single, starts, tick_end, hit.shape(0));
+  PredictParams pp;
+  pp.budget = budget;
+  pp.threshold = threshold;
+  pp.cross = cross;
+  pp.temporal = temporal;
+  pp.top_k = top_k;
+  PrefetchReplayCounts c;
+  try {
+    nb::gil_scoped_release unlocked;
+    c = replay_predict(core.view, model, tr, slots, filter, pp, hit.data());
+  } catch (const std::invalid_argument& e) {
+    throw nb::value_error(e.what());
+  }
+  return PrefetchCounts{c.demand_reads, c.evictions, c.rejected, c.prefetched, c.prefetch_hits,
+                        c.wasted, c.unserved};
+}
+
 }  // namespace
 
 void bind_prefetch(nb::module_& m) {
@@ -279,6 +302,11 @@ void bind_prefetch(nb::module_& m) {
         "sim/prefetching.py's replay through one PolicyCore and a Prefetcher (both updated in "
         "place); returns (demand_reads, evictions, rejected, prefetched, prefetch_hits, "
         "wasted, unserved).");
+  m.def("replay_predict", &predict_replay, "core"_a, "model"_a, "keys"_a, "counts"_a,
+        "single"_a, "starts"_a, "tick_end"_a, "slots"_a, "filter"_a, "budget"_a, "threshold"_a,
+        "cross"_a, "temporal"_a, "top_k"_a, "hit"_a.noconvert(),
+        "sim/predict.py's `predict` model through one PolicyCore and a CoRouting (both updated "
+        "in place); returns the counts as replay_prefetch.");
 }
 
 }  // namespace tierstore::python

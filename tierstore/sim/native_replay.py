@@ -132,6 +132,31 @@ def native_prefetch_replay(prep: Prepared, policy, slots: int, prefetcher, admis
     return cnt
 
 
+def native_predict_replay(prep: Prepared, policy, model, slots: int, budget: int,
+                          threshold: float, cross: bool, temporal: bool,
+                          top_k: int) -> Counters | None:
+    """Counters of ``tierstore.sim.predict``'s ``predict`` model (demand fill under the
+    policy's own filter plus the predicted prefetch) run natively
+    (``tierstore._C.replay_predict``) for a fresh exact plain policy and ``model`` (a
+    ``tierstore._C.CoRouting``); None where that is not exact (auto, a used policy)."""
+    if (type(policy) is AutoPolicy or _native("replay_predict") is None
+            or type(model) is not _native("CoRouting")):
+        return None
+    filter_ = native_filter(policy, PolicyFilter(policy))
+    state = policy.native_state() if filter_ is not None else None
+    if state is None:
+        return None
+    cnt = Counters(prep)
+    keys, counts, single, starts, ends = _trace_arrays(prep, "layer")
+    out = _native("replay_predict")(state, model, keys, counts, single, starts, ends, int(slots),
+                                    bool(filter_), int(budget), float(threshold), bool(cross),
+                                    bool(temporal), int(top_k), cnt.hit)
+    policy.load_native_state()
+    (cnt.demand_reads, cnt.evictions, cnt.rejected, cnt.prefetched, cnt.prefetch_hits,
+     cnt.wasted, cnt.unserved) = (int(x) for x in out)
+    return cnt
+
+
 def replay_min_native(prep: Prepared, policy: Policy, slots: int, granularity: str,
                       admission) -> Counters | None:
     """Counters of MIN's native replay (``replay_demand_fill``'s semantics for a fresh

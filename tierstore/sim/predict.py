@@ -40,6 +40,7 @@ from tierstore.policies.fill import plan_lazy
 from tierstore.policies.native import native_module
 from tierstore.sim.counting import score_group
 from tierstore.sim.demand import Filler, hottest_nonresident
+from tierstore.sim.native_replay import native_predict_replay
 
 LAZY_PER_TICK = 8  # the reference manager's promotions per pass
 
@@ -47,13 +48,15 @@ LAZY_PER_TICK = 8  # the reference manager's promotions per pass
 def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "layer",
                    base: str = "hybrid", threshold: float = 0.2, half_life: float = 512.0,
                    prior_weight: float = 4.0, use_cross: bool = True, use_temporal: bool = True,
-                   demand_fill: bool = True, **base_params):
+                   demand_fill: bool = True, native: bool = True, **base_params):
     """Demand fill under ``base`` plus predicted prefetch; returns sim counters.
     ``demand_fill=False`` (the ``prefetch`` model): misses are served from
     elsewhere (the 2-bit base, as in the reference); the reads are the
     predicted prefetches plus, at each tick end, a reference-style lazy pass
     (at most 8, hottest first by the base policy) with the tick's unused
-    budget, so a tick never reads more than ``budget`` rows."""
+    budget, so a tick never reads more than ``budget`` rows. ``native``: the ``predict``
+    model over a fresh native base runs in C++ (``tierstore._C.replay_predict``, same
+    results); False, or the ``prefetch`` model, runs this Python loop."""
     if granularity != "layer":
         raise ConfigError("policy 'predict' needs granularity 'layer' (it prefetches "
                           "the next layer while the current one runs)")
@@ -65,6 +68,12 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     policy: Policy = _policies.make(base, prep.n_keys, slots, **base_params)
     check_tables_fit(L, E, "predict")
     pred = native_module().CoRouting(L, E, 1, half_life, prior_weight)
+    top_k = max(int(np.median(np.diff(prep.gstarts))) if prep.gstarts.size > 1 else 1, 1)
+    if native and demand_fill:
+        cnt = native_predict_replay(prep, policy, pred, slots, budget, threshold, use_cross,
+                                    use_temporal, top_k)
+        if cnt is not None:
+            return cnt
     prefetched = np.zeros(prep.n_keys, dtype=bool)  # admitted by prefetch, not yet read
 
     def wasted(v):
@@ -78,7 +87,6 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     gstarts, tick_end, dlayer, dtick = prep.gstarts, prep.g_tick_end, prep.dlayer, prep.dtick
     prev_tick_experts: list[np.ndarray | None] = [None] * L  # layer -> experts at t-1
     this_tick_experts: list[np.ndarray | None] = [None] * L
-    top_k = max(int(np.median(np.diff(gstarts))) if gstarts.size > 1 else 1, 1)
     allowance, per_layer = 0.0, budget / max(L, 1)
     pending_pred = None  # (layer, p_cross, p_temp) predicted for the next group
     tick_reads = 0

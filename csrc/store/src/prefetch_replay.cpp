@@ -218,6 +218,148 @@ PrefetchReplayCounts run(Tier& tier, Prefetcher& pf, const ReplayTrace& tr, bool
 
 }  // namespace
 
+PrefetchReplayCounts replay_predict(PolicyView& policy, CoRouting& model, const ReplayTrace& tr,
+                                    int64_t slots, bool filter, const PredictParams& pp,
+                                    bool* hit) {
+  check_view(policy);
+  const int64_t L = model.n_layers, E = model.n_experts, K = policy.n_keys;
+  if (L * E != K || model.distance != 1)
+    throw std::invalid_argument("replay_predict: the model's layers x experts are not the keys");
+  if (filter && !policy.filters())
+    throw std::invalid_argument("replay_predict: this kind has no admission filter");
+  check_trace_keys(tr, K);
+  PolicyTier tier(policy, slots);
+  const bool* resident = policy.resident;
+  std::vector<uint8_t> prefetched(static_cast<size_t>(K), 0), pinned(static_cast<size_t>(K), 0);
+  std::vector<std::vector<int64_t>> prev(static_cast<size_t>(L)), cur(static_cast<size_t>(L));
+  std::vector<uint8_t> has_prev(static_cast<size_t>(L), 0), has_cur(static_cast<size_t>(L), 0);
+  std::vector<double> pc(static_cast<size_t>(E)), pt(static_cast<size_t>(E)), p(static_cast<size_t>(E));
+  std::vector<int64_t> experts, miss, keys, want;
+  PrefetchReplayCounts c;
+  ReplayCounts fills;
+  // The prediction made for the next group (sim/predict.py pending_pred).
+  int64_t pending_layer = -1;
+  bool pending_c = false, pending_t = false;
+  std::vector<double> pend_c(static_cast<size_t>(E)), pend_t(static_cast<size_t>(E));
+  const double per_layer = static_cast<double>(pp.budget) / static_cast<double>(std::max<int64_t>(L, 1));
+  const double thr = std::max(pp.threshold, 1e-12);
+  double allowance = 0.0;
+  int64_t tick_reads = 0;
+  const auto evicted = [&](const std::vector<int64_t>& v) {
+    for (int64_t k : v) {
+      if (prefetched[static_cast<size_t>(k)]) {
+        ++c.wasted;
+        prefetched[static_cast<size_t>(k)] = 0;
+      }
+    }
+    c.evictions += static_cast<int64_t>(v.size());
+  };
+  for (int64_t g = 0; g < tr.n_groups; ++g) {
+    const int64_t a = tr.starts[g], b = tr.starts[g + 1], n = b - a;
+    const int64_t* u = tr.keys + a;
+    if (n > 0) {
+      const int64_t layer = u[0] / E;
+      const size_t l = static_cast<size_t>(layer);
+      int64_t n_miss = 0;
+      experts.resize(static_cast<size_t>(n));
+      miss.clear();
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t k = u[i];
+        hit[a + i] = resident[k];
+        if (!resident[k]) {
+          ++n_miss;
+          miss.push_back(k);
+        }
+        if (prefetched[static_cast<size_t>(k)]) {
+          ++c.prefetch_hits;
+          prefetched[static_cast<size_t>(k)] = 0;
+        }
+        experts[static_cast<size_t>(i)] = k - layer * E;
+      }
+      // 1. learn from what this layer routed, and score the prediction made for it
+      if (pending_layer == layer && pending_c && pending_t)
+        model.score(pend_c.data(), pend_t.data(), experts.data(), n, pp.top_k);
+      if (layer > 0 && has_cur[l - 1])
+        model.learn(layer - 1, cur[l - 1].data(), static_cast<int64_t>(cur[l - 1].size()),
+                    experts.data(), n, false);
+      if (has_prev[l])
+        model.learn(layer, prev[l].data(), static_cast<int64_t>(prev[l].size()), experts.data(),
+                    n, true);
+      cur[l] = experts;
+      has_cur[l] = 1;
+      model.observe(layer, experts.data(), n);
+      // 2. demand fill (sim/demand.py Filler.demand; a group that missed entirely protects nothing)
+      tier.access(u, n, nullptr, tr.counts ? tr.counts + a : nullptr);
+      if (n_miss > 0) {
+        c.demand_reads += n_miss;
+        tier.fill(miss, u, n_miss < n ? n : 0, filter, fills);
+        evicted(tier.evicted());
+      }
+      // 3. predict layer + 1 at this tick and prefetch within the budget
+      pending_layer = -1;
+      allowance = std::min(allowance + per_layer, static_cast<double>(std::max<int64_t>(pp.budget, 0)));
+      const int64_t nxt = layer + 1;
+      if (nxt < L) {
+        const bool cross = pp.cross;
+        const bool temp = pp.temporal && has_prev[static_cast<size_t>(nxt)];
+        if (cross) model.predict(layer, experts.data(), n, false, pc.data());
+        if (temp) {
+          const auto& src = prev[static_cast<size_t>(nxt)];
+          model.predict(nxt, src.data(), static_cast<int64_t>(src.size()), true, pt.data());
+        }
+        if (cross || temp) {
+          if (cross && temp) model.mix(pc.data(), pt.data(), p.data());
+          else p = cross ? pc : pt;
+          pending_layer = nxt;
+          pending_c = cross;
+          pending_t = temp;
+          if (cross) pend_c = pc;
+          if (temp) pend_t = pt;
+          const int64_t n_take = std::min(static_cast<int64_t>(allowance), pp.budget - tick_reads);
+          if (n_take > 0) {
+            keys.clear();
+            want.clear();
+            for (int64_t e = 0; e < E; ++e) {
+              if (!(p[static_cast<size_t>(e)] >= thr)) continue;
+              keys.push_back(nxt * E + e);
+              if (!resident[nxt * E + e]) want.push_back(nxt * E + e);
+            }
+            if (!want.empty()) {
+              const double* pv = p.data() - nxt * E;  // p by key
+              std::stable_sort(want.begin(), want.end(),
+                               [pv](int64_t x, int64_t y) { return -pv[x] < -pv[y]; });
+              if (static_cast<int64_t>(want.size()) > n_take) want.resize(static_cast<size_t>(n_take));
+              for (int64_t k : keys) pinned[static_cast<size_t>(k)] = 1;  // the predicted keys stay
+              for (int64_t i = 0; i < n; ++i) pinned[static_cast<size_t>(u[i])] = 1;
+              ReplayCounts unused;  // a prefetch left out is not read
+              tier.fill_masked(want, pinned.data(), false, unused);
+              for (int64_t i = 0; i < n; ++i) pinned[static_cast<size_t>(u[i])] = 0;
+              for (int64_t k : keys) pinned[static_cast<size_t>(k)] = 0;
+              evicted(tier.evicted());
+              const int64_t got = static_cast<int64_t>(tier.admitted().size());
+              for (int64_t k : tier.admitted()) prefetched[static_cast<size_t>(k)] = 1;
+              c.prefetched += got;
+              tick_reads += got;
+              allowance -= static_cast<double>(got);
+            }
+          }
+        }
+      }
+    }
+    if (tr.tick_end[g]) {
+      tick_reads = 0;
+      prev.swap(cur);
+      has_prev.swap(has_cur);
+      std::fill(has_cur.begin(), has_cur.end(), 0);
+      tier.decay();
+      model.tick();
+    }
+  }
+  for (uint8_t x : prefetched) c.wasted += x;
+  c.rejected = fills.rejected;
+  return c;
+}
+
 PrefetchReplayCounts replay_prefetch(PolicyView& policy, Prefetcher& pf, const ReplayTrace& tr,
                                      int64_t slots, bool filter, bool demand_fill, bool* hit) {
   check_view(policy);
