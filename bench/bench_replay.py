@@ -1,7 +1,8 @@
 """Replay speed, M accesses/s, per policy: the native demand loops
 (tierstore.sim.native_replay -> tierstore._C.replay_demand / replay_auto / replay_min,
 the last for Belady's MIN and MIN that may skip, the ceilings; replay_prefetch /
-replay_prefetch_auto for ``<policy>+prefetch``, demand fill plus the prefetcher) against the
+replay_prefetch_auto for ``<policy>+prefetch``, demand fill plus the prefetcher; replay_lazy
+for ``lazy`` / ``reference``; replay_predict for ``predict`` / ``prefetch``) against the
 Python loop (replay_demand_fill(native=False)), layer granularity, one thread, on the
 FLAME trace and a synthetic DeepSeek-V4-Flash-shaped one.
 
@@ -30,7 +31,10 @@ import numpy as np
 from tierstore import policies
 from tierstore.sim.belady import BeladyPolicy, BeladySkipPolicy
 from tierstore.sim.counting import Prepared
-from tierstore.sim.demand import replay_demand_fill
+from tierstore.sim.demand import replay_demand_fill, replay_lazy
+from tierstore.sim.predict import replay_predict
+from tierstore.sim.runner import (DEFAULT_TICKS_PER_SECOND, LAZY_PER_TICK, LAZY_POLICY,
+                                  REFERENCE_HALF_LIFE_S, REFERENCE_PROMOTE_PER_TICK)
 from tierstore.sim.prefetching import replay_with_prefetch
 from tierstore.sim.synth import synthetic_trace
 from tierstore.sim.traces import Trace, load_trace
@@ -39,15 +43,33 @@ NAMES = ("lru", "heat", "hybrid", "phase", "blend", "auto", "belady", "belady_sk
 MIN = {"belady": BeladyPolicy, "belady_skip": BeladySkipPolicy}  # the ceilings, over the oracle
 
 
+SIM_MODELS = ("lazy", "reference", "predict", "prefetch")  # no policy object of their own
 PREFETCH = "+prefetch"  # "<policy>+prefetch": demand fill plus the prefetcher
 
 
 def make(prep, name, slots):
+    if name in SIM_MODELS:
+        return None  # run_model builds its own
     if name in MIN:
         return MIN[name](prep.n_keys, slots, next_use=prep.next_use)
     if name.endswith(PREFETCH):
         return policies.make(name[:-len(PREFETCH)], prep.n_keys, slots, prefetching=True)
     return policies.make(name, prep.n_keys, slots)
+
+
+def run_model(prep, name, slots, native):
+    """The simulator's lazy and predictor models (sim/runner.py run_one's, ``native`` passed
+    on): ``lazy`` (the store's step()), ``reference`` (vLLM-Moet's manager), ``predict`` and
+    ``prefetch`` (the co-routing predictor with and without demand fill)."""
+    if name == "lazy":
+        return replay_lazy(prep, policies.make(LAZY_POLICY, prep.n_keys, slots), slots,
+                           LAZY_PER_TICK, native=native)
+    if name == "reference":
+        heat = policies.make("heat", prep.n_keys, slots,
+                             half_life=REFERENCE_HALF_LIFE_S * DEFAULT_TICKS_PER_SECOND)
+        return replay_lazy(prep, heat, slots, REFERENCE_PROMOTE_PER_TICK, candidates="hottest",
+                           native=native)
+    return replay_predict(prep, slots, demand_fill=name == "predict", native=native)
 
 
 def timed(prep, name, slots, native, repeat):
@@ -57,7 +79,9 @@ def timed(prep, name, slots, native, repeat):
     for _ in range(repeat):
         pol = make(prep, name, slots)
         t0, w0 = time.process_time(), time.perf_counter()
-        if name.endswith(PREFETCH):
+        if name in SIM_MODELS:
+            cnt = run_model(prep, name, slots, native)
+        elif name.endswith(PREFETCH):
             cnt = replay_with_prefetch(prep, pol, slots, native=native)[0]
         else:
             cnt = replay_demand_fill(prep, pol, slots, "layer", native=native)
@@ -99,7 +123,7 @@ def main(argv=None) -> int:
                 tp, _, cp = timed(py, name, slots, False, 1)
                 cs = cn if py is prep else timed(py, name, slots, True, 1)[2]
                 assert (np.array_equal(cs.hit, cp.hit) and cs.demand_reads == cp.demand_reads
-                        and cs.prefetched == cp.prefetched), \
+                        and cs.prefetched == cp.prefetched and cs.unserved == cp.unserved), \
                     f"{label} {name} {slots}: native and Python disagree"
                 rows.append({"trace": label, "n_keys": prep.n_keys, "accesses": prep.accesses,
                              "policy": name, "slots": slots,

@@ -121,17 +121,20 @@ def _predict(prep, slots, native, **kw):
             c.unserved, digest(c.hit))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.sampled_from([8, 16, 32]),
        st.integers(1, 3), st.sampled_from([1, 2]), st.floats(0.05, 0.6),
        st.sampled_from(["lru", "heat", "hybrid", "phase", "blend"]), st.integers(0, 12),
-       st.sampled_from([0.0, 0.05, 0.2, 0.6]), st.booleans(), st.booleans())
+       st.sampled_from([0.0, 0.05, 0.2, 0.6]), st.booleans(), st.booleans(), st.booleans())
 def test_native_predict_model_equals_the_python_loop(seed, L, E, top_k, batch, frac, base,
-                                                     budget, threshold, cross, temporal):
+                                                     budget, threshold, cross, temporal,
+                                                     demand_fill):
+    """Both of the predictor's models: ``predict`` (demand fill) and ``prefetch`` (misses
+    unserved, the tick-end lazy pass with the unused budget)."""
     trace = synth.synthetic_trace(24, batch=batch, n_layers=L, n_experts=E, top_k=top_k,
                                   prefill_tokens=8, prefill_every=10, seed=seed % 1000)
     prep = Prepared(trace)
     slots = max(1, int(prep.n_keys * frac))
     kw = dict(base=base, budget=budget, threshold=threshold, use_cross=cross,
-              use_temporal=temporal)
+              use_temporal=temporal, demand_fill=demand_fill)
     assert _predict(prep, slots, True, **kw) == _predict(prep, slots, False, **kw)

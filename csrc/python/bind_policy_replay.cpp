@@ -6,10 +6,12 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <tuple>
 
+#include "tierstore/store/lazy_replay.hpp"
 #include "tierstore/store/min_replay.hpp"
 #include "tierstore/store/replay.hpp"
 
@@ -76,6 +78,19 @@ Counts replay_min_(Flat<const int64_t> keys, Flat<const int64_t> counts, bool si
   return Counts{c.demand_reads, c.evictions, c.rejected};
 }
 
+std::tuple<int64_t, int64_t, int64_t, int64_t> replay_lazy_(
+    PolicyCore& core, Flat<const int64_t> keys, Flat<const int64_t> counts, bool single,
+    Flat<const int64_t> starts, Flat<const bool> tick_end, int64_t slots, int64_t cap,
+    bool hottest, Flat<bool> hit) {
+  const ReplayTrace tr = replay_trace(keys, counts, single, starts, tick_end, hit.shape(0));
+  LazyReplayCounts c;
+  {
+    nb::gil_scoped_release unlocked;
+    c = replay_lazy(core.view, tr, slots, cap, hottest, hit.data());
+  }
+  return {c.demand_reads, c.evictions, c.rejected, c.unserved};
+}
+
 }  // namespace
 
 void bind_policy_replay(nb::module_& m) {
@@ -89,6 +104,15 @@ void bind_policy_replay(nb::module_& m) {
         "Belady's MIN (skip: the variant that may skip caching a miss) replayed over a "
         "prepared trace and its per-access next uses; next / resident (the policy's arrays) "
         "updated in place; returns (demand_reads, evictions, rejected).");
+  m.def("replay_lazy", &replay_lazy_, "core"_a, "keys"_a, "counts"_a, "single"_a, "starts"_a,
+        "tick_end"_a, "slots"_a, "cap"_a, "hottest"_a, "hit"_a.noconvert(),
+        "sim/demand.py replay_lazy (groups = ticks) through one PolicyCore, in place; returns "
+        "(demand_reads, evictions, rejected, unserved).");
+  m.def("hottest_nonresident", [](PolicyCore& core, int64_t n) {
+    std::vector<int64_t> out;
+    hottest_nonresident(core.view, n, out);
+    return out;
+  }, "core"_a, "n"_a, "sim/demand.py hottest_nonresident over the core's own state.");
 }
 
 }  // namespace tierstore::python

@@ -184,7 +184,7 @@ PrefetchCounts predict_replay(PolicyCore& core, CoRouting& model, Flat<const int
                               Flat<const int64_t> counts, bool single, Flat<const int64_t> starts,
                               Flat<const bool> tick_end, int64_t slots, bool filter,
                               int64_t budget, double threshold, bool cross, bool temporal,
-                              int64_t top_k, Flat<bool> hit) {
+                              int64_t top_k, bool demand_fill, Flat<bool> hit) {
   const ReplayTrace tr = replay_trace(keys, counts, single, starts, tick_end, hit.shape(0));
   PredictParams pp;
   pp.budget = budget;
@@ -192,6 +192,7 @@ PrefetchCounts predict_replay(PolicyCore& core, CoRouting& model, Flat<const int
   pp.cross = cross;
   pp.temporal = temporal;
   pp.top_k = top_k;
+  pp.demand_fill = demand_fill;
   PrefetchReplayCounts c;
   try {
     nb::gil_scoped_release unlocked;
@@ -304,9 +305,10 @@ void bind_prefetch(nb::module_& m) {
         "wasted, unserved).");
   m.def("replay_predict", &predict_replay, "core"_a, "model"_a, "keys"_a, "counts"_a,
         "single"_a, "starts"_a, "tick_end"_a, "slots"_a, "filter"_a, "budget"_a, "threshold"_a,
-        "cross"_a, "temporal"_a, "top_k"_a, "hit"_a.noconvert(),
-        "sim/predict.py's `predict` model through one PolicyCore and a CoRouting (both updated "
-        "in place); returns the counts as replay_prefetch.");
+        "cross"_a, "temporal"_a, "top_k"_a, "demand_fill"_a, "hit"_a.noconvert(),
+        "sim/predict.py's `predict` model (demand_fill) or its `prefetch` model through one "
+        "PolicyCore and a CoRouting (both updated in place); returns the counts as "
+        "replay_prefetch.");
 }
 
 }  // namespace tierstore::python

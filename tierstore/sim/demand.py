@@ -22,7 +22,8 @@ from tierstore.policies.admission import ADMIT_ALL, Admission, HotterThanVictim,
 from tierstore.policies.base import Policy
 from tierstore.policies.fill import plan_fill, plan_lazy
 from tierstore.sim.counting import Counters, Prepared
-from tierstore.sim.native_replay import native_filter, replay_min_native, replay_native
+from tierstore.sim.native_replay import (native_filter, native_lazy_replay, replay_min_native,
+                                         replay_native)
 
 
 class Filler:
@@ -157,21 +158,37 @@ def replay_demand_fill(prep: Prepared, policy: Policy, slots: int,
 
 
 def hottest_nonresident(scores: np.ndarray, resident: np.ndarray, n: int) -> np.ndarray:
-    """Up to ``n`` keys with score > 0 not in ``resident`` (any order; the fill ranks)."""
-    score = scores.copy()
-    score[resident] = -np.inf
-    top = np.argpartition(-score, n)[:n] if score.size > n else np.arange(score.size)
-    return top[score[top] > 0]
+    """The ``n`` non-resident keys of highest score > 0, ties to the lower key id, in
+    ascending key order (the fill then ranks them, stably: so the order is defined, and
+    the native lazy replay of csrc/store/src/lazy_replay.cpp picks the same keys)."""
+    cand = np.flatnonzero((scores > 0) & ~resident)
+    if cand.size <= n:
+        return cand
+    if n <= 0:
+        return cand[:0]
+    s = scores[cand]
+    nth = np.partition(s, cand.size - n)[cand.size - n]  # the n-th highest score
+    above = s > nth
+    ties = np.flatnonzero(s == nth)[:n - int(np.count_nonzero(above))]
+    above[ties] = True
+    return cand[above]
 
 
 def replay_lazy(prep: Prepared, policy: Policy, slots: int, cap: int, *,
-                candidates: str = "seen", admission: Admission | None = None) -> Counters:
+                candidates: str = "seen", admission: Admission | None = None,
+                native: bool = True) -> Counters:
     """Lazy promotion only (see module doc). ``candidates="seen"``: this tick's
     misses, and the tick's keys may be evicted (the store's step(): nothing is
     pinned between steps); ``"hottest"``: the hottest non-resident keys by the
-    policy's scores, never evicting a key used this tick (the reference)."""
+    policy's scores, never evicting a key used this tick (the reference).
+    ``native``: a fresh native policy under the default admission runs in C++
+    (``tierstore._C.replay_lazy``, same results); False forces this Python loop."""
     if candidates not in ("seen", "hottest"):
         raise ConfigError(f"candidates must be 'seen' or 'hottest', got {candidates!r}")
+    if native and admission is None:
+        cnt = native_lazy_replay(prep, policy, slots, cap, candidates == "hottest")
+        if cnt is not None:
+            return cnt
     adm = HotterThanVictim(policy) if admission is None else admission
     tier = Filler(prep, policy, slots)
     resident, cnt = tier.resident, tier.cnt

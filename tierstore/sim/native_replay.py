@@ -13,6 +13,10 @@ tests/test_native_policies.py compares the two).
 prefetch_replay.cpp) run ``tierstore.sim.prefetching``'s loop (demand fill plus the
 prefetcher, ``<policy>+prefetch``) over the same cores and the prefetcher's.
 
+``tierstore._C.replay_lazy`` (csrc/store/src/lazy_replay.cpp) runs ``replay_lazy``'s loop
+(the live store's step() and the reference manager: misses unserved, a lazy pass a tick),
+and ``replay_predict`` with ``demand_fill=False`` the predictor's ``prefetch`` model.
+
 ``tierstore._C.replay_min`` (csrc/store/src/min_replay.cpp) replays Belady's MIN,
 both forms (``tierstore.sim.belady``), over the prepared trace's next uses; the policy
 object is left as the Python loop leaves it (next uses, resident mask, cursor;
@@ -134,9 +138,10 @@ def native_prefetch_replay(prep: Prepared, policy, slots: int, prefetcher, admis
 
 def native_predict_replay(prep: Prepared, policy, model, slots: int, budget: int,
                           threshold: float, cross: bool, temporal: bool,
-                          top_k: int) -> Counters | None:
+                          top_k: int, demand_fill: bool = True) -> Counters | None:
     """Counters of ``tierstore.sim.predict``'s ``predict`` model (demand fill under the
-    policy's own filter plus the predicted prefetch) run natively
+    policy's own filter plus the predicted prefetch; ``demand_fill`` False: its ``prefetch``
+    model, misses unserved and a lazy pass at each tick end) run natively
     (``tierstore._C.replay_predict``) for a fresh exact plain policy and ``model`` (a
     ``tierstore._C.CoRouting``); None where that is not exact (auto, a used policy)."""
     if (type(policy) is AutoPolicy or _native("replay_predict") is None
@@ -150,10 +155,31 @@ def native_predict_replay(prep: Prepared, policy, model, slots: int, budget: int
     keys, counts, single, starts, ends = _trace_arrays(prep, "layer")
     out = _native("replay_predict")(state, model, keys, counts, single, starts, ends, int(slots),
                                     bool(filter_), int(budget), float(threshold), bool(cross),
-                                    bool(temporal), int(top_k), cnt.hit)
+                                    bool(temporal), int(top_k), bool(demand_fill), cnt.hit)
     policy.load_native_state()
     (cnt.demand_reads, cnt.evictions, cnt.rejected, cnt.prefetched, cnt.prefetch_hits,
      cnt.wasted, cnt.unserved) = (int(x) for x in out)
+    return cnt
+
+
+def native_lazy_replay(prep: Prepared, policy, slots: int, cap: int,
+                       hottest: bool) -> Counters | None:
+    """Counters of ``tierstore.sim.demand.replay_lazy`` under its default admission
+    (HotterThanVictim) run natively (``tierstore._C.replay_lazy``, csrc/store/src/
+    lazy_replay.cpp) for a fresh exact plain policy, the policy left as the Python loop
+    leaves it; None where that is not exact (auto, a used policy, the wall clock)."""
+    replay = _native("replay_lazy")
+    if replay is None or type(policy) is AutoPolicy or not _exact(policy) or policy.n_resident:
+        return None
+    state = policy.native_state()
+    if state is None:
+        return None
+    cnt = Counters(prep)
+    reads, evictions, rejected, unserved = replay(state, *_trace_arrays(prep, "tick"),
+                                                  int(slots), int(cap), bool(hottest), cnt.hit)
+    policy.load_native_state()
+    cnt.demand_reads, cnt.evictions, cnt.rejected, cnt.unserved = (
+        int(reads), int(evictions), int(rejected), int(unserved))
     return cnt
 
 

@@ -54,9 +54,9 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     elsewhere (the 2-bit base, as in the reference); the reads are the
     predicted prefetches plus, at each tick end, a reference-style lazy pass
     (at most 8, hottest first by the base policy) with the tick's unused
-    budget, so a tick never reads more than ``budget`` rows. ``native``: the ``predict``
-    model over a fresh native base runs in C++ (``tierstore._C.replay_predict``, same
-    results); False, or the ``prefetch`` model, runs this Python loop."""
+    budget, so a tick never reads more than ``budget`` rows. ``native``: both models over
+    a fresh native base run in C++ (``tierstore._C.replay_predict``, same results); False
+    runs this Python loop."""
     if granularity != "layer":
         raise ConfigError("policy 'predict' needs granularity 'layer' (it prefetches "
                           "the next layer while the current one runs)")
@@ -69,9 +69,9 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     check_tables_fit(L, E, "predict")
     pred = native_module().CoRouting(L, E, 1, half_life, prior_weight)
     top_k = max(int(np.median(np.diff(prep.gstarts))) if prep.gstarts.size > 1 else 1, 1)
-    if native and demand_fill:
+    if native:
         cnt = native_predict_replay(prep, policy, pred, slots, budget, threshold, use_cross,
-                                    use_temporal, top_k)
+                                    use_temporal, top_k, demand_fill)
         if cnt is not None:
             return cnt
     prefetched = np.zeros(prep.n_keys, dtype=bool)  # admitted by prefetch, not yet read

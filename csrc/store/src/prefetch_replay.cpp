@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tierstore/store/auto_replay.hpp"
+#include "tierstore/store/lazy_replay.hpp"
 #include "tierstore/store/resident_order.hpp"
 
 namespace tierstore {
@@ -254,6 +255,8 @@ PrefetchReplayCounts replay_predict(PolicyView& policy, CoRouting& model, const 
     }
     c.evictions += static_cast<int64_t>(v.size());
   };
+  int64_t tick_start = 0;  // the tick's first access (its keys: the lazy pass's pins)
+  std::vector<int64_t> lazy_cand;
   for (int64_t g = 0; g < tr.n_groups; ++g) {
     const int64_t a = tr.starts[g], b = tr.starts[g + 1], n = b - a;
     const int64_t* u = tr.keys + a;
@@ -290,7 +293,10 @@ PrefetchReplayCounts replay_predict(PolicyView& policy, CoRouting& model, const 
       model.observe(layer, experts.data(), n);
       // 2. demand fill (sim/demand.py Filler.demand; a group that missed entirely protects nothing)
       tier.access(u, n, nullptr, tr.counts ? tr.counts + a : nullptr);
-      if (n_miss > 0) {
+      if (!pp.demand_fill) {
+        for (int64_t i = 0; i < n; ++i)
+          if (!hit[a + i]) c.unserved += tr.counts ? tr.counts[a + i] : 1;
+      } else if (n_miss > 0) {
         c.demand_reads += n_miss;
         tier.fill(miss, u, n_miss < n ? n : 0, filter, fills);
         evicted(tier.evicted());
@@ -347,6 +353,20 @@ PrefetchReplayCounts replay_predict(PolicyView& policy, CoRouting& model, const 
       }
     }
     if (tr.tick_end[g]) {
+      if (!pp.demand_fill && pp.budget > tick_reads) {
+        // The reference's lazy pass with the tick's unused budget (sim/predict.py
+        // lazy_promote: counted as demand reads, they are not predictions).
+        for (int64_t i = tick_start; i < b; ++i) pinned[static_cast<size_t>(tr.keys[i])] = 1;
+        const int64_t n_lazy = std::min(pp.budget - tick_reads, kLazyPerTick);
+        hottest_nonresident(policy, n_lazy, lazy_cand);
+        ReplayCounts unused;  // a lazy candidate turned away is not read
+        tier.lazy(lazy_cand, n_lazy, pinned.data(), LazyAdmission::kPolicy, false, unused);
+        for (int64_t i = tick_start; i < b; ++i) pinned[static_cast<size_t>(tr.keys[i])] = 0;
+        evicted(tier.evicted());
+        c.demand_reads += static_cast<int64_t>(tier.admitted().size());
+        allowance = 0.0;  // the lazy pass spent what the layers left
+      }
+      tick_start = b;
       tick_reads = 0;
       prev.swap(cur);
       has_prev.swap(has_cur);

@@ -73,6 +73,11 @@ void policy_admitted(PolicyView& p, const int64_t* keys, int64_t n);
 inline bool policy_admit(const PolicyView& p, int64_t cand, int64_t victim) {
   return !p.filters() || p.raw[cand] > p.raw[victim];
 }
+// Policy.scores() of key k, as the faces spell it (lru.py: the last-use tick as a double;
+// heat.py and the kinds built on it: raw / gain, the same IEEE division as numpy's).
+inline double policy_score(const PolicyView& p, int64_t k) {
+  return p.kind == PolicyKind::kLru ? static_cast<double>(p.last[k]) : p.raw[k] / p.gain;
+}
 
 // The order of one decision (phase's primary depends on the tick's progress and the gain,
 // so it is computed against a snapshot of them). Inline: the replays compare millions.

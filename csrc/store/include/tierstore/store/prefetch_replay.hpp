@@ -38,14 +38,18 @@ PrefetchReplayCounts replay_prefetch_auto(AutoCore& core, bool* resident, int64_
 // sim/predict.py's `predict` model (demand fill under a plain policy plus prefetch of the
 // next layer's experts predicted by `model` at or above `threshold`, at most `budget` rows a
 // tick handed out as budget / n_layers per layer with carry-over), step for step. `top_k`:
-// the routings per token the model scores with. Its Python loop is the oracle
-// (tests/test_prefetch_native.py).
+// the routings per token the model scores with. `demand_fill` false: its `prefetch` model
+// (misses unserved; at each tick end a lazy pass of up to kLazyPerTick of the hottest
+// non-resident keys with the tick's unused budget, under the policy's own filter, never over
+// a key the tick used). Its Python loop is the oracle (tests/test_prefetch_native.py).
 struct PredictParams {
   int64_t budget = 8;
   double threshold = 0.2;
   bool cross = true, temporal = true;
   int64_t top_k = 1;
+  bool demand_fill = true;
 };
+constexpr int64_t kLazyPerTick = 8;  // sim/predict.py LAZY_PER_TICK: the reference's promotions a pass
 PrefetchReplayCounts replay_predict(PolicyView& policy, CoRouting& model, const ReplayTrace& tr,
                                     int64_t slots, bool filter, const PredictParams& params,
                                     bool* hit);
