@@ -1,8 +1,11 @@
 """Trace simulator: replay a routing trace through the policies the live store
 runs (``tierstore.policies``), the store's own fill paths, the reference
 manager's behaviour, Belady's MIN and the unbounded cache. Imports policies
-(never torch); lru / heat / hybrid / phase / auto demand fill runs in the C++
-core's replay loops (``tierstore.sim.native_replay``, same results).
+(never torch). Every model runs in the C++ core's replay loops
+(``tierstore.sim.native_replay``, same results as the Python loops,
+which the tests keep as oracles): demand fill under every policy and auto, MIN in
+both forms, ``lazy`` and ``reference``, ``predict`` and ``prefetch``, and
+``<policy>+prefetch`` (a timed lead-time model stays on the Python loop).
 
 How a tick is counted (the way the forward sees it): every (layer, expert) of
 the tick reads the slot table, and is a hit when resident *before* that tick's
