@@ -106,3 +106,36 @@ def test_what_the_native_loop_cannot_model_stays_on_the_python_loop():
     default = replay_lazy(prep, policies.make("hybrid", prep.n_keys, 10), 10, 8)
     assert np.array_equal(explicit.hit, default.hit)
     assert (explicit.demand_reads, explicit.rejected) == (default.demand_reads, default.rejected)
+
+
+def _state_after(kind, seed, slots):
+    """A policy with real state: a short trace replayed through its lazy path."""
+    prep = Prepared(synth.synthetic_trace(10, batch=2, n_layers=3, n_experts=24, top_k=4,
+                                          seed=seed % 1000))
+    pol = policies.make(kind, prep.n_keys, slots)
+    replay_lazy(prep, pol, slots, 6, candidates="hottest")
+    return prep, pol
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from(KINDS), st.integers(1, 60),
+       st.integers(0, 12), st.integers(0, 5), st.booleans(), st.booleans(), st.booleans())
+def test_the_cores_lazy_plan_is_the_python_rule(seed, kind, slots, cap, extra_free, hotter,
+                                                 pin, empty):
+    """plan_lazy through the core (what the live store's step() now runs for a native pool
+    policy) against plan_lazy_python, the rule through the face's Python methods."""
+    from tierstore.policies.admission import PolicyFilter
+    from tierstore.policies.fill import plan_lazy, plan_lazy_python
+    prep, pol = _state_after(kind, seed, slots)
+    rng = np.random.default_rng(seed)
+    resident = np.zeros(prep.n_keys, dtype=bool)
+    resident[pol.resident()] = True
+    out = np.flatnonzero(~resident)
+    cand = np.zeros(0, dtype=np.int64) if empty else rng.permutation(out)[:rng.integers(0, 12)]
+    blocked = (rng.random(prep.n_keys) < 0.3) if pin else None
+    n_free = max(slots - pol.n_resident, 0) + extra_free
+    adm = HotterThanVictim(pol) if hotter else PolicyFilter(pol)
+    a = plan_lazy(pol, cand, cap, n_free, blocked, adm)
+    b = plan_lazy_python(pol, cand, cap, n_free, blocked, adm)
+    assert np.array_equal(a.keys, b.keys) and np.array_equal(a.victims, b.victims)
+    assert (a.n_free, a.rejected) == (b.n_free, b.rejected)

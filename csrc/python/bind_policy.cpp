@@ -4,10 +4,12 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/tuple.h>
 
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "tierstore/store/policy.hpp"
@@ -78,6 +80,23 @@ IdArray rank(const PolicyCore& c, Keys keys) {
   return to_numpy(out.data(), out.size());
 }
 
+// policy_plan_lazy over the face's state (victims: the resident mask's scan, policy_victims):
+// (keys, victims, rejected). `hotter`: HotterThanVictim, else PolicyFilter.
+std::tuple<IdArray, IdArray, int64_t> plan_lazy(const PolicyCore& c, Keys cand, int64_t cap,
+                                                int64_t n_free, std::optional<Flat<const bool>> pinned,
+                                                bool hotter, bool coldest) {
+  check_keys(c, cand);
+  if (pinned && static_cast<int64_t>(pinned->shape(0)) != c.view.n_keys)
+    throw nb::value_error("policy: the pinned mask has one flag per key");
+  const bool* mask = pinned ? pinned->data() : nullptr;
+  std::vector<int64_t> ranked(cand.data(), cand.data() + cand.shape(0)), keys, vic;
+  const int64_t rejected = policy_plan_lazy(
+      c.view, ranked, cap, n_free, hotter ? LazyAdmission::kHotter : LazyAdmission::kPolicy,
+      coldest, [&](int64_t m, std::vector<int64_t>& out) { policy_victims(c.view, m, mask, out); },
+      keys, vic);
+  return {to_numpy(keys.data(), keys.size()), to_numpy(vic.data(), vic.size()), rejected};
+}
+
 }  // namespace
 
 void bind_policy(nb::module_& m) {
@@ -103,6 +122,9 @@ void bind_policy(nb::module_& m) {
       .def("victims", &victims, "n"_a, "pinned"_a.none(),
            "The n coldest resident keys not pinned, coldest first.")
       .def("rank", &rank, "keys"_a, "keys reordered hottest first (stable).")
+      .def("plan_lazy", &plan_lazy, "cand"_a, "cap"_a, "n_free"_a, "pinned"_a.none(), "hotter"_a,
+           "coldest"_a = false,
+           "policies/fill.py plan_lazy decided by the core: (keys, victims, rejected).")
       .def_prop_ro("kind", [](const PolicyCore& c) { return static_cast<int>(c.view.kind); })
       .def_prop_ro("half_life", [](const PolicyCore& c) { return c.view.half_life; })
       .def_prop_rw("clock", [](const PolicyCore& c) { return c.view.clock; },

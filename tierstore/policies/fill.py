@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tierstore.policies.admission import ADMIT_ALL, Admission
+from tierstore.policies.admission import ADMIT_ALL, Admission, HotterThanVictim, PolicyFilter
 from tierstore.policies.base import Policy
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -63,8 +63,39 @@ def plan_lazy(policy: Policy, cand: np.ndarray, cap: int, n_free: int,
     """A lazy (background) promotion pass: ``cand`` ranked hottest first by
     ``policy``, at most ``cap`` of them, each over a victim only when
     ``admission`` agrees (the store's step() with HotterThanVictim; the
-    simulator's model of it and of the reference manager)."""
+    simulator's model of it and of the reference manager). For a native policy
+    under its own filter or HotterThanVictim of itself the core decides
+    (policy.hpp policy_plan_lazy: the code the simulator's native replays run);
+    :func:`plan_lazy_python` is the same rule spelled here, for every other pair."""
+    if len(cand) == 0 or cap <= 0:
+        return Fill(_EMPTY, _EMPTY, 0, 0)
+    hotter = _native_admission(policy, admission)
+    if hotter is None:
+        return plan_lazy_python(policy, cand, cap, n_free, blocked, admission)
+    n_free = max(int(n_free), 0)
+    policy._core.n_resident = policy.n_resident
+    keys, victims, rejected = policy._core.plan_lazy(
+        np.ascontiguousarray(policy._checked(cand, "plan_lazy")), int(cap), n_free,
+        None if blocked is None else np.ascontiguousarray(blocked, dtype=bool), hotter)
+    return Fill(keys, victims, min(n_free, len(keys)), int(rejected))
+
+
+def plan_lazy_python(policy: Policy, cand: np.ndarray, cap: int, n_free: int,
+                     blocked: np.ndarray | None, admission: Admission) -> Fill:
+    """plan_lazy's rule through the policy's Python methods (any policy, any admission;
+    the tests' oracle for the core's)."""
     if len(cand) == 0 or cap <= 0:
         return Fill(_EMPTY, _EMPTY, 0, 0)
     cand = policy.rank(cand)[:int(cap)]
     return plan_fill(policy, cand, n_free, blocked, admission)
+
+
+def _native_admission(policy: Policy, admission: Admission) -> bool | None:
+    """The core's ``hotter`` flag when it decides exactly what plan_lazy_python would:
+    a native face of its own kind, under its own filter or HotterThanVictim of itself."""
+    from tierstore.policies.native import is_native_face
+    if not is_native_face(policy) or getattr(admission, "policy", None) is not policy:
+        return None
+    if type(admission) is HotterThanVictim:
+        return True
+    return False if type(admission) is PolicyFilter else None

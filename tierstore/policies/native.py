@@ -32,6 +32,13 @@ def native_module():
     return _C
 
 
+def is_native_face(policy) -> bool:
+    """True for a face class that names its own native kind: its rules are the core's (a
+    subclass that only overrides Python methods may behave otherwise)."""
+    cls = type(policy)
+    return issubclass(cls, NativePolicy) and "kind" in cls.__dict__
+
+
 class NativePolicy(DensePolicy):
     """A policy whose rules run in ``tierstore._C.PolicyCore`` (``kind``: 0 lru, 1 heat,
     2 hybrid, 3 phase, 4 blend). Subclasses set ``kind`` and the class-level flags below."""

@@ -36,7 +36,7 @@ import numpy as np
 from tierstore.policies.admission import ADMIT_ALL, PolicyFilter
 from tierstore.policies.auto import AutoPolicy
 from tierstore.policies.base import Policy
-from tierstore.policies.native import NativePolicy
+from tierstore.policies.native import is_native_face
 from tierstore.sim.belady import BeladyPolicy, BeladySkipPolicy
 from tierstore.sim.counting import Counters, Prepared
 
@@ -44,8 +44,7 @@ from tierstore.sim.counting import Counters, Prepared
 def _exact(policy) -> bool:
     """True for auto and for a face class that names its own native kind (a subclass
     that only overrides Python methods may behave otherwise: it replays in Python)."""
-    cls = type(policy)
-    return cls is AutoPolicy or (issubclass(cls, NativePolicy) and "kind" in cls.__dict__)
+    return type(policy) is AutoPolicy or is_native_face(policy)
 
 
 def _native(name: str = "replay_demand"):

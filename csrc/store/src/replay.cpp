@@ -107,34 +107,9 @@ void PolicyTier::fill_impl(std::vector<int64_t>& miss, const int64_t* block, int
 
 void PolicyTier::lazy(std::vector<int64_t>& cand, int64_t cap, const uint8_t* pinned,
                       LazyAdmission admission, bool coldest, ReplayCounts& counts) {
-  admit_.clear();
-  vic_.clear();
-  if (cand.empty() || cap <= 0) return;
-  policy_rank(p_, cand.data(), static_cast<int64_t>(cand.size()));
-  if (static_cast<int64_t>(cand.size()) > cap) cand.resize(static_cast<size_t>(cap));
-  const int64_t n = static_cast<int64_t>(cand.size()), n_free = this->n_free();
-  if (n <= n_free) {
-    admit_.assign(cand.begin(), cand.end());
-  } else {
-    order_.victims(n - n_free, pinned, vic_);
-    const int64_t nv = static_cast<int64_t>(vic_.size());
-    counts.rejected += n - n_free - nv;
-    admit_.assign(cand.begin(), cand.begin() + n_free);
-    int64_t kept = 0;
-    for (int64_t j = 0; j < nv; ++j) {
-      const int64_t c = cand[static_cast<size_t>(n_free + j)], v = vic_[static_cast<size_t>(j)];
-      const bool ok = (admission != LazyAdmission::kHotter || policy_score(p_, c) > policy_score(p_, v)) &&
-                      policy_admit(p_, c, v);
-      if (!ok) {
-        ++counts.rejected;
-        continue;
-      }
-      admit_.push_back(c);
-      if (!coldest) vic_[static_cast<size_t>(kept)] = v;
-      ++kept;
-    }
-    vic_.resize(static_cast<size_t>(kept));  // coldest: the first `kept` victims, in order
-  }
+  counts.rejected += policy_plan_lazy(
+      p_, cand, cap, n_free(), admission, coldest,
+      [&](int64_t m, std::vector<int64_t>& out) { order_.victims(m, pinned, out); }, admit_, vic_);
   apply(counts, nullptr);
 }
 

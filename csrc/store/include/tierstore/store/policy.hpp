@@ -79,6 +79,24 @@ inline double policy_score(const PolicyView& p, int64_t k) {
   return p.kind == PolicyKind::kLru ? static_cast<double>(p.last[k]) : p.raw[k] / p.gain;
 }
 
+// Who may displace a victim in a lazy pass (policies/admission.py): the policy's own filter
+// (PolicyFilter), or that and a score strictly above the victim's (HotterThanVictim).
+enum class LazyAdmission { kPolicy, kHotter };
+
+// A lazy (background) promotion pass, policies/fill.py plan_lazy, decided once for the live
+// store's step() (through its policy's face) and the simulator's replays (replay.hpp
+// PolicyTier::lazy): `cand` (distinct, not resident) ranked hottest first (policy_rank,
+// stable) and cut to its first `cap`; the first `n_free` take free slots, the rest ask
+// victims(m, out) for the m coldest resident keys that may go and pair with them in order,
+// each kept where `admission` agrees. `coldest`: the admitted then take the coldest victims
+// in order rather than their pairs' (the store's SlotStates.take after its plan). Fills
+// `keys` (free slots first, then the paired ones) and `vic`; returns the candidates turned
+// away. Changes nothing but `cand`, `keys` and `vic`.
+template <class Victims>
+int64_t policy_plan_lazy(const PolicyView& p, std::vector<int64_t>& cand, int64_t cap,
+                         int64_t n_free, LazyAdmission admission, bool coldest, Victims&& victims,
+                         std::vector<int64_t>& keys, std::vector<int64_t>& vic);
+
 // The order of one decision (phase's primary depends on the tick's progress and the gain,
 // so it is computed against a snapshot of them). Inline: the replays compare millions.
 class PolicyOrder {
@@ -145,5 +163,41 @@ void policy_coldest(const PolicyView& p, const int64_t* cand, int64_t m, int64_t
 void policy_victims(const PolicyView& p, int64_t n, const bool* pinned, std::vector<int64_t>& out);
 // Promotion order: keys reordered hottest first, stable.
 void policy_rank(const PolicyView& p, int64_t* keys, int64_t n);
+
+template <class Victims>
+int64_t policy_plan_lazy(const PolicyView& p, std::vector<int64_t>& cand, int64_t cap,
+                         int64_t n_free, LazyAdmission admission, bool coldest, Victims&& victims,
+                         std::vector<int64_t>& keys, std::vector<int64_t>& vic) {
+  keys.clear();
+  vic.clear();
+  if (cand.empty() || cap <= 0) return 0;
+  policy_rank(p, cand.data(), static_cast<int64_t>(cand.size()));
+  if (static_cast<int64_t>(cand.size()) > cap) cand.resize(static_cast<size_t>(cap));
+  const int64_t n = static_cast<int64_t>(cand.size());
+  n_free = std::max<int64_t>(n_free, 0);
+  if (n <= n_free) {
+    keys.assign(cand.begin(), cand.end());
+    return 0;
+  }
+  victims(n - n_free, vic);
+  const int64_t nv = static_cast<int64_t>(vic.size());
+  int64_t rejected = n - n_free - nv;
+  keys.assign(cand.begin(), cand.begin() + n_free);
+  int64_t kept = 0;
+  for (int64_t j = 0; j < nv; ++j) {
+    const int64_t c = cand[static_cast<size_t>(n_free + j)], v = vic[static_cast<size_t>(j)];
+    const bool ok = (admission != LazyAdmission::kHotter || policy_score(p, c) > policy_score(p, v)) &&
+                    policy_admit(p, c, v);
+    if (!ok) {
+      ++rejected;
+      continue;
+    }
+    keys.push_back(c);
+    if (!coldest) vic[static_cast<size_t>(kept)] = v;
+    ++kept;
+  }
+  vic.resize(static_cast<size_t>(kept));  // coldest: the first `kept` victims, in order
+  return rejected;
+}
 
 }  // namespace tierstore

@@ -44,10 +44,6 @@ struct ReplayCounts {
   int64_t demand_reads = 0, evictions = 0, rejected = 0;
 };
 
-// Who may displace a victim in a lazy pass (policies/admission.py): the policy's own filter
-// (PolicyFilter), or that and a score strictly above the victim's (HotterThanVictim).
-enum class LazyAdmission { kPolicy, kHotter };
-
 // A simulated tier of `slots` slots around one policy: its resident set in eviction order
 // and the one fill routine (policies/fill.py plan_fill + sim/demand.py Filler.place).
 class PolicyTier {
@@ -82,12 +78,9 @@ class PolicyTier {
                    ReplayCounts& counts) {
     fill_impl(miss, nullptr, 0, pinned, filter, counts, nullptr);
   }
-  // A lazy (background) pass, policies/fill.py plan_lazy: `cand` ranked hottest first
-  // (policy_rank, stable), its first `cap`, free slots first, the rest paired in order with
-  // the coldest resident keys not set in `pinned` (null: none) and kept where `admission`
-  // agrees. `coldest`: the admitted then take the coldest victims in order rather than their
-  // pairs' (the store's SlotStates.take after the plan: sim/demand.py replay_lazy "seen").
-  // counts.rejected grows by the candidates turned away; `cand` is reordered.
+  // A lazy (background) pass, policy.hpp policy_plan_lazy over this tier's order (victims
+  // never keys with pinned[k] != 0; null: none), then applied. counts.rejected grows by the
+  // candidates turned away; `cand` is reordered.
   void lazy(std::vector<int64_t>& cand, int64_t cap, const uint8_t* pinned,
             LazyAdmission admission, bool coldest, ReplayCounts& counts);
   // The last fill's victims and the keys it admitted (free slots first, then over the
