@@ -67,7 +67,7 @@ def test_an_interrupted_first_boot_resumes(monkeypatch, tmp_path):
     with moet_env(monkeypatch, env(tmp_path)) as m:
         tier = m.get_tier(n_experts=E, dev=torch.device("cpu"), w13_bytes=8192, w2_bytes=4096)
         tier.add_layer_host_planes(0, *p[0])                   # then the process "dies"
-        tier._store._close_writer()
+        tier._store.finish()
     with moet_env(monkeypatch, env(tmp_path)) as m:
         eng = MoetEngine(m, p, n_experts=E, dev="cpu").boot()
         assert len(m._TIER._store) == L
@@ -89,13 +89,34 @@ def test_auto_pool_is_sized_after_the_kv_cache(monkeypatch, tmp_path):
 
 
 def test_auto_pool_without_room_is_an_inert_zero_slot_tier(monkeypatch, tmp_path):
-    with moet_env(monkeypatch, env(tmp_path, slots=None, DELTA_RESERVE_GB=1e9)) as m:
+    with moet_env(monkeypatch, env(tmp_path, slots=None, DELTA_RESERVE_GB=1e9, GATE=0)) as m:
         eng = MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
         tier = m._TIER
         assert tier.n_slots == 0 and len(tier._store) == 0 and tier.pool.shape[0] == 0
         for _ in range(3):
             assert eng.step()["promoted"] == 0
         assert bool((tier.slot_table == -1).all())
+
+
+@pytest.mark.parametrize("reserve_slots", [1e9, 5])   # 0 slots; 5 slots under a floor of 10
+def test_auto_pool_under_the_floor_with_the_gate_armed_is_refused(monkeypatch, tmp_path,
+                                                                 reserve_slots):
+    """vLLM-Moet refuses an auto pool with the gate armed under the floor; the worker only
+    logs what finalize_auto raises, so the tier refuses the first step (and every one)."""
+    free = 8 << 30
+    reserve = 1e9 if reserve_slots == 1e9 else (free - reserve_slots * SLOT) / 2**30
+    with moet_env(monkeypatch, env(tmp_path, slots=None, DELTA_RESERVE_GB=reserve)) as m:
+        eng = MoetEngine(m, planes(), n_experts=E, dev="cpu", free_bytes=free)
+        with pytest.warns(RuntimeWarning, match="fire floor"):
+            eng.boot()
+        with pytest.raises(RuntimeError, match="fire floor of 10"):
+            eng.step()
+        with pytest.raises(RuntimeError, match="refused"):
+            m._TIER.force_promote()
+    with moet_env(monkeypatch, env(tmp_path, slots=None, DELTA_RESERVE_GB=reserve,
+                                   FORCE_POOL=1)) as m:   # FORCE_POOL: serves on, warned
+        eng = MoetEngine(m, planes(), n_experts=E, dev="cpu", free_bytes=free).boot()
+        eng.step()
 
 
 def test_gate_budget_is_per_step_across_rounds(monkeypatch):
@@ -123,9 +144,9 @@ def test_v1_refuses_a_pool_under_the_fire_floor(monkeypatch):
     with moet_env(monkeypatch, env(slots=8)) as m:   # floor: 3 layers x 2 x 1.7 = 10
         with pytest.raises(ValueError, match="fire floor"):
             MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
-    with moet_env(monkeypatch, env(slots=8, FORCE_POOL=1)) as m:
-        MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
-        assert m._TIER._sub_floor
+    with moet_env(monkeypatch, env(slots=8, FORCE_POOL=1)) as m:   # warned, serves on
+        eng = MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
+        assert m._TIER.n_slots == 8 and eng.step()["out"] == eng.expected_out()
     with moet_env(monkeypatch, env(slots=8)) as m:    # the V2 runner never checks
         MoetEngine(m, planes(), n_experts=E, dev="cpu", runner="v2").boot()
 
@@ -134,8 +155,10 @@ def test_deferred_floor_of_an_auto_pool_is_checked_when_sized(monkeypatch, tmp_p
     e = env(tmp_path, slots=None, DELTA_RESERVE_GB=0, DELTA_MAX_GB=repr(8 * SLOT / 2**30))
     with moet_env(monkeypatch, e) as m:
         with pytest.warns(RuntimeWarning, match="finalize_auto failed: .*fire floor"):
-            MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
+            eng = MoetEngine(m, planes(), n_experts=E, dev="cpu").boot()
         assert m._TIER.n_slots == 8
+        with pytest.raises(RuntimeError, match="fire floor"):   # refused, not served sub-floor
+            eng.step()
 
 
 def test_the_pack_is_what_vllm_moets_pack_store_accepts(monkeypatch, tmp_path):

@@ -32,7 +32,6 @@ PREFIX = "VLLM_MOE_W2_"
 GIB = 1 << 30
 AUTO_VALUES = ("auto", "-1", "-1.0")
 ZERO_MODES = ("auto", "sign", "alt")
-PROMOTE_PATHS = ("auto", "direct", "staged")     # TIERSTORE_PROMOTE (adapters/moet_copy.py)
 QUANTIZER_ABI = "tsym4-e8m0-fragmajor-a32-v2"   # vLLM-Moet's MOE_W2_QUANTIZER_ABI
 DEFAULT_CUTOFF = 43                              # DS4-Flash main-stack MoE layers
 
@@ -76,8 +75,6 @@ class MoetEnv(msgspec.Struct, frozen=True, kw_only=True):
     ts_ram_gb: float = 0.0           # TIERSTORE_RAM_GB: pinned arena over the FP4 pack
     ts_direct: str = "off"           # TIERSTORE_DIRECT: O_DIRECT misses: on | off | auto
     ts_checksums: bool = False       # TIERSTORE_VERIFY: check row checksums on read
-    ts_pool_heat: bool = False       # TIERSTORE_POOL_HEAT: native tier's pool warm start
-    ts_promote: str = "auto"         # TIERSTORE_PROMOTE: synchronous loads direct | staged | auto
 
     @property
     def half_life_s(self) -> float:
@@ -192,12 +189,6 @@ SPEC = settings.EnvSpec(PREFIX, (
        settings.choice("on", "off", "auto", what="direct mode", aliases={"1": "on", "0": "off"}),
        "off", "tierstore: O_DIRECT misses"),
     _v("TIERSTORE_VERIFY", "ts_checksums", _switch, False, "tierstore: check row checksums"),
-    _v("TIERSTORE_POOL_HEAT", "ts_pool_heat", _switch, False,
-       "tierstore's native tier: pool warm start + snapshots in STORE_DIR"),
-    _v("TIERSTORE_PROMOTE", "ts_promote",
-       settings.choice(*PROMOTE_PATHS, what="promote path"), "auto",
-       "tierstore: force_promote / ensure_resident rows straight into the pool slots "
-       "(direct), through a host stage (staged), or direct on a CUDA pool over a pack (auto)"),
 ), family="VLLM_MOE_W2_*")
 VARIABLES = tuple(SPEC.vars)
 BASE_ONLY = tuple(PREFIX + s for s in (

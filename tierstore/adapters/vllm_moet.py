@@ -22,6 +22,7 @@ VLLM_MOE_W2_BASE_CACHE_GB > 0) stays vLLM-Moet's.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 import torch
@@ -42,7 +43,7 @@ _ORIGINAL: dict = {}
 
 __all__ = ["TierstoreDeltaTier", "get_tier", "enabled", "mark_seen", "check_pool_floor",
            "shutdown", "step_promote_budget", "fire_fp_max", "force_promote_step", "register",
-           "reset_env", "W13_BYTES", "W2_BYTES", "SLOT_BYTES", "MoetTier"]
+           "reset_env", "W13_BYTES", "W2_BYTES", "SLOT_BYTES"]
 
 
 def env() -> MoetEnv:
@@ -114,12 +115,14 @@ def get_tier(n_layers=None, n_experts=256, dev=None, w13_bytes=None, w2_bytes=No
 
 
 def _floor_check(tier, top_k: int, n_spec: int, max_num_seqs: int) -> None:
+    """vLLM-Moet's floor: the layers the FP4 pack holds (not the table's rows) x top-k x
+    (1 + n_spec) x min(seqs, 4) x the growth of GATE_FP_MAX rounds (tierstore.fire_floor)."""
+    from tierstore.store.sizing import fire_floor
     e = env()
     growth = 1.0 + 0.35 * max(e.gate_fp_max - 1, 0)
-    floor = int(len(tier._store) * top_k * (1 + n_spec) * min(max(max_num_seqs, 1), 4) * growth)
+    floor = fire_floor(max(len(tier._store), 1), top_k, n_spec, max_num_seqs, e.gate_fp_max)
     if tier.n_slots >= floor:
         return
-    tier._sub_floor = True
     msg = (f"moet tier [{tier._tag}]: pool of {tier.n_slots} slots is below the fire floor of "
            f"{floor} ({len(tier._store)} MoE layers x top-{top_k} x (1+{n_spec} spec) x "
            f"{max_num_seqs} seqs x {growth:.2f}) = {floor * tier.slot_bytes / 2**30:.1f} GiB")
@@ -206,8 +209,14 @@ def force_promote_step(layers=None, max_promote="default") -> int:
 def register() -> None:
     """``vllm.general_plugins`` entry point: with VLLM_MOE_W2_TIERSTORE=1 install the
     tierstore FP4 tier into vLLM-Moet's moe_w2_delta; otherwise do nothing."""
-    if from_env().tierstore is False or _TARGET is not None:
+    # Only our own switch is read first: with the plugin off no other variable is parsed,
+    # so nothing vLLM-Moet itself tolerates can fail here.
+    if os.environ.get("VLLM_MOE_W2_TIERSTORE", "0").strip() != "1" or _TARGET is not None:
         return
+    try:
+        reset_env(os.environ)    # every value checked now: one line naming each bad one
+    except ConfigError as exc:
+        raise ConfigError(f"VLLM_MOE_W2_TIERSTORE=1: {exc}") from None
     import importlib
     try:
         target = importlib.import_module(MOET_MODULE)
@@ -247,11 +256,3 @@ def uninstall() -> None:
             setattr(_TARGET, name, _ORIGINAL.pop(name))
         _ORIGINAL.pop("shutdown_base", None)
         _TARGET = None
-
-
-def __getattr__(name):
-    if name == "MoetTier":   # tierstore's native tier, formerly defined here
-        from tierstore.adapters.moet_native import MoetTier
-        return MoetTier
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-

@@ -141,7 +141,9 @@ class PackWriter(Closing):
                  for k, v in fresh.identity().items() if old.identity()[k] != v]
         if old.layout != fresh.layout:
             diffs.append("layout differs")
-        if old.checksum != fresh.checksum and old.layers:
+        # A sidecar with no checksum at all (vLLM-Moet's own, or an older tierstore's) is
+        # resumed: its layers keep no sums (read unverified, as there), new ones get ours.
+        if old.checksum != fresh.checksum and old.layers and old.checksum is not None:
             diffs.append(f"checksum: existing {old.checksum!r}, new {fresh.checksum!r}")
         if diffs:
             raise ConfigError(f"{self.path}: exists with another identity; cannot resume ("

@@ -6,6 +6,8 @@ instances share no state); ``available()`` lists the names. Parameters:
 - ``lru``: none. ``auto`` (self-tuning: follows the best of nine shadowed fixed
   policies, see policies/auto.py): ``prefetching`` (bool, default False: a
   prefetcher runs beside it; ``make(..., prefetching=True)`` sets it).
+- ``freq``, ``need``: vLLM-Moet's FP4-tier rules (policies/engine_rules.py), heat's
+  parameters.
 - ``heat``, ``hybrid``, ``phase`` (hybrid + within-tick next-use order, policies/phase.py),
   ``blend`` (phase over the mean of a short and a 32x longer rate, policies/blend.py): ``half_life`` (decode steps, default
   ``tierstore.settings.HEAT_HALF_LIFE_STEPS`` = 256, the store's and the simulator's) or ``half_life_s`` (seconds of wall clock).
@@ -16,6 +18,7 @@ from tierstore.errors import ConfigError
 from tierstore.policies.auto import AutoPolicy
 from tierstore.policies.base import NO_KEY, Policy
 from tierstore.policies.blend import BlendPolicy
+from tierstore.policies.engine_rules import FreqPolicy, NeedPolicy
 from tierstore.policies.heat import HeatPolicy
 from tierstore.policies.hybrid import HybridPolicy
 from tierstore.policies.lru import LRUPolicy
@@ -28,6 +31,8 @@ _REGISTRY: dict[str, type[Policy]] = {
     "auto": AutoPolicy,
     "phase": PhasePolicy,
     "blend": BlendPolicy,
+    "freq": FreqPolicy,   # vLLM-Moet's rules (policies/engine_rules.py)
+    "need": NeedPolicy,
 }
 
 
@@ -60,4 +65,4 @@ def make(name: str, n_keys: int, capacity: int, *, prefetching: bool = False,
     return cls(n_keys, capacity, **params)
 
 
-__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "AutoPolicy", "PhasePolicy", "BlendPolicy", "make", "available", "has_half_life"]
+__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "AutoPolicy", "PhasePolicy", "BlendPolicy", "FreqPolicy", "NeedPolicy", "make", "available", "has_half_life"]

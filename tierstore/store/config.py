@@ -28,8 +28,15 @@ from tierstore.errors import ConfigError
 
 _OPTIONS = ("threads", "direct", "lazy_per_step", "half_life", "half_life_s", "arena_policy",
             "reserve_gb", "max_gb", "scan_keep", "fire_rounds", "latency_window", "engine",
-            "stream", "snapshot", "snapshot_every_s", "gate_fp_max", "verify", "prefetch")
+            "stream", "snapshot", "snapshot_every_s", "gate_fp_max", "verify", "prefetch",
+            "publish", "slot_table")
 VERIFY_MODES = ("always", "first", "off")
+# When background promotions become visible: "async" = as soon as the worker's copy
+# landed; "step" = only at step(), on the caller's thread (engines that capture CUDA
+# graphs and re-run fired steps: nothing changes between a step's forward and its replay,
+# and the worker thread makes no CUDA call).
+PUBLISH_MODES = ("async", "step")
+DEFERRED = "deferred"
 
 
 def _spec(spec, tier: str, problems: list[str]) -> tuple[str, dict]:
@@ -88,6 +95,13 @@ class StoreConfig:
     stream: Any = None
     floor: int | None = None
     prefetch: dict | None = None  # Prefetcher parameters (store/prefetch.py); None = off
+    publish: str = "async"        # PUBLISH_MODES
+    deferred: bool = False        # vram_slots="deferred": the pool is sized by finalize()
+    slot_table: Any = None        # a table from new_slot_table to adopt
+    force: bool = False
+    reserve_gb: float = 3.0
+    max_gb: float = 0.0
+    floor_what: str = ""
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -180,6 +194,28 @@ class StoreConfig:
             problems.append(f"prefetch must be True, False or a dict of prefetcher parameters, "
                             f"found {prefetch!r}")
             prefetch = None
+        publish = str(opt("publish") or "async").lower()
+        if publish not in PUBLISH_MODES:
+            problems.append(f"publish must be one of {', '.join(PUBLISH_MODES)}, found "
+                            f"{opt('publish')!r}")
+        deferred = isinstance(vram_slots, str) and vram_slots == DEFERRED
+        if deferred and prefetch is not None:
+            problems.append("prefetch= needs a sized pool: give vram_slots / vram_gb, not "
+                            "vram_slots='deferred'")
+        if deferred and vram_gb is not None:
+            problems.append(f"vram_slots='deferred' sizes the pool at finalize(): give no "
+                            f"vram_gb (found {vram_gb!r})")
+        table = opt("slot_table")
+        if table is not None:
+            shape = (int(pack.n_layers), int(pack.n_experts))
+            if not isinstance(table, torch.Tensor) or table.dtype != torch.int32 \
+                    or tuple(table.shape) != shape or not table.is_contiguous() \
+                    or table.device != dev:
+                problems.append(f"slot_table must be a contiguous int32 tensor {list(shape)} on "
+                                f"{dev} (tierstore.store.pool.new_slot_table), found "
+                                f"{getattr(table, 'dtype', type(table).__name__)} "
+                                f"{list(getattr(table, 'shape', []))} on "
+                                f"{getattr(table, 'device', '?')}")
         if top_k is not None:
             number("top_k", top_k, int, 1)
         number("n_spec", n_spec, int, 0)
@@ -188,26 +224,33 @@ class StoreConfig:
             raise ConfigError(f"ExpertStore({pack.path}): " + "; ".join(problems))
         # 4. sizing: the pool first (auto included), then memory, then the floor
         n_keys = int(pack.n_layers) * int(pack.n_experts)
-        n_slots = sizing.resolve_pool_slots(slot_bytes=pack.slot_bytes, n_keys=n_keys, device=dev,
-                                            vram_slots=vram_slots, vram_gb=vram_gb,
-                                            reserve_gb=reserve, max_gb=max_gb)
+        n_slots = 0 if deferred else sizing.resolve_pool_slots(
+            slot_bytes=pack.slot_bytes, n_keys=n_keys, device=dev, vram_slots=vram_slots,
+            vram_gb=vram_gb, reserve_gb=reserve, max_gb=max_gb)
         host_avail = sizing.host_available_bytes()
         if dev.type == "cpu":
             host_avail -= n_slots * int(pack.slot_bytes)
         n_rows = sizing.resolve_arena_rows(ram_gb=ram_gb, stride=pack.stride, n_keys=n_keys,
                                            reserve_gb=reserve, available=host_avail)
+        if publish == "step" and lazy:
+            # step()'s promotions are read into arena rows by the worker and copied up at
+            # the next step(): the arena holds at least two steps' worth
+            n_rows = max(n_rows, min(2 * lazy, n_keys))
         floor = None
+        what = (f"n_layers={pack.n_layers}, top_k={top_k}, n_spec={n_spec}, "
+                f"max_seqs={max_seqs}, gate_fp_max={gate_fp_max}")
         if top_k is not None:
             floor = sizing.fire_floor(pack.n_layers, int(top_k), int(n_spec), int(max_seqs), gate_fp_max)
-            sizing.check_floor(n_slots, floor, slot_bytes=int(pack.slot_bytes), force=bool(force),
-                               what=f"n_layers={pack.n_layers}, top_k={top_k}, n_spec={n_spec}, "
-                                    f"max_seqs={max_seqs}, gate_fp_max={gate_fp_max}")
+            if not deferred:   # a deferred pool is checked by finalize()
+                sizing.check_floor(n_slots, floor, slot_bytes=int(pack.slot_bytes),
+                                   force=bool(force), what=what)
         return cls(device=dev, n_slots=n_slots, n_rows=n_rows, max_promote=max_promote,
                    pool_policy=pool_spec, arena_policy=arena_spec, threads=threads, direct=direct,
                    lazy_per_step=lazy, scan_keep=scan_keep, fire_rounds=rounds,
                    latency_window=window, snapshot=opt("snapshot"), snapshot_every_s=snap_every,
                    engine=opt("engine"), stream=opt("stream"), floor=floor, verify=verify,
-                   prefetch=prefetch)
+                   prefetch=prefetch, publish=publish, deferred=deferred, slot_table=table,
+                   force=bool(force), reserve_gb=reserve, max_gb=max_gb, floor_what=what)
 
     # -- building the parts ------------------------------------------------------------
     def open_engine(self, pack):
@@ -218,18 +261,24 @@ class StoreConfig:
         return Engine(pack.path, threads=self.threads, direct=self.direct,
                       device=self.device.type, device_index=self.device.index or 0), True
 
+    def pool_policy_for(self, pack, n_slots: int):
+        """The pool's policy for ``n_slots`` (with prefetch= the one the simulator's
+        <policy>+prefetch runs)."""
+        n_keys = int(pack.n_layers) * int(pack.n_experts)
+        return policies.make(self.pool_policy[0], n_keys, n_slots,
+                             **{"prefetching": self.prefetch is not None, **self.pool_policy[1]})
+
     def allocate_tiers(self, pack, engine):
         from tierstore.store.arena import HostArena
         from tierstore.store.pool import SlotPool
         n_keys = int(pack.n_layers) * int(pack.n_experts)
-        # With prefetch= the pool's policy is the one the simulator's <policy>+prefetch runs.
-        pool_pol = policies.make(self.pool_policy[0], n_keys, self.n_slots,
-                                 **{"prefetching": self.prefetch is not None,
-                                    **self.pool_policy[1]})
+        pool_pol = self.pool_policy_for(pack, self.n_slots)
         arena_pol = policies.make(self.arena_policy[0], n_keys, self.n_rows, **self.arena_policy[1])
         pool = SlotPool(self.n_slots, pack.slot_bytes, pack.n_layers, pack.n_experts,
-                        self.device, pool_pol)
-        engine.register_buffer(pool.pool)  # submit then checks every slot row against it
+                        self.device, pool_pol, table=self.slot_table)
+        self.slot_table = None   # adopted: the pool owns it now
+        if pool.n_slots:
+            engine.register_buffer(pool.pool)  # submit then checks every slot row against it
         arena = HostArena(engine, self.n_rows, pack.stride, pack.slot_bytes, n_keys, arena_pol)
         return pool, arena
 

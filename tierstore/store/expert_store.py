@@ -21,6 +21,7 @@ batch took is back (nothing is published); use after close() raises ClosedError.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -43,6 +44,8 @@ from tierstore.store.interrupts import OrphanPins, no_interrupts
 from tierstore.store.jobs import BackgroundJobs
 from tierstore.store.lifecycle import Lifecycle
 from tierstore.store.worker import Ticket, Worker
+
+log = logging.getLogger("tierstore.store")
 
 
 class ExpertStore(BackgroundJobs, Lifecycle):
@@ -103,7 +106,10 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
         self._worker = Worker(self, "tierstore-store")  # promotions, unpins, snapshots
         self.prefetch = None if cfg.prefetch is None else StorePrefetch(self, cfg.prefetch)
-        if warm_start is not None:
+        self._staged: list = []          # publish="step": (keys in arena rows, Ticket | None)
+        self._pending_sources: list = []  # publish="step": batches whose sources step() frees
+        self._warm_pending = warm_start if cfg.deferred else None
+        if warm_start is not None and not cfg.deferred:
             self.preheat(warm_start)
 
     def _open_tiers(self, pack, vram_slots, vram_gb, ram_gb, policy, device, max_promote,
@@ -166,6 +172,59 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             dense = states.resident_keys()
         return np.stack([dense // self._E, dense % self._E], axis=1)
 
+    # -- deferred sizing -----------------------------------------------------------------
+    @property
+    def sized(self) -> bool:
+        """False only for a ``vram_slots="deferred"`` store before ``finalize``."""
+        return not self.config.deferred or self._pool.allocated
+
+    def finalize(self, n_slots="auto", *, free_bytes: int | None = None) -> int:
+        """Size a ``vram_slots="deferred"`` pool, once: an int, or ``"auto"`` = free
+        device memory (``free_bytes``, default what the driver says now) minus the
+        ``reserve_gb`` option, capped by ``max_gb`` and by the pack's rows. The slot
+        table is the one that existed since construction (graphs captured before keep
+        it); the pool tensor is allocated here and never again. With ``top_k`` given the
+        fire floor is checked first: CapacityError (nothing allocated), or a warning with
+        ``force=True``. 0 slots (auto with no room) leaves the store inert: every fire
+        promotes nothing. A ``warm_start`` file is preheated now. Returns the slots."""
+        from tierstore.errors import CapacityError
+        import tierstore.store.sizing as sizing
+        cfg = self.config
+        with self.lock:
+            self._check_open("finalize")
+            if not cfg.deferred or self._pool.allocated:
+                raise ConfigError(f"{self.pack.path}: finalize(): the pool is already sized "
+                                  f"({self.n_slots} slots); only a vram_slots='deferred' store "
+                                  f"is finalized, once")
+            n_keys, slot_bytes = self._n_keys, self.slot_bytes
+            avail = sizing.device_available_bytes(self.device) if free_bytes is None \
+                else int(free_bytes)
+            if isinstance(n_slots, str) and n_slots == "auto":
+                n = sizing.auto_slots(slot_bytes=slot_bytes, n_keys=n_keys, available=avail,
+                                      reserve_gb=cfg.reserve_gb, max_gb=cfg.max_gb)
+            elif isinstance(n_slots, (int, np.integer)) and not isinstance(n_slots, bool) \
+                    and n_slots >= 0:
+                n = min(int(n_slots), n_keys)
+                if n * slot_bytes > avail:
+                    raise CapacityError(f"{self.pack.path}: finalize({n_slots}): {n} slots x "
+                                        f"{slot_bytes} bytes need {n * slot_bytes / 2**30:.2f} "
+                                        f"GiB but {self.device} has {avail / 2**30:.2f} GiB free")
+            else:
+                raise ConfigError(f"{self.pack.path}: finalize(): n_slots must be an int >= 0 "
+                                  f"or 'auto', found {n_slots!r}")
+            if cfg.floor is not None:
+                sizing.check_floor(n, cfg.floor, slot_bytes=slot_bytes, force=cfg.force,
+                                   what=cfg.floor_what)
+            policy = cfg.pool_policy_for(self.pack, n)
+            self._pool.allocate(n, policy)
+            if n:
+                self.engine.register_buffer(self._pool.pool)
+            self.n_slots, self.pool_policy = n, policy
+        warm, self._warm_pending = self._warm_pending, None
+        if warm is not None and n:
+            self.preheat(warm)
+        return n
+
     # -- record ------------------------------------------------------------------------
     def record(self, layer: int, topk_ids) -> None:
         """Routing of one MoE layer was observed. Heat only: no I/O, no lock, no host
@@ -181,6 +240,22 @@ class ExpertStore(BackgroundJobs, Lifecycle):
                 pass  # the recorder converts the ids or raises the ConfigError
         self._recorder.record(layer, topk_ids)
 
+    def record_counts(self, counts) -> None:
+        """Routing observed as a table: ``counts`` int [n_layers, n_experts] (or flat) of
+        tokens routed to each expert since the last call (an engine's "seen" table copied
+        to the host). Heat only, like ``record``; one call for every layer."""
+        table = np.asarray(counts)
+        if table.size != self._n_keys or table.dtype.kind not in "iub":
+            raise ConfigError(f"{self.pack.path}: record_counts: counts must be an int table "
+                              f"of {self._L} x {self._E}, found {table.dtype} {list(table.shape)}")
+        flat = np.ascontiguousarray(table.reshape(-1), dtype=np.int64)
+        if np.any(flat < 0):
+            raise ConfigError(f"{self.pack.path}: record_counts: negative count at key "
+                              f"{int(np.flatnonzero(flat < 0)[0])}")
+        with self.lock:
+            self._check_open("record_counts")
+            self._fold.add_counts(flat)
+
     def _fold_records(self) -> None:
         """Fold queued routing into hit counters and both policies (caller holds the lock).
         One native call gives the keys, counts and hit split (store_record.py); then
@@ -191,7 +266,8 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             return
         keys, weights, tally = taken
         self.counters.add_tally(tally)
-        self._pool.policy.on_access(keys, weights=weights)
+        if not getattr(self._pool.policy, "counts_fires", False):   # need: fires only (fire.py)
+            self._pool.policy.on_access(keys, weights=weights)
         self._arena.policy.on_access(keys, weights=weights)
 
     # -- fire / release ------------------------------------------------------------------
@@ -289,10 +365,17 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             return len(gone)
 
     # -- step / stats ----------------------------------------------------------------------
-    def step(self) -> None:
+    def step(self, stream=None) -> None:
         """End of a decode step: fold heat, decay, queue lazy promotions (at most
-        ``lazy_per_step``, hottest first, through the admission filter), snapshots."""
+        ``lazy_per_step``, hottest first, through the admission filter), snapshots.
+
+        ``publish="step"``: the promotions the worker read into arena rows since the last
+        step are copied up and published here, on ``stream`` (default the store's), from
+        this thread, with no victim among the keys recorded this step; the worker only
+        reserves arena rows and reads (no CUDA call, nothing published), so nothing
+        changes in the pool between a step's forward and its replay."""
         self._orphans.drain(self.lock, self._pool)
+        step_mode = self.config.publish == "step"
         with no_interrupts(), self.lock:
             self._check_open("step")
             self._fold_records()
@@ -301,20 +384,69 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             self._pool.policy.decay(steps=1)
             self._arena.policy.decay(steps=1)
             self.step_count += 1
-            cfg = self.config
-            if cfg.lazy_per_step and not self._lazy_busy:
-                from tierstore.store.fire import lazy_candidates
-                keys, rejected = lazy_candidates(self, np.flatnonzero(self._seen))
-                self.counters.lazy_rejected += rejected
-                if len(keys):
-                    self._lazy_busy = True
-                    self.counters.lazy_queued += len(keys)
-                    self._submit_job(("promote", keys, Ticket(len(keys)), True))
+            if step_mode:
+                staged, self._staged = self._staged, []
+                sources, self._pending_sources = self._pending_sources, []
+                routed = self._seen.copy()
+            else:
+                self._queue_lazy("promote")
+                self._seen.fill(False)
+            self._queue_snapshot()
+        if not step_mode:
+            return
+        for batch in sources:     # copies of a step ago: long done, a cheap event wait
+            self._mover.finish_sources(batch)
+        self._publish_staged(staged, routed, self._resolve_stream(stream))
+        with no_interrupts(), self.lock:
+            self._queue_lazy("stage")
             self._seen.fill(False)
-            if self._snapshot_path and cfg.snapshot_every_s and (
-                    time.monotonic() - self._last_snapshot >= cfg.snapshot_every_s):
-                self._last_snapshot = time.monotonic()
-                self._submit_job(("snapshot", self._snapshot_path))
+
+    def _queue_lazy(self, kind: str) -> None:
+        """Queue this step's lazy promotions as a worker job of ``kind`` (lock held)."""
+        if not self.config.lazy_per_step or self._lazy_busy or not self.sized:
+            return
+        from tierstore.store.fire import lazy_candidates
+        keys, rejected = lazy_candidates(self, np.flatnonzero(self._seen))
+        self.counters.lazy_rejected += rejected
+        if len(keys):
+            self._lazy_busy = True
+            self.counters.lazy_queued += len(keys)
+            self._submit_job((kind, keys, Ticket(len(keys)), True))
+
+    def _queue_snapshot(self) -> None:
+        cfg = self.config
+        if self._snapshot_path and cfg.snapshot_every_s and (
+                time.monotonic() - self._last_snapshot >= cfg.snapshot_every_s):
+            self._last_snapshot = time.monotonic()
+            self._submit_job(("snapshot", self._snapshot_path))
+
+    def _publish_staged(self, staged: list, routed: np.ndarray, stream) -> None:
+        """publish="step": copy the staged keys still in arena rows into the pool and
+        publish them on ``stream`` (arena -> pool copies only: no disk I/O here), hottest
+        first, sparing ``routed`` (bool [n_keys]) as victims; tickets finish."""
+        if not staged:
+            return
+        keys = np.unique(np.concatenate([k for k, _t in staged]))
+        batch = None
+        with self.lock:
+            pool, arena = self._pool, self._arena
+            keys = keys[(pool.slot_of[keys] < 0) & (arena.resident_slot[keys] >= 0)]
+            if len(keys):
+                batch = self._mover.plan(pool.policy.rank(keys), to_pool=True, stream=stream,
+                                         spare=routed)
+        error = None
+        if batch is not None:
+            try:
+                self._mover.run(batch, defer_sources=self._defer_sources)
+            except Exception as exc:  # noqa: BLE001 - handed to the tickets; serving goes on
+                error = exc
+                log.warning("%s: publishing %d staged promotions failed: %s",
+                            self.pack.path, len(batch.keys), exc)
+        with self.lock:
+            resident = self._pool.resident_slot
+            for k, ticket in staged:
+                if ticket is not None:
+                    ticket._finish(int(np.count_nonzero(resident[k] >= 0)), error=error)
 
     def stats(self) -> StoreStats:
         with self.lock:

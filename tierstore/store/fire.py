@@ -44,6 +44,8 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
     store._orphans.drain(lock, pool)   # batches and pins of results a Ctrl-C orphaned
     with lock:
         store._fold_records()
+        if getattr(pool.policy, "counts_fires", False) and not scan:
+            pool.policy.on_access(keys)   # need: a key's heat is the fires that routed it
         pool.pin(keys)
         pinned = keys
         result.already_resident = int(np.count_nonzero(pool.resident_slot[keys] >= 0))

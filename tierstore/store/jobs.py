@@ -24,7 +24,9 @@ class BackgroundJobs:
         dense = self._dense(keys)
         self._check_open("promote")
         ticket = Ticket(len(dense))
-        self._submit_job(("promote", dense, ticket, False))
+        # publish="step": read into arena rows now, published (and the ticket done) at step()
+        kind = "stage" if self.config.publish == "step" else "promote"
+        self._submit_job((kind, dense, ticket, False))
         return ticket
 
     def _run_job(self, job) -> None:
@@ -36,6 +38,20 @@ class BackgroundJobs:
                     raise ClosedError(f"{self.pack.path}: store closed before this "
                                       f"promotion of {len(keys)} keys ran")
                 ticket._finish(self._promote_now(keys))
+            except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
+                ticket._finish(error=exc)
+                if lazy and not isinstance(exc, ClosedError):
+                    log.warning("lazy promotion failed: %s", exc)
+            finally:
+                if lazy:
+                    self._lazy_busy = False
+        elif kind == "stage":
+            _, keys, ticket, lazy = job
+            try:
+                if self._closed:
+                    raise ClosedError(f"{self.pack.path}: store closed before {len(keys)} "
+                                      f"keys were staged")
+                self._stage_now(keys, None if lazy else ticket)
             except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
                 ticket._finish(error=exc)
                 if lazy and not isinstance(exc, ClosedError):
@@ -63,7 +79,24 @@ class BackgroundJobs:
         self._mover.run(batch)  # the worker may block on the copies itself
         return len(batch.keys)
 
+    def _stage_now(self, keys: np.ndarray, ticket) -> None:
+        """publish="step", on the worker: read ``keys`` not yet in the pool into arena rows
+        (host reads only: no CUDA call, nothing published) and hand them to the next
+        step(), which copies them up and finishes ``ticket``."""
+        with self.lock:
+            keys = keys[self._pool.slot_of[keys] < 0]
+            need = keys[self._arena.slot_of[keys] < 0]
+            batch = self._mover.plan(need, to_pool=False, stream=None) if len(need) else None
+        if batch is not None:
+            self._mover.run(batch)
+        with self.lock:
+            self._staged.append((keys, ticket))
+
     def _defer_sources(self, batch) -> None:
+        if self.config.publish == "step":   # the worker makes no CUDA call: step() frees them
+            with self.lock:
+                self._pending_sources.append(batch)
+            return
         self._submit_job(("sources", batch))
 
     def _submit_job(self, job) -> bool:

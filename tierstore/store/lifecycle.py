@@ -38,6 +38,14 @@ class Lifecycle(Closing):
             for load in loads:   # no new one can start: fires are refused from here on
                 load.settle(load.batch.stream)
             self._worker.stop()
+            for batch in self._pending_sources:   # publish="step": copies step() did not free
+                self._mover.finish_sources(batch)
+            self._pending_sources = []
+            for _keys, ticket in self._staged:     # staged, never published
+                if ticket is not None:
+                    ticket._finish(error=ClosedError(f"{self.pack.path}: store closed before "
+                                                     f"these keys were published"))
+            self._staged = []
             if self._owns_engine:
                 self.engine.close()
             self._drop_pack()

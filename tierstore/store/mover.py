@@ -67,10 +67,11 @@ class Mover:
 
     # -- 1. plan (under the lock) ------------------------------------------------------
     def plan(self, keys: np.ndarray, *, to_pool: bool, stream, scan: bool = False,
-             allow_evict: bool = True) -> LoadBatch | None:
+             allow_evict: bool = True, spare: np.ndarray | None = None) -> LoadBatch | None:
         """Reserve room for ``keys`` (unique dense ids, hottest first). Pool loads take
         keys not in the pool; arena-only loads (``to_pool=False``) keys not in the
-        arena. Keys that do not fit are left out. None when nothing fits."""
+        arena. Keys that do not fit are left out. None when nothing fits. ``spare``:
+        bool [n_keys] of pool keys that must not be victims (the step's routed set)."""
         pool, arena = self.pool, self.arena
         batch = LoadBatch(keys, to_pool, stream)
         protect = arena.hot_mask(self.scan_keep) if scan else None
@@ -88,8 +89,10 @@ class Mover:
             batch.dst = np.zeros(len(got.keys), np.uint64)
             self.inflight[batch.id] = batch
             return batch
-        taken = pool.take(keys, allow_evict=allow_evict,
-                          protect=pool.hot_mask(self.scan_keep) if scan else None)
+        protect_pool = pool.hot_mask(self.scan_keep) if scan else None
+        if spare is not None:
+            protect_pool = spare if protect_pool is None else (protect_pool | spare)
+        taken = pool.take(keys, allow_evict=allow_evict, protect=protect_pool)
         if not len(taken):
             return None
         keys = batch.keys = taken.keys

@@ -4,7 +4,10 @@
 ``slot_table`` torch.int32 [n_layers, n_experts] on the same device, -1 = not resident
 
 Both are allocated once and never reallocated or rebound: CUDA graphs captured
-their addresses, so every change is a copy into them. The host keeps numpy
+their addresses, so every change is a copy into them. A deferred pool (an engine
+that sizes it after its KV cache) starts with 0 slots and the slot table already
+allocated (all -1, or a table made earlier by ``new_slot_table`` and adopted);
+``allocate`` then makes the pool, once. The host keeps numpy
 mirrors (``SlotStates``: state per slot, owner, pins, the published map) that the
 store consults without touching the device.
 
@@ -27,23 +30,46 @@ import torch
 from tierstore.store.slots import RESIDENT, SlotStates
 
 
+def new_slot_table(n_layers: int, n_experts: int, device) -> torch.Tensor:
+    """An int32 [n_layers, n_experts] slot table of -1 on ``device``, for an engine that
+    must hand kernels the table before its store exists (the store adopts it with
+    ``ExpertStore(..., slot_table=)``; only the store writes it from then on)."""
+    return torch.full((int(n_layers), int(n_experts)), -1, dtype=torch.int32,
+                      device=torch.device(device))
+
+
 class SlotPool(SlotStates):
     """Fixed-slot pool of ``n_slots`` rows of ``slot_bytes`` on ``device``."""
 
     def __init__(self, n_slots: int, slot_bytes: int, n_layers: int, n_experts: int,
-                 device, policy):
+                 device, policy, table: torch.Tensor | None = None):
         super().__init__(n_slots, n_layers * n_experts, policy, tier="pool")
         self.device = torch.device(device)
         self.slot_bytes = int(slot_bytes)
         self.n_layers, self.n_experts = int(n_layers), int(n_experts)
         self.pool = torch.empty((self.n_slots, self.slot_bytes), dtype=torch.uint8,
                                 device=self.device)
-        self.slot_table = torch.full((self.n_layers, self.n_experts), -1, dtype=torch.int32,
-                                     device=self.device)
+        if table is None:
+            table = new_slot_table(self.n_layers, self.n_experts, self.device)
+        else:
+            table.fill_(-1)   # adopted: every key starts not resident
+        self.slot_table = table
         self._table_flat = self.slot_table.view(-1)  # same storage; never a copy
         self._base_ptr = int(self.pool.data_ptr())
         # Load batch id per slot, so a fire can find the batch loading a key.
         self.batch_of_slot = np.zeros(self.n_slots, dtype=np.int64)
+        self.allocated = self.n_slots > 0
+
+    def allocate(self, n_slots: int, policy) -> None:
+        """Size a deferred (0-slot) pool: the pool tensor is made here, once; the slot
+        table is the one made at construction. ``n_slots`` 0 leaves the pool inert."""
+        assert not self.allocated and self.n_slots == 0, "pool: allocate() of a sized pool"
+        SlotStates.__init__(self, n_slots, self.n_keys, policy, tier="pool")
+        self.pool = torch.empty((self.n_slots, self.slot_bytes), dtype=torch.uint8,
+                                device=self.device)
+        self._base_ptr = int(self.pool.data_ptr())
+        self.batch_of_slot = np.zeros(self.n_slots, dtype=np.int64)
+        self.allocated = True
 
     @property
     def is_cuda(self) -> bool:

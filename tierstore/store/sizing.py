@@ -60,6 +60,16 @@ def device_available_bytes(device) -> int:
     return host_available_bytes()
 
 
+def auto_slots(*, slot_bytes: int, n_keys: int, available: int, reserve_gb: float,
+               max_gb: float = 0.0) -> int:
+    """Slots of an auto pool: ``available`` bytes minus ``reserve_gb``, capped by
+    ``max_gb`` (0: no cap) and by ``n_keys``; 0 when nothing is left (never negative)."""
+    usable = int(available) - int(float(reserve_gb) * GIB)
+    if max_gb and max_gb > 0:
+        usable = min(usable, int(float(max_gb) * GIB))
+    return max(min(usable // int(slot_bytes), int(n_keys)), 0)
+
+
 def resolve_pool_slots(*, slot_bytes: int, n_keys: int, device, vram_slots=None,
                        vram_gb=None, reserve_gb: float = 3.0, max_gb: float = 0.0,
                        available: int | None = None) -> int:
@@ -88,10 +98,8 @@ def resolve_pool_slots(*, slot_bytes: int, n_keys: int, device, vram_slots=None,
         n = slots_for_gib(gib, slot_bytes)
         how = f"vram_gb={gib:g}"
     else:
-        usable = avail - int(float(reserve_gb) * GIB)
-        if max_gb and max_gb > 0:
-            usable = min(usable, int(float(max_gb) * GIB))
-        n = min(usable // int(slot_bytes), int(n_keys))
+        n = auto_slots(slot_bytes=slot_bytes, n_keys=n_keys, available=avail,
+                       reserve_gb=reserve_gb, max_gb=max_gb)
         if n < 1:
             raise CapacityError(
                 f"auto pool on {device}: {avail / GIB:.2f} GiB free minus a {reserve_gb:g} GiB "

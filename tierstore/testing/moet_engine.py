@@ -36,7 +36,9 @@ import torch
 class MoetEngine:
     def __init__(self, module, planes: dict[int, tuple[torch.Tensor, torch.Tensor]], *,
                  n_experts: int, dev, top_k: int = 2, tokens: int = 1, runner: str = "v1",
-                 graphs: bool = False, n_spec: int = 0, max_num_seqs: int = 1, seed: int = 0):
+                 graphs: bool = False, n_spec: int = 0, max_num_seqs: int = 1, seed: int = 0,
+                 free_bytes: int | None = None):
+        self.free_bytes = free_bytes   # finalize_auto's memory (None: what the device says)
         self.m, self.planes, self.E, self.dev = module, planes, int(n_experts), torch.device(dev)
         self.top_k, self.tokens, self.runner = int(top_k), int(tokens), runner
         self.graphs = bool(graphs) and self.dev.type == "cuda"
@@ -69,7 +71,10 @@ class MoetEngine:
         self._forward()                       # the profile run: eager
         if tier is not None:
             try:
-                tier.finalize_auto()
+                if self.free_bytes is None:
+                    tier.finalize_auto()
+                else:
+                    tier.finalize_auto(free_bytes=self.free_bytes)
             except Exception as exc:  # noqa: BLE001 - vLLM-Moet's worker only warns
                 warnings.warn(f"finalize_auto failed: {exc}", RuntimeWarning, stacklevel=2)
         self._capture()
@@ -185,8 +190,8 @@ class MoetEngine:
         slots = table[mapped]
         assert len(set(slots.tolist())) == len(slots), "a pool slot is mapped twice"
         assert np.all(slots < tier.n_slots), "slot_table points past the pool"
-        mirror = tier._mirror.numpy().reshape(-1)
-        assert np.array_equal(mirror >= 0, table >= 0), "host mirror and slot_table disagree"
+        if tier.expert_store is not None:   # its bookkeeping agrees with the device table
+            tier.expert_store.check_invariants()
         for key, slot in zip(mapped.tolist(), slots.tolist()):
             layer, expert = divmod(key, tier.E)
             want = (reference(layer, expert) if reference is not None
