@@ -52,7 +52,7 @@ def test_apply_marks_seen_and_returns_the_tier_forward(tier):
     out = method.apply(torch.nn.Module(), x, w, ids, None, None)
     torch.testing.assert_close(out, tier.moe_w2_forward(x, w, ids, 0))
     assert sorted(tier.seen_pairs()[:, 1].tolist()) == sorted(torch.unique(ids).tolist())
-    assert int((tier.slot_table >= 0).sum()) == 0            # decode-sized: no prefill promotion
+    assert int((tier.store.slot_table >= 0).sum()) == 0            # decode-sized: no prefill promotion
 
 
 def test_prefill_sized_apply_makes_the_experts_resident_first(tier):
@@ -61,7 +61,7 @@ def test_prefill_sized_apply_makes_the_experts_resident_first(tier):
     w, ids = model.route(x, 1, 2)
     routed_forward(tier, 1, x, w, ids, prefill_tokens=16)
     for e in torch.unique(ids).tolist():
-        assert int(tier.slot_table[1, e]) >= 0
+        assert int(tier.store.slot_table[1, e]) >= 0
     tier.step_end()
 
 

@@ -45,7 +45,7 @@ Converter = Callable[[Any], Any]
 #: Policy names a TIERSTORE_*_POLICY may take. settings sits below tierstore.policies
 #: (which reads settings), so the names are listed here; a test keeps them equal to
 #: policies.available().
-POLICY_NAMES = ("lru", "heat", "hybrid", "auto", "phase", "blend")
+POLICY_NAMES = ("lru", "heat", "hybrid", "auto", "phase", "blend", "freq", "need")
 AUTO = "auto"
 
 

@@ -3,14 +3,14 @@ base rows of every expert on the device, and a device-side "seen" table.
 
 Lifetime inside one vLLM worker (MOET-facts of vLLM 0.34, docs/VLLM.md):
 
-1. ``load_model``: the quant config builds this tier with the model's geometry. The
-   slot table exists from here on, all -1 (every expert answers from its base row), so
-   the eager profile run and the throwaway capture before KV allocation work without
-   a pool. Graphs captured then are discarded by vLLM.
+1. ``load_model``: the quant config builds this tier with the model's geometry and opens
+   the ExpertStore with a deferred pool (``vram_slots="deferred"``): the slot table exists
+   from here on, all -1 (every expert answers from its base row), so the eager profile
+   run and the throwaway capture before KV allocation work without a pool.
 2. ``initialize_from_config`` (our worker, after KV allocation, before the real
-   captures): :meth:`finalize` opens the ExpertStore, sizing the pool from the memory
-   KV left ("auto": free memory minus TIERSTORE_RESERVE_GB). Pool and slot table are
-   allocated once, here, and never move: their addresses are what graphs bake in.
+   captures): :meth:`finalize` sizes the pool (``store.finalize``: "auto" = free memory
+   minus TIERSTORE_RESERVE_GB, or the vram_gb / vram_slots given). The pool is allocated
+   once, here; pool and slot table never move: their addresses are what graphs bake in.
 3. Captures run under :meth:`quiet`: the store's worker thread is drained and no step
    queues work, so no other thread issues CUDA calls ("global" capture mode).
 4. Serving: ``apply`` marks routed experts in ``seen`` (device op, replays in graphs),
@@ -23,21 +23,11 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import numpy as np
 import torch
 
 from tierstore.compute.moe import BaseWeights, fused_moe
 from tierstore.errors import ConfigError
-
-
-class UnsizedPool:
-    """Before :meth:`ServingTier.finalize`: a slot table of -1 and a one-row pool, so
-    the compute path reads base rows only."""
-
-    def __init__(self, n_layers: int, n_experts: int, slot_bytes: int, device):
-        self.slot_bytes = int(slot_bytes)
-        self.n_slots = 0
-        self.pool = torch.zeros(1, self.slot_bytes, dtype=torch.uint8, device=device)
-        self.slot_table = torch.full((n_layers, n_experts), -1, dtype=torch.int32, device=device)
 
 
 class ServingTier:
@@ -56,8 +46,18 @@ class ServingTier:
         self._fp4_pack = fp4_pack
         self.base = BaseWeights.from_pack(self.packs["base"], device=self.device,
                                           H=self.hidden_size, I=self.intermediate_size)
-        self.store = UnsizedPool(self.n_layers, self.n_experts, fp4_pack.slot_bytes, self.device)
-        self.store_options = store_options
+        options = dict(store_options)
+        self._size = options.pop("vram_slots", None)
+        gb = options.pop("vram_gb", None)
+        if self._size is None:
+            self._size = "auto" if gb in (None, "auto") else \
+                int(float(gb) * (1 << 30)) // int(fp4_pack.slot_bytes)
+        # publish="step": the store's worker only reads into the arena (no CUDA call from
+        # another thread while vLLM captures), and promotions land at step_end
+        options.setdefault("publish", "step")
+        from tierstore.store.expert_store import ExpertStore
+        self.store = ExpertStore(fp4_pack, vram_slots="deferred", device=str(self.device),
+                                 **options)
         self.seen = torch.zeros(self.n_layers, self.n_experts, dtype=torch.uint8,
                                 device=self.device)
         pin = self.device.type == "cuda"
@@ -70,19 +70,14 @@ class ServingTier:
     # -- boot -------------------------------------------------------------------------
     @property
     def finalized(self) -> bool:
-        return not isinstance(self.store, UnsizedPool)
+        return self.store.sized
 
     def finalize(self) -> None:
-        """Open the ExpertStore (allocates pool + slot table). Call once, after KV
-        allocation and before the first real capture; a second call is a no-op."""
-        from tierstore.store.expert_store import ExpertStore
+        """Size the store's pool (once, after KV allocation and before the first real
+        capture); a second call is a no-op."""
         with self._lock:
-            if self.finalized:
-                return
-            options = dict(self.store_options)
-            if "vram_slots" not in options:
-                options.setdefault("vram_gb", "auto")
-            self.store = ExpertStore(self._fp4_pack, device=str(self.device), **options)
+            if not self.finalized:
+                self.store.finalize(self._size)
 
     @contextlib.contextmanager
     def quiet(self):
@@ -133,13 +128,16 @@ class ServingTier:
         self.store.step()
 
     def _fold(self, table: torch.Tensor) -> None:
-        for layer in torch.nonzero(table.any(dim=1)).reshape(-1).tolist():
-            experts = torch.nonzero(table[layer]).reshape(1, -1).to(torch.int32)
-            self.store.record(layer, experts)
+        self.store.record_counts(table.numpy())
+
+    def seen_pairs(self) -> np.ndarray:
+        """(layer, expert) pairs marked in ``seen`` since the last step end (a host sync):
+        what a fire of this step must make resident (tierstore.compute.gate.run_with_gate)."""
+        table = self.seen.to("cpu")
+        return torch.nonzero(table).numpy().astype(np.int64)
 
     def shutdown(self) -> None:
-        if self.finalized:
-            self.store.close()
+        self.store.close()
 
 
 def check_layer(tier: ServingTier, layer: int) -> None:

@@ -1,0 +1,879 @@
+#!/usr/bin/env python3
+"""vLLM-Moet's own FP4 tier and tierstore's drop-in, side by side, under vLLM-Moet's real code.
+
+What it is
+----------
+At run time this script reads vLLM-Moet's patch (``patch/vllm-moet-v0.24.0.patch`` at HEAD
+of a fetched vLLM-Moet repository), extracts the files the patch creates under
+``vllm/model_executor/layers/quantization/utils/`` (``moe_w2_delta``, ``moe_w2_gate``,
+``moe_w2_store``, and the three small modules those import: ``moe_w2_looka``,
+``moe_w2_planes``, ``moe_w2_planes_cache``) into a temporary directory, and imports them
+as real modules under a stand-in ``vllm`` package. No vLLM-Moet code is copied into this
+repository. Then two arms run the same boot and the same steps (MOET-SURFACE.md section 2,
+V1 runner unless a scenario says V2):
+
+* ``moet``: vLLM-Moet's ``moe_w2_delta`` with its own ``DeltaTier`` and store;
+* ``tierstore``: the same freshly imported vLLM-Moet modules after
+  ``tierstore.adapters.vllm_moet.install(moe_w2_delta)``, so ``get_tier``,
+  ``check_pool_floor`` and ``shutdown`` are tierstore's and ``moe_w2_delta._TIER`` is a
+  ``TierstoreDeltaTier``; the gate (``moe_w2_gate``), ``mark_seen`` and the runner
+  protocol stay vLLM-Moet's, as under the plugin.
+
+Boot: ``get_tier(n_experts=E, dev=, w13_bytes=, w2_bytes=)`` -> ``add_layer_host_planes``
+per layer -> V1: ``check_pool_floor(top_k, 0, 1)`` (a ValueError refuses the boot, other
+errors are logged, as the V1 runner does) -> an eager profile forward -> ``finalize_auto``
+(an error is a warning, as the worker does) -> ``notify_capture``. A step:
+``wait_manager_idle`` -> forward (per layer the module-level ``mark_seen(tier.seen[layer],
+ids)`` and a read of ``slot_table[layer]``) -> the real gate ``should_reforward`` on
+seeded synthetic logits -> on a fire up to ``fire_fp_max()`` rounds of the real
+``moe_w2_gate.force_promote_step(max_promote=remaining budget)`` + a replay forward
+(its routing partly re-drawn, seeded, the same for both arms) -> ``step_end``;
+``shutdown`` at the end. At every forward every mapped slot's bytes are compared with
+the planes. Recorded per step and arm: the fire, the promotions per round, the routed
+pairs served at FP4 (mapped in ``slot_table`` at the forward; the final forward is the
+replay), pairs served at FP4 in a fired step's forward and unmapped before its replay
+("lost"), slots holding wrong bytes, and the lazy (manager) promotions.
+
+Runs: a seeded Zipf-like router with drifting hot experts (6 layers x 32 experts,
+top-4, 3 KiB slots, a 48-slot pool), and the FLAME-MoE trace in /work/shared/traces
+(8 layers x 64 experts, top-6, its own geometry, a 96-slot pool). The comparison gives
+totals, per-step equality and, for every event (a lazy pass, a fire round) that
+started from the same state in both arms (mapped set, freq, need) but ended
+differently, whether the two picks have the same multiset of policy scores (a tie
+broken another way) or not. Four known divergences run as separate scenarios: (1)
+packs left unfinished by one engine and resumed by the other, (2) pairs losing their
+slot between a fired step's forward and its replay under DELTA_PROMOTE=32 and a pool
+at the fire floor, in the CPU's event order and in a modelled GPU event order, (3)
+DELTA_GB=auto with the gate armed and free memory under the fire floor or 0 slots,
+(4) ``tierstore.adapters.vllm_moet.register()`` with the plugin off and malformed
+VLLM_MOE_W2_* values.
+
+How to run
+----------
+    python3 bench/moet_side_by_side.py --json bench/results/moet_side_by_side.json
+    python3 bench/moet_side_by_side.py --moet-repo /path/to/vLLM-Moet --steps 200 --seed 0
+
+A table goes to stdout, progress to stderr, ``--json OUT`` writes everything (atomic).
+About a minute on 2 CPU cores. A missing repository or patch is a one-line error.
+
+Stand-ins (everything else is vLLM-Moet's code exactly as its patch creates it)
+-------------------------------------------------------------------------------
+* ``vllm`` package tree: empty ``__init__`` files for ``vllm``, ``vllm.model_executor``,
+  ``...layers``, ``...quantization``, ``...quantization.utils``.
+* ``vllm.logger.init_logger(name)``: a stdlib logger plus ``warning_once`` /
+  ``info_once`` / ``debug_once``.
+* ``vllm.config.get_current_vllm_config()``: an object whose ``parallel_config`` has no
+  ubatching (``check_pool_floor`` reads it); anything else it is asked raises
+  AttributeError, which both engines catch.
+* ``vllm.distributed`` is absent: both engines then name packs ``rank0of1``.
+* ``moe_w2_cubit`` (vLLM-Moet's fused-MoE glue: Triton kernels, CUDA cubins, a vLLM
+  custom op; it cannot be imported on a CPU): a module with the four names
+  ``moe_w2_delta`` reads from it, ``_PREFILL_T``, ``_EXL3_BASE``, ``enabled()`` and
+  ``_layer_cutoff()``, from the same variables with the same defaults. The glue itself
+  is replaced by this script's forward (``mark_seen`` + ``slot_table`` reads).
+* CUDA: their modules' global name ``torch`` is rebound to a proxy of the real torch
+  whose ``cuda`` attribute is a CPU stand-in (torch and tierstore stay untouched):
+  ``Stream`` (``wait_stream``/``synchronize`` do nothing: one CPU "stream"),
+  ``stream(s)`` (a null context), ``current_stream``, ``current_device`` (0),
+  ``set_device`` (no-op; the manager thread calls it every pass), ``synchronize``,
+  ``Event`` (``record``/``query``/``synchronize``; complete at once, or in the modelled
+  GPU order below), ``mem_get_info`` (the scenario's free bytes, for ``finalize_auto``),
+  ``is_available`` (False: their pack store then stages in pageable memory),
+  ``is_current_stream_capturing`` (False); the proxy's tensor factories (``empty``,
+  ``zeros``, ``zeros_like``, ...) drop ``pin_memory=True`` (pinning needs a CUDA
+  driver). Without the proxy ``DeltaTier.__init__`` fails at its first pinned buffer.
+* ``dev = torch.device("cpu", 0)`` for both arms: ``DeltaTier.__init__`` replaces an
+  index-less ``torch.device`` by ``cuda:<current_device()>`` (D:228-230).
+* tierstore's ``finalize_auto`` is given ``free_bytes=`` (on a CPU device it would read
+  the host's free memory); vLLM-Moet's reads the ``mem_get_info`` stand-in: both see the
+  same number.
+* Modelled GPU event order (scenario 2 "gpu" only): an event recorded while the runner
+  is in step N completes when the runner reaches step N+1's ``wait_manager_idle`` (or
+  when an event recorded after it is synchronized); the forward sleeps ``--gpu-forward-ms``
+  after reading ``slot_table``, as a GPU forward takes time while host threads run. On
+  a CPU device tierstore's ``step_end`` records no event (it has nothing queued), so the
+  same stand-in event is attached to its snapshot by wrapping that tier instance's
+  ``_fold_seen`` (no tierstore file changes). vLLM-Moet's arm is then timing-dependent
+  (its manager thread retries every ~0.5-5 ms and may run during the forward).
+* Settings held fixed for determinism (both arms): ``VLLM_MOE_W2_DELTA_DECAY_S=1e9``
+  (the freq/need decay is wall-clock based and would fire at different steps in the two
+  runs), ``VLLM_MOE_W2_CKPT_ID`` set (pack identity without a vLLM config),
+  ``VLLM_MOE_W2_NUM_LAYERS=L-1`` (slot-table rows = L), ``STORE_THREADS=2``.
+
+What cannot run on a CPU: ``moe_w2_cubit`` (kernels, custom op) and CUDA-graph capture
+(``notify_capture`` is called once, outside any capture). Everything the tier, the gate
+and the store do runs as written.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import hashlib
+import importlib
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+PATCH = "patch/vllm-moet-v0.24.0.patch"
+DEFAULT_REPO = "/work/.mirror/kacper-daftcode+vLLM-Moet/repo"
+DEFAULT_TRACE = "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"
+UTILS = "vllm/model_executor/layers/quantization/utils/"
+PKG = UTILS.replace("/", ".")
+THEIRS = ("moe_w2_planes", "moe_w2_planes_cache", "moe_w2_looka", "moe_w2_store",
+          "moe_w2_gate", "moe_w2_delta")
+P = "VLLM_MOE_W2_"
+DEV = torch.device("cpu", 0)
+KINDS = ("moet", "tierstore")
+LABEL = {"moet": "vLLM-Moet", "tierstore": "tierstore"}
+
+
+class Fatal(Exception):
+    """A setup problem reported as one line, without a traceback."""
+
+
+def progress(msg: str) -> None:
+    print(f"[moet-side-by-side] {msg}", file=sys.stderr, flush=True)
+
+
+def one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
+
+
+# == 1. vLLM-Moet's files, from the patch =================================================
+def read_patch(repo: str) -> tuple[str, str]:
+    """The patch text and the repository's HEAD commit (a bare mirror or a checkout)."""
+    if not os.path.isdir(repo):
+        raise Fatal(f"vLLM-Moet repository not found at {repo} (fetch kacper-daftcode/vLLM-Moet "
+                    f"or pass --moet-repo)")
+    git = ["git", "-C", repo]
+    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True)
+    commit = head.stdout.strip() if head.returncode == 0 else "unknown"
+    plain = os.path.join(repo, PATCH)
+    if os.path.isfile(plain):
+        with open(plain, encoding="utf-8") as f:
+            return f.read(), commit
+    shown = subprocess.run(git + ["show", f"HEAD:{PATCH}"], capture_output=True, text=True)
+    if shown.returncode != 0 or not shown.stdout:
+        why = (shown.stderr.strip().splitlines() or ["empty"])[0]
+        raise Fatal(f"{repo}: no {PATCH} at HEAD ({why})")
+    return shown.stdout, commit
+
+
+def new_files(patch: str, wanted: list[str]) -> dict[str, str]:
+    """Files the patch creates (``--- /dev/null`` + ``+++ b/<path>``): the '+' lines of
+    their hunks, each hunk checked against its header's line count."""
+    lines, out, i = patch.split("\n"), {}, 0
+    while i < len(lines):
+        if lines[i] == "--- /dev/null" and lines[i + 1: i + 2] and lines[i + 1].startswith("+++ b/"):
+            path = lines[i + 1][len("+++ b/"):]
+            body, i = _hunks(lines, i + 2, path)
+            if path in wanted:
+                out[path] = body
+            continue
+        i += 1
+    missing = [w for w in wanted if w not in out]
+    if missing:
+        raise Fatal(f"{PATCH} creates none of {missing}")
+    return out
+
+
+def _hunks(lines: list[str], i: int, path: str) -> tuple[str, int]:
+    body = []
+    while i < len(lines) and lines[i].startswith("@@"):
+        m = re.match(r"@@ -0,0 \+1(?:,(\d+))? @@", lines[i])
+        if not m:
+            raise Fatal(f"{PATCH}: {path}: unexpected hunk header {lines[i]!r}")
+        want, i = int(m.group(1) or 1), i + 1
+        got = 0
+        while got < want and i < len(lines):
+            line, i = lines[i], i + 1
+            if line.startswith("\\"):          # "\ No newline at end of file"
+                continue
+            if not line.startswith("+"):
+                raise Fatal(f"{PATCH}: {path}: a new file's hunk has {line[:40]!r}")
+            body.append(line[1:])
+            got += 1
+        if got != want:
+            raise Fatal(f"{PATCH}: {path}: hunk ends after {got} of {want} lines")
+        while i < len(lines) and lines[i].startswith("\\"):
+            i += 1
+    return "\n".join(body) + "\n", i
+
+
+STANDIN_LOGGER = '''"""Stand-in for vllm.logger (moet_side_by_side.py)."""
+import logging
+
+
+def init_logger(name):
+    log = logging.getLogger(name)
+    seen = set()
+
+    def once(level):
+        def emit(msg, *args, **kwargs):
+            if (level, msg) not in seen:
+                seen.add((level, msg))
+                log.log(level, msg, *args)
+        return emit
+    log.warning_once, log.info_once, log.debug_once = (
+        once(logging.WARNING), once(logging.INFO), once(logging.DEBUG))
+    return log
+'''
+
+STANDIN_CONFIG = '''"""Stand-in for vllm.config (moet_side_by_side.py): no ubatching."""
+import types
+
+_CONFIG = types.SimpleNamespace(
+    parallel_config=types.SimpleNamespace(use_ubatching=False, ubatch_size=0))
+
+
+def get_current_vllm_config():
+    return _CONFIG
+'''
+
+STANDIN_CUBIT = '''"""Stand-in for vLLM-Moet's moe_w2_cubit (moet_side_by_side.py): the four names
+moe_w2_delta reads, from the same variables and defaults (C:134, C:197, C:372-400)."""
+import os
+
+_PREFILL_T = int(os.getenv("VLLM_MOE_W2_PREFILL_T", "96"))
+_EXL3_BASE = os.getenv("VLLM_MOE_W2_EXL3_BASE", "0") == "1"
+
+
+def enabled():
+    return os.getenv("VLLM_MOE_W2", "0") == "1"
+
+
+def _layer_cutoff():
+    v = os.getenv("VLLM_MOE_W2_NUM_LAYERS")
+    return int(v) if v is not None else 43
+'''
+
+
+def build_tree(root: str, files: dict[str, str]) -> None:
+    """The stand-in ``vllm`` package with vLLM-Moet's real modules in it."""
+    for pkg in ("vllm", "vllm/model_executor", "vllm/model_executor/layers",
+                "vllm/model_executor/layers/quantization", UTILS.rstrip("/")):
+        os.makedirs(os.path.join(root, pkg), exist_ok=True)
+        open(os.path.join(root, pkg, "__init__.py"), "w").close()
+    standins = {"vllm/logger.py": STANDIN_LOGGER, "vllm/config.py": STANDIN_CONFIG,
+                UTILS + "moe_w2_cubit.py": STANDIN_CUBIT}
+    for rel, text in {**standins, **files}.items():
+        with open(os.path.join(root, rel), "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+# == 2. CUDA, stood in on the CPU (their modules only) =====================================
+class GpuClock:
+    """When stand-in events complete: at once (``lag`` off: a CPU has nothing queued), or
+    (``lag`` on) when the runner reaches the next step's wait_manager_idle, or when an
+    event recorded after them is synchronized (a GPU drains a stream in order)."""
+
+    def __init__(self):
+        self.lag, self.boundary, self.seq, self.drained = False, 0, 0, 0
+
+    def stamp(self) -> tuple[int, int]:
+        self.seq += 1
+        return self.seq, (self.boundary + 1 if self.lag else 0)
+
+    def done(self, seq: int, at: int) -> bool:
+        return self.boundary >= at or seq <= self.drained
+
+    def reset(self, lag: bool) -> None:
+        self.__init__()
+        self.lag = lag
+
+
+CLOCK = GpuClock()
+CALLS: collections.Counter = collections.Counter()   # stand-in calls, per name
+
+
+class StandInEvent:
+    def __init__(self, *args, **kwargs):
+        CALLS["Event"] += 1
+        self.seq, self.at = 0, 0
+
+    def record(self, stream=None):
+        self.seq, self.at = CLOCK.stamp()
+
+    def query(self) -> bool:
+        CALLS["Event.query"] += 1
+        return CLOCK.done(self.seq, self.at)
+
+    def synchronize(self) -> None:
+        CALLS["Event.synchronize"] += 1
+        CLOCK.drained = max(CLOCK.drained, self.seq)
+
+    def wait(self, stream=None) -> None:
+        pass
+
+
+class StandInStream:
+    def __init__(self, device=None, *args, **kwargs):
+        CALLS["Stream"] += 1
+        self.device = device
+
+    def wait_stream(self, other) -> None:
+        CALLS["Stream.wait_stream"] += 1
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        CALLS["Stream.synchronize"] += 1
+        CLOCK.drained = CLOCK.seq
+
+    def query(self) -> bool:
+        return True
+
+
+class CpuCuda:
+    """``torch.cuda`` as vLLM-Moet's modules see it here (module doc: Stand-ins)."""
+    Stream, Event = StandInStream, StandInEvent
+
+    def __init__(self):
+        self.free_bytes, self.total_bytes = 0, 0
+        self._main = StandInStream("main")
+
+    def stream(self, s=None):
+        CALLS["stream"] += 1
+        return contextlib.nullcontext(s)
+
+    def current_stream(self, device=None):
+        CALLS["current_stream"] += 1
+        return self._main
+
+    def current_device(self) -> int:
+        CALLS["current_device"] += 1
+        return 0
+
+    def set_device(self, device) -> None:
+        CALLS["set_device"] += 1
+
+    def synchronize(self, device=None) -> None:
+        CALLS["synchronize"] += 1
+        CLOCK.drained = CLOCK.seq
+
+    def mem_get_info(self, device=None) -> tuple[int, int]:
+        CALLS["mem_get_info"] += 1
+        return int(self.free_bytes), int(self.total_bytes)
+
+    def is_available(self) -> bool:
+        return False
+
+    def is_current_stream_capturing(self) -> bool:
+        return False
+
+
+class TorchProxy(types.ModuleType):
+    """``torch`` for vLLM-Moet's modules: the real one, but ``cuda`` is the CPU stand-in and
+    the tensor factories drop ``pin_memory=True``."""
+
+    def __init__(self, cuda: CpuCuda):
+        super().__init__("torch")
+        self.cuda = cuda
+        for name in ("empty", "zeros", "zeros_like", "empty_like", "full", "ones"):
+            setattr(self, name, _unpinned(getattr(torch, name)))
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def _unpinned(factory):
+    def make(*args, **kwargs):
+        if kwargs.pop("pin_memory", False):
+            CALLS["pin_memory"] += 1
+        return factory(*args, **kwargs)
+    return make
+
+
+# == 3. loading both arms ==================================================================
+class WarningCount(logging.Handler):
+    """Counts WARNING+ records of vLLM-Moet's and tierstore's loggers, per run."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.take()
+
+    def emit(self, record):
+        side = "tierstore" if record.name.startswith("tierstore") else "moet"
+        self.counts[side] += 1
+        msg = " ".join(record.getMessage().split())[:200]
+        if msg not in self.first[side] and len(self.first[side]) < 3:
+            self.first[side].append(msg)
+
+    def take(self, side: str | None = None) -> dict:
+        out = None if side is None else {"count": self.counts[side], "first": self.first[side]}
+        if side is None or side == "all":
+            self.counts, self.first = collections.Counter(), {k: [] for k in KINDS}
+        return out
+
+
+def set_env(environ: dict) -> None:
+    for k in [k for k in os.environ if k.startswith(P)]:
+        del os.environ[k]
+    os.environ.update(environ)
+
+
+def load_moet(ctx, environ: dict) -> types.SimpleNamespace:
+    """vLLM-Moet's modules, imported afresh under ``environ`` (they read it at import)."""
+    set_env(environ)
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        del sys.modules[name]
+    if ctx.tree not in sys.path:
+        sys.path.insert(0, ctx.tree)
+    importlib.invalidate_caches()
+    mods = {n: importlib.import_module(PKG + n) for n in THEIRS}
+    for m in mods.values():
+        m.torch = ctx.proxy
+    return types.SimpleNamespace(**{n[len("moe_w2_"):]: m for n, m in mods.items()})
+
+
+@contextlib.contextmanager
+def open_arm(ctx, kind: str, environ: dict, geo, planes, gpu_forward_s: float = 0.0):
+    """One arm over fresh vLLM-Moet modules; teardown calls the module's ``shutdown``."""
+    from tierstore.adapters import vllm_moet as vm
+    mods = load_moet(ctx, environ)
+    if kind == "tierstore":
+        vm.reset_env()
+        vm.install(mods.delta)
+    arm = Arm(kind, mods, geo, planes, ctx.cuda, gpu_forward_s)
+    try:
+        yield arm
+    finally:
+        try:
+            mods.delta.shutdown()
+            mods.gate.shutdown()
+        except Exception as exc:  # noqa: BLE001 - reported, the next arm must still start
+            arm.errors.append(f"shutdown: {one_line(exc)}")
+        if kind == "tierstore":
+            vm.uninstall()
+            if vm._TIER is not None:   # a failed shutdown: forget the tier (harness cleanup)
+                vm._TIER = None
+            vm.reset_env()
+
+
+# == 4. the engine side: boot, forward, gate, step_end ========================================
+@dataclass
+class Geometry:
+    name: str
+    layers: int
+    experts: int
+    top_k: int
+    slots: int
+    w13: int = 2048
+    w2: int = 1024
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.w13 + self.w2
+
+    @property
+    def fire_floor(self) -> int:      # V1, no spec, 1 seq, GATE_FP_MAX 3
+        return int(self.layers * self.top_k * 1.0 * 1 * 1.7)
+
+    def env(self, **extra) -> dict:
+        e = {P + "NUM_LAYERS": str(self.layers - 1), P + "CKPT_ID": "moet-side-by-side",
+             P + "GATE": "1", P + "STORE_THREADS": "2", P + "DELTA_DECAY_S": "1e9",
+             P + "DELTA_GB": repr(self.slots * self.slot_bytes / 2**30)}
+        e.update({P + k: str(v) for k, v in extra.items()})
+        return e
+
+
+def make_planes(geo: Geometry, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {k: (torch.randint(0, 256, (geo.experts, geo.w13), dtype=torch.uint8, generator=g),
+                torch.randint(0, 256, (geo.experts, geo.w2), dtype=torch.uint8, generator=g))
+            for k in range(geo.layers)}
+
+
+def digest(*arrays) -> str:
+    h = hashlib.sha1()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+class Arm:
+    """Drives one ``moe_w2_delta`` module as vLLM-Moet's glue, gate, V1/V2 runner and worker."""
+
+    def __init__(self, kind, mods, geo: Geometry, planes: dict, cuda: CpuCuda, gpu_forward_s):
+        self.kind, self.m, self.geo, self.cuda = kind, mods, geo, cuda
+        self.planes, self.gpu_forward_s = planes, gpu_forward_s
+        self.flat = torch.cat([torch.cat(planes[k], 1) for k in range(geo.layers)])
+        self.policy = os.environ.get(P + "DELTA_POLICY", "freq")
+        self.errors: list[str] = []
+        self.events: list[dict] = []
+        self.last_mapped = set()
+
+    @property
+    def tier(self):
+        return self.m.delta._TIER
+
+    # -- boot ---------------------------------------------------------------------------------
+    def boot(self, profile_route, runner: str = "v1", free_bytes: int | None = None,
+             n_stage: int | None = None, info: dict | None = None) -> dict:
+        """Boot as the glue, the V1 (or V2) runner and the worker do; fills and returns
+        ``info`` (given: still filled in part when a call raises). ``n_stage``: stop after
+        staging that many layers (a boot that dies while writing its pack)."""
+        d, g = self.m.delta, self.geo
+        info = {} if info is None else info
+        tier = d.get_tier(n_experts=g.experts, dev=DEV, w13_bytes=g.w13, w2_bytes=g.w2)
+        info["tier"] = type(tier).__name__ if tier is not None else None
+        if tier is None:
+            return info
+        info["layers_in_store_before_staging"] = len(tier._store)
+        for key in range(g.layers if n_stage is None else n_stage):
+            tier.add_layer_host_planes(key, *self.planes[key])
+        if n_stage is not None:
+            return info
+        if runner == "v1":
+            try:
+                d.check_pool_floor(g.top_k, 0, 1)
+            except ValueError as exc:       # the V1 runner re-raises: boot fails
+                info["refused"] = one_line(exc)
+                return info
+            except Exception as exc:  # noqa: BLE001 - the V1 runner only logs these
+                info["floor_check_logged"] = one_line(exc)
+        self.forward(profile_route, {})     # determine_available_memory: eager profile run
+        self.finalize(tier, free_bytes, info)
+        tier.notify_capture()               # the glue's call while capturing (no capture here)
+        info.update(n_slots=tier.n_slots, pool_rows=int(tier.pool.shape[0]),
+                    layers_in_store=len(tier._store), sub_floor=bool(tier._sub_floor))
+        return info
+
+    def finalize(self, tier, free_bytes, info: dict) -> None:
+        """The worker's ``_TIER.finalize_auto()`` after KV allocation; errors only warn."""
+        try:
+            if self.kind == "tierstore":
+                tier.finalize_auto(free_bytes=free_bytes)
+            else:
+                self.cuda.free_bytes = free_bytes or 0
+                self.cuda.total_bytes = 1 << 40
+                tier.finalize_auto()
+        except Exception as exc:  # noqa: BLE001 - vLLM-Moet's worker logs a warning
+            info["finalize_auto_warning"] = one_line(exc)
+
+    def lag_snapshots(self) -> None:
+        """Modelled GPU order for tierstore (module doc): its CPU ``step_end`` records no
+        event, so give that snapshot the stand-in event a GPU's would complete late."""
+        tier = self.tier
+        fold = tier._fold_seen
+
+        def fold_with_event():
+            pending = tier._snapshot_pending
+            fold()
+            if tier._snapshot_pending and not pending:
+                ev = StandInEvent()
+                ev.record()
+                tier._snapshot_event = ev
+        tier._fold_seen = fold_with_event
+
+    # -- reading the tier ---------------------------------------------------------------------
+    def mapped(self) -> set:
+        table = self.tier.slot_table.reshape(-1).numpy()
+        return set(np.flatnonzero(table >= 0).tolist())
+
+    def scores(self) -> dict:
+        t = self.tier
+        return {"freq": np.asarray(t._freq, np.float64).reshape(-1).copy(),
+                "need": np.asarray(t._need, np.float64).reshape(-1).copy()}
+
+    def wrong_keys(self) -> set:
+        """Mapped keys whose slot does not hold their row (or a slot mapped twice / past the
+        pool): a bug in the tier under test."""
+        t = self.tier
+        table = t.slot_table.reshape(-1).numpy().copy()
+        keys = np.flatnonzero(table >= 0)
+        if not len(keys):
+            return set()
+        slots = table[keys].astype(np.int64)
+        n = int(t.pool.shape[0])
+        bad = slots >= n
+        _, first, counts = np.unique(slots, return_index=True, return_counts=True)
+        dup = np.isin(slots, np.unique(slots)[counts > 1])
+        if n:
+            rows = t.pool[torch.from_numpy(np.minimum(slots, n - 1))]
+            bad |= (rows != self.flat[torch.from_numpy(keys)]).any(1).numpy()
+        return set(keys[bad | dup].tolist())
+
+    # -- one forward, as the glue runs it per MoE layer -------------------------------------
+    def forward(self, route: np.ndarray, rec: dict) -> set:
+        d, tier, E = self.m.delta, self.tier, self.geo.experts
+        served = []
+        for layer in range(self.geo.layers):
+            ids = torch.from_numpy(route[layer]).long()
+            if self.cuda.is_current_stream_capturing():
+                tier.notify_capture()
+            d.mark_seen(tier.seen[layer], ids.view(-1))
+            slots = tier.slot_table[layer].index_select(0, ids)   # read even with 0 slots
+            served.append(layer * E + route[layer][(slots >= 0).numpy()])
+        served = set(np.concatenate(served).tolist())
+        self.last_mapped = self.mapped()
+        if self.gpu_forward_s:
+            time.sleep(self.gpu_forward_s)                       # the kernels' time
+        wrong = self.wrong_keys()
+        rec["wrong"] = max(rec.get("wrong", 0), len(wrong))
+        rec["wrong_served"] = rec.get("wrong_served", 0) + len(wrong & served)
+        return served
+
+    def event(self, label: str, before: set, state: dict, key_scores: dict) -> None:
+        """What a lazy pass or a fire round changed, with the policy's scores."""
+        after = self.mapped()
+        key = key_scores["need" if self.policy == "need" else "freq"]
+        ins, outs = sorted(after - before), sorted(before - after)
+        self.events.append({
+            "label": label, "state": digest(sorted(before), state["freq"], state["need"]),
+            "ins": ins, "outs": outs, "in_scores": sorted(key[ins].tolist()),
+            "out_scores": sorted(key[outs].tolist())})
+
+    # -- one step of the V1 runner ------------------------------------------------------------
+    def step(self, s: int, routes: np.ndarray, logits: torch.Tensor) -> dict:
+        d, g = self.m.delta, self.m.gate
+        rec = {"step": s, "fired": False, "promoted": [], "served": [], "lost": 0,
+               "lost_rerouted": 0, "wrong": 0, "wrong_served": 0, "errors": []}
+        self.events = []
+        CLOCK.boundary += 1
+        before, state = self.mapped(), self.scores()
+        for t in (d._BASE_TIER, d._TIER):
+            if t is not None:
+                t.wait_manager_idle()
+        self.event("lazy", before, state, self.scores())
+        served = self.forward(routes[0], rec)
+        rec["served"].append(len(served))
+        rec["fired"] = bool(g.enabled() and g.should_reforward(logits.view(1, -1)))
+        if rec["fired"]:
+            self.fire(routes, served, rec)
+        rec["mapped_digest"] = digest(sorted(self.last_mapped))
+        for t in (d._BASE_TIER, d._TIER):
+            if t is not None:
+                try:
+                    t.step_end()
+                except Exception as exc:  # noqa: BLE001 - the runners swallow it
+                    rec["errors"].append(f"step_end: {one_line(exc)}")
+        rec["events"] = self.events
+        return rec
+
+    def fire(self, routes: np.ndarray, served: set, rec: dict) -> None:
+        """The runner's fire loop: rounds of force_promote_step(max_promote=budget) + replay."""
+        g, E = self.m.gate, self.geo.experts
+        budget = g.step_promote_budget()
+        for r in range(g.fire_fp_max()):
+            before, state = self.mapped(), self.scores()
+            try:
+                n = int(g.force_promote_step(max_promote=budget))
+            except Exception as exc:  # noqa: BLE001 - the runner logs and skips the replay
+                rec["errors"].append(f"force_promote: {one_line(exc)}")
+                return
+            self.event(f"fire{r}", before, state, state)
+            rec["promoted"].append(n)
+            if budget is not None:
+                budget -= n
+            if n <= 0 or not g.reforward_enabled():
+                return
+            gone = served - self.mapped()
+            replay = {layer * E + int(e) for layer, row in enumerate(routes[r + 1]) for e in row}
+            rec["lost"] += len(gone)
+            rec["lost_rerouted"] += len(gone & replay)
+            served = self.forward(routes[r + 1], rec)
+            rec["served"].append(len(served))
+
+
+# == 5. routing and gate inputs =========================================================
+def _draw(rng, p: np.ndarray, k: int) -> np.ndarray:
+    return np.stack([rng.choice(p.shape[1], k, replace=False, p=row) for row in p])
+
+
+def _reroute(prev: np.ndarray, p: np.ndarray, rng, frac: float) -> np.ndarray:
+    """A replay's routing: each routed expert re-drawn with probability ``frac`` (the FP4
+    experts change the hidden states, so later routers pick partly other experts)."""
+    out = prev.copy()
+    for layer in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            if rng.random() < frac:
+                free = np.setdiff1d(np.arange(p.shape[1]), out[layer])
+                q = p[layer, free] / p[layer, free].sum()
+                out[layer, j] = rng.choice(free, p=q)
+    return out
+
+
+def zipf_router(geo: Geometry, steps: int, rounds: int, seed: int, drift_every: int = 20,
+                exponent: float = 1.1, reroute: float = 0.25):
+    """Per layer a Zipf-like popularity over a seeded permutation of the experts; every
+    ``drift_every`` steps one hot expert per layer swaps rank with a cold one."""
+    rng = np.random.default_rng([seed, 1])
+    L, E, k = geo.layers, geo.experts, geo.top_k
+    perms = np.stack([rng.permutation(E) for _ in range(L)])
+    base = 1.0 / np.arange(1, E + 1) ** exponent
+    base /= base.sum()
+
+    def probs():
+        p = np.empty((L, E))
+        for layer in range(L):
+            p[layer, perms[layer]] = base
+        return p
+    p = probs()
+    profile = _draw(rng, p, k)
+    routes = np.empty((steps, rounds + 1, L, k), np.int64)
+    for s in range(steps):
+        if s and s % drift_every == 0:
+            for layer in range(L):
+                i, j = rng.integers(0, 6), rng.integers(E // 2, E)
+                perms[layer, [i, j]] = perms[layer, [j, i]]
+            p = probs()
+        routes[s, 0] = _draw(rng, p, k)
+        for r in range(1, rounds + 1):
+            routes[s, r] = _reroute(routes[s, r - 1], p, rng, reroute)
+    return routes, profile
+
+
+def trace_router(path: str, steps: int, rounds: int, seed: int, slots: int,
+                 reroute: float = 0.25):
+    """The trace's ticks as decode steps (tick 0 = the profile forward), in its own
+    geometry (layers renumbered from 0); replays re-draw from each layer's popularity."""
+    a = np.load(path)
+    layers = np.unique(a[:, 1])
+    E, ticks = int(a[:, 2].max()) + 1, len(np.unique(a[:, 0]))
+    k = len(a) // (ticks * len(layers))
+    if k * ticks * len(layers) != len(a) or steps + 1 > ticks:
+        raise Fatal(f"{path}: expected [tick, layer, expert] rows, the same top-k for every "
+                    f"tick and layer, and more than {steps} ticks")
+    per = a[:, 2].reshape(ticks, len(layers), k).astype(np.int64)
+    if not np.array_equal(a[:, 1].reshape(ticks, len(layers), k)[:, :, 0],
+                          np.broadcast_to(layers, (ticks, len(layers)))):
+        raise Fatal(f"{path}: rows are not sorted by tick, then layer")
+    p = np.stack([np.bincount(per[:, i].ravel(), minlength=E) + 1.0
+                  for i in range(len(layers))])
+    p /= p.sum(1, keepdims=True)
+    rng = np.random.default_rng([seed, 2])
+    routes = np.empty((steps, rounds + 1, len(layers), k), np.int64)
+    for s in range(steps):
+        routes[s, 0] = per[s + 1]
+        for r in range(1, rounds + 1):
+            routes[s, r] = _reroute(routes[s, r - 1], p, rng, reroute)
+    geo = Geometry("trace", len(layers), E, k, slots)
+    return geo, routes, per[0]
+
+
+def gate_logits(steps: int, seed: int, fire_rate: float, vocab: int = 64) -> torch.Tensor:
+    """Per step one row of logits: flat (top-1 prob ~0.05, the gate fires) with
+    probability ``fire_rate``, else one token 10 nats ahead (it does not)."""
+    rng = np.random.default_rng([seed, 3])
+    rows = []
+    for _ in range(steps):
+        if rng.random() < fire_rate:
+            x = rng.normal(0.0, 0.5, vocab)
+        else:
+            x = rng.normal(0.0, 1.0, vocab)
+            x[rng.integers(vocab)] += 10.0
+        rows.append(x)
+    return torch.tensor(np.stack(rows), dtype=torch.float32)
+
+
+# == 6. serving runs and their comparison ====================================================
+def serve(ctx, kind: str, geo: Geometry, environ: dict, planes, routes, profile, logits,
+          steps: int, runner: str = "v1", free_bytes=None, lag: bool = False,
+          gpu_ms: float = 0.0) -> dict:
+    CLOCK.reset(lag)
+    CALLS.clear()
+    ctx.warnings.take("all")
+    hist, t0 = [], time.perf_counter()
+    with open_arm(ctx, kind, environ, geo, planes, gpu_ms / 1e3) as arm:
+        boot = arm.boot(profile, runner=runner, free_bytes=free_bytes)
+        if lag and kind == "tierstore" and arm.tier is not None:
+            arm.lag_snapshots()
+        if arm.tier is not None and "refused" not in boot:
+            for s in range(steps):
+                hist.append(arm.step(s, routes[s], logits[s]))
+            boot["final_mapped"] = len(arm.mapped())
+    return {"boot": boot, "steps": hist, "totals": totals(hist), "errors": arm.errors,
+            "warnings": ctx.warnings.take(kind), "cuda_stand_in_calls": dict(CALLS),
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def totals(hist: list[dict]) -> dict:
+    ev = [e for r in hist for e in r["events"]]
+    return {
+        "steps": len(hist),
+        "gate_fires": sum(r["fired"] for r in hist),
+        "fire_rounds": sum(len(r["promoted"]) for r in hist),
+        "promoted_by_fires": sum(sum(r["promoted"]) for r in hist),
+        "promoted_lazy": sum(len(e["ins"]) for e in ev if e["label"] == "lazy"),
+        "evicted": sum(len(e["outs"]) for e in ev),
+        "fp4_served_final": sum(r["served"][-1] for r in hist),
+        "fp4_served_first_forward": sum(r["served"][0] for r in hist),
+        "fp4_served_replays": sum(sum(r["served"][1:]) for r in hist),
+        "lost_between_forward_and_replay": sum(r["lost"] for r in hist),
+        "lost_and_routed_again": sum(r["lost_rerouted"] for r in hist),
+        "fired_steps_with_loss": sum(r["fired"] and r["lost"] > 0 for r in hist),
+        "wrong_byte_slots": sum(r["wrong"] for r in hist),
+        "wrong_bytes_served": sum(r["wrong_served"] for r in hist),
+        "step_errors": sum(len(r["errors"]) for r in hist),
+    }
+
+
+def compare(a: list[dict], b: list[dict], experts: int) -> dict:
+    """Per-step equality, the first differing step, and every event that started from
+    the same state in both arms but ended differently (tie-broken or not)."""
+    eq = collections.Counter()
+    first, same_state = None, []
+    for ra, rb in zip(a, b):
+        same = {"gate_fire": ra["fired"] == rb["fired"],
+                "promote_counts": ra["promoted"] == rb["promoted"],
+                "fp4_served": ra["served"] == rb["served"],
+                "lost": ra["lost"] == rb["lost"],
+                "mapped_set_at_final_forward": ra["mapped_digest"] == rb["mapped_digest"]}
+        eq.update(k for k, v in same.items() if v)
+        if first is None and not all(same.values()):
+            first = {"step": ra["step"], "differs": [k for k, v in same.items() if not v],
+                     "moet": _brief(ra), "tierstore": _brief(rb)}
+        for ea, eb in zip(ra["events"], rb["events"]):
+            if ea["label"] != eb["label"]:
+                break
+            if ea["state"] == eb["state"] and (ea["ins"], ea["outs"]) != (eb["ins"], eb["outs"]):
+                same_state.append(_event_diff(ra["step"], ea, eb, experts))
+    n = min(len(a), len(b))
+    return {"steps": n, "equal_steps": {k: eq[k] for k in (
+                "gate_fire", "promote_counts", "fp4_served", "lost",
+                "mapped_set_at_final_forward")},
+            "first_differing_step": first,
+            "same_state_events_that_differ": len(same_state),
+            "of_which_tie_breaking": sum(d["tie_breaking"] for d in same_state),
+            "examples": same_state[:6]}
+
+
+def _brief(r: dict) -> dict:
+    return {k: r[k] for k in ("fired", "promoted", "served", "lost")}
+
+
+def _event_diff(step: int, ea: dict, eb: dict, E: int) -> dict:
+    pair = lambda keys: [[k // E, k % E] for k in keys]   # noqa: E731
+    tie = ea["in_scores"] == eb["in_scores"] and ea["out_scores"] == eb["out_scores"]
+    return {"step": step, "event": ea["label"], "tie_breaking": tie,
+            "moet_only_in": pair(sorted(set(ea["ins"]) - set(eb["ins"]))),
+            "tierstore_only_in": pair(sorted(set(eb["ins"]) - set(ea["ins"]))),
+            "moet_only_out": pair(sorted(set(ea["outs"]) - set(eb["outs"]))),
+            "tierstore_only_out": pair(sorted(set(eb["outs"]) - set(ea["outs"]))),
+            "scores": {"moet_in": ea["in_scores"], "tierstore_in": eb["in_scores"],
+                       "moet_out": ea["out_scores"], "tierstore_out": eb["out_scores"]}}
+
+
+def side_by_side(ctx, geo, routes, profile, logits, steps, **kw) -> dict:
+    planes = make_planes(geo, ctx.seed)
+    environ = geo.env(**kw.pop("extra", {}))
+    arms = {}
+    for kind in KINDS:
+        progress(f"{geo.name}: {LABEL[kind]} arm, {steps} steps")
+        arms[kind] = serve(ctx, kind, geo, environ, planes, routes, profile, logits, steps, **kw)
+    return {"geometry": vars(geo) | {"slot_bytes": geo.slot_bytes, "fire_floor": geo.fire_floor},
+            "env": environ, "arms": arms,
+            "comparison": compare(arms["moet"]["steps"], arms["tierstore"]["steps"], geo.experts)}
