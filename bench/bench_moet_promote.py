@@ -1,4 +1,4 @@
-"""force_promote of N rows through vLLM-Moet's tier surface: direct vs staged, and the plain Python path.
+"""force_promote of N rows through vLLM-Moet's tier surface, the store's fire under it, and the plain Python path.
 
     python bench/bench_moet_promote.py                       # GPU: 64 rows of 12 MiB
     python bench/bench_moet_promote.py --device cpu --rows 16 --row-mib 1   # CPU, small
@@ -15,12 +15,12 @@ returns once the rows are in the pool and mapped (its copies are synchronised);
 * ``disk``: no arena, the pack's pages dropped (fadvise DONTNEED, and drop_caches
   when allowed) before every fire; buffered and O_DIRECT (TIERSTORE_DIRECT=on).
 
-Each source runs both load paths of the tier (VLLM_MOE_W2_TIERSTORE_PROMOTE), in
-the same run: ``direct`` (the pack store's engine writes each row straight into its
-pool slot: H2D from the pinned arena, or from the arena row / pinned stage a read
-lands in, overlapped with the reads) and ``staged`` (rows into a pinned host stage
-first, then one batched copy into the slots). ``h2d_bound`` is one pinned ->
-device copy of the same bytes; every row reports its fraction of that bound.
+Each source times the face's ``force_promote`` and, back to back on the same
+ExpertStore (``tier.expert_store``: engine, arena, threads, pool), the layer below: the
+store's own ``fire`` of the same rows and ``release`` (``store/fire``), alternating, so
+``force_promote / fire`` is what the face adds (the ``seen`` snapshot and its release).
+``h2d_bound`` is one pinned -> device copy of the same bytes; every row reports its
+fraction of that bound.
 
 The plain Python store path is vLLM-Moet's own design restated (8 threads of
 ``os.preadv`` into one pinned stage, then one ``copy_`` per row on a side stream and
@@ -122,13 +122,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sources", nargs="+", default=["arena", "pagecache", "disk", "disk_odirect"],
                     help="which sources to time (plain_* runs with pagecache / disk)")
-    ap.add_argument("--paths", nargs="+", default=["staged", "direct"])
-    ap.add_argument("--no-pair", dest="pair", action="store_false",
-                    help="skip the back-to-back ExpertStore.read_rows of the same rows "
-                         "(direct cases: read_rows and force_promote alternate, same store)")
     args = ap.parse_args()
     from tierstore.adapters import vllm_moet as moe_w2_delta
-    from tierstore.adapters.moet_tier import FirePhases
 
     dev = torch.device(args.device)
     if dev.type == "cuda" and dev.index is None:
@@ -175,83 +170,50 @@ def main() -> None:
         want = np.array([sums[(layer, e)] for e in range(E)])
         assert np.array_equal(got, want), f"layer {layer}: pool bytes differ from the pack"
 
-    def tier_case(name, extra, before, path):
-        tier, _ = boot({**extra, P + "TIERSTORE_PROMOTE": path})
-        assert tier._promote_path == path, f"{name}: the tier loads {tier._promote_path}"
-        source = name
-        name = f"{name}/{path}"
+    def tier_case(name, extra, before):
+        tier, _ = boot(extra)
+        tier.wait_manager_idle()
+        es = tier.expert_store
         ids = torch.arange(E, device=dev)
-        phases, last_slots, rr_phases = [], {}, []
+        fp_times, fire_times = [], []
 
-        def fire(layer):
-            tier.wait_manager_idle()
+        def face(layer):
             moe_w2_delta.mark_seen(tier.seen[layer], ids)
             sync(dev)
             t0 = time.perf_counter()
             got = tier.force_promote(layers=None, max_promote=None, pin=True)
             sync(dev)
             dt = (time.perf_counter() - t0) * 1e3
-            phases.append(dict(tier.last_fire_timing, wall=dt))
             assert got == n, f"{name}: promoted {got} of {n}"
             check(tier, layer)
-            last_slots[layer] = tier.slot_table[layer].cpu().numpy().astype(np.int64)
             tier.step_end()
             return dt
 
-        # The store call the direct path makes, on the same ExpertStore (engine, arena,
-        # threads), the same rows and slot order, into a scratch pool of the same shape
-        # (the tier's own slots stay as its slot table says): bench_read_rows' "direct".
-        pair = args.pair and path == "direct"
-        if pair:
-            es = tier._store.expert_store()
-            scratch = torch.empty_like(tier.pool)
-            copies = (torch.cuda.ExternalStream(es.engine.copy_stream, device=dev)
-                      if dev.type == "cuda" else None)
-
-        def read_rows(layer):
+        def store_fire(layer):
             keys = np.stack([np.full(E, layer), np.arange(E)], axis=1)
-            rows = last_slots[layer]                # the slots this layer's last fire used
             sync(dev)
             t0 = time.perf_counter()
-            if copies is not None:
-                copies.wait_stream(torch.cuda.current_stream(dev))
-            ph = FirePhases()
-            es.read_rows(keys, scratch, rows=rows, phases=ph)
+            result = es.fire(keys, max_promote=E)
             sync(dev)
             dt = (time.perf_counter() - t0) * 1e3
-            rr_phases.append(ph.done(wall=dt))
-            got = scratch[torch.from_numpy(rows).to(dev)].sum(1, dtype=torch.int64).cpu().numpy()
-            assert np.array_equal(got, [sums[(layer, e)] for e in range(E)]), "read_rows bytes"
+            assert result.promoted == n, f"{name}: store fire promoted {result.promoted}"
+            check(tier, layer)
+            es.release(result)
+            tier.step_end()
             return dt
-        fire(0)                     # untimed: both layers pass once (fills an arena)
-        fire(1)
-        if pair:
-            read_rows(0)
-            read_rows(1)
-        times, rr_times = [], []
-        for i in range(args.repeat):
-            layer = i % 2           # the pool holds n rows: each fire evicts the last
-            if not pair:
-                before(i)
-                times.append(fire(layer))
-                continue
-            for which in ((0, 1) if i % 2 == 0 else (1, 0)):   # rotating order per round
-                before(i)
-                if which == 0:
-                    rr_times.append(read_rows(layer))
-                else:
-                    times.append(fire(layer))
-        stats = tier._store.stats()
+
+        face(0)                      # warm-up: both layers once
+        store_fire(1)
+        for i in range(args.repeat):   # the face loads layer 0, the store layer 1: each evicts
+            before(i)                  # the other's rows
+            fp_times.append(face(0))
+            before(i)
+            fire_times.append(store_fire(1))
+        results["samples_ms"][f"{name}/force_promote"] = [round(t, 3) for t in fp_times]
+        results["samples_ms"][f"{name}/store_fire"] = [round(t, 3) for t in fire_times]
+        ratio = statistics.median(fp_times) / statistics.median(fire_times)
+        results.setdefault("face_over_fire", {})[name] = round(ratio, 3)
         moe_w2_delta.shutdown()
-        results["samples_ms"][name] = [round(t, 3) for t in times]
-        results.setdefault("sources", {})[name] = stats
-        results.setdefault("phases_ms", {})[name] = phases[2:]   # the timed fires
-        if pair:
-            results["phases_ms"][f"{source}/read_rows"] = rr_phases[2:]
-            results["samples_ms"][f"{source}/read_rows"] = [round(t, 3) for t in rr_times]
-            results.setdefault("pairs", {})[source] = {
-                "read_rows_ms": rr_times, "force_promote_ms": times,
-                "ratio_median": statistics.median(f / r for f, r in zip(times, rr_times))}
 
     def h2d_case():
         if dev.type != "cuda":
@@ -294,9 +256,7 @@ def main() -> None:
                                   ("disk_odirect", {P + "TIERSTORE_DIRECT": "on"}, cold)):
         if source not in srcs:
             continue
-        for path in ("staged", "direct"):
-            if path in args.paths:
-                tier_case(source, extra, before, path)
+        tier_case(source, extra, before)
         if source in ("pagecache", "disk"):
             plain_case(f"plain_{source}", before)
     pack.close()
@@ -314,30 +274,12 @@ def main() -> None:
         results.setdefault("gb_s", {})[name] = round(gbs, 2)
         frac = f"{gbs / bound_gbs:.2f}" if bound_gbs else "-"
         print(f"| {name} | {med:.1f} | {min(ts):.1f} | {gbs:.1f} | {frac} |")
-    if results.get("pairs"):
+    if results.get("face_over_fire"):
         print()
-        print("Back to back on one store (same engine, rows and slot order; rotating order):")
-        print("| source | read_rows ms | force_promote ms | tier adds ms | force_promote / read_rows |")
-        print("|---|---:|---:|---:|---:|")
-        for src, p in results["pairs"].items():
-            rr, fp = statistics.median(p["read_rows_ms"]), statistics.median(p["force_promote_ms"])
-            print(f"| {src} | {rr:.2f} | {fp:.2f} | {fp - rr:+.2f} | {p['ratio_median']:.3f} |")
-    order = ["settle", "snapshot", "lock", "rank", "take", "prep", "rr_plan", "rr_engine",
-             "rr_finish", "read_rows", "staged_read_copy", "commit", "table", "hooks"]
-    if results.get("phases_ms"):
-        print()
-        print("Where a fire's time goes (median ms over the timed fires; 'outside' = wall - "
-              "force_promote's own total: the caller's syncs):")
-        print("| case | " + " | ".join(order) + " | total | outside | wall |")
-        print("|---|" + "---:|" * (len(order) + 3))
-        for name, ph in results["phases_ms"].items():
-            if not ph:
-                continue
-            med = lambda k: statistics.median(p.get(k, 0.0) for p in ph)   # noqa: E731
-            cells = [f"{med(k):.2f}" if any(k in p for p in ph) else "-" for k in order]
-            out = statistics.median(p["wall"] - p["total"] for p in ph)
-            print(f"| {name} | " + " | ".join(cells) +
-                  f" | {med('total'):.2f} | {out:.2f} | {med('wall'):.2f} |")
+        print("The face over the store, back to back on one store (median force_promote / "
+              "median store fire):")
+        for src, r in results["face_over_fire"].items():
+            print(f"  {src}: {r:.3f}")
     try:
         results["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], text=True,
                                         capture_output=True).stdout.strip()

@@ -402,7 +402,7 @@ class WarningCount(logging.Handler):
 
     def __init__(self):
         super().__init__(logging.WARNING)
-        self.take()
+        self.reset()
 
     def emit(self, record):
         side = "tierstore" if record.name.startswith("tierstore") else "moet"
@@ -411,11 +411,11 @@ class WarningCount(logging.Handler):
         if msg not in self.first[side] and len(self.first[side]) < 3:
             self.first[side].append(msg)
 
-    def take(self, side: str | None = None) -> dict:
-        out = None if side is None else {"count": self.counts[side], "first": self.first[side]}
-        if side is None or side == "all":
-            self.counts, self.first = collections.Counter(), {k: [] for k in KINDS}
-        return out
+    def reset(self) -> None:
+        self.counts, self.first = collections.Counter(), {k: [] for k in KINDS}
+
+    def of(self, side: str) -> dict:
+        return {"count": self.counts[side], "first": list(self.first[side])}
 
 
 def set_env(environ: dict) -> None:
@@ -785,7 +785,7 @@ def serve(ctx, kind: str, geo: Geometry, environ: dict, planes, routes, profile,
           gpu_ms: float = 0.0) -> dict:
     CLOCK.reset(lag)
     CALLS.clear()
-    ctx.warnings.take("all")
+    ctx.warnings.reset()
     hist, t0 = [], time.perf_counter()
     with open_arm(ctx, kind, environ, geo, planes, gpu_ms / 1e3) as arm:
         boot = arm.boot(profile, runner=runner, free_bytes=free_bytes)
@@ -796,7 +796,7 @@ def serve(ctx, kind: str, geo: Geometry, environ: dict, planes, routes, profile,
                 hist.append(arm.step(s, routes[s], logits[s]))
             boot["final_mapped"] = len(arm.mapped())
     return {"boot": boot, "steps": hist, "totals": totals(hist), "errors": arm.errors,
-            "warnings": ctx.warnings.take(kind), "cuda_stand_in_calls": dict(CALLS),
+            "warnings": ctx.warnings.of(kind), "cuda_stand_in_calls": dict(CALLS),
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
@@ -877,3 +877,437 @@ def side_by_side(ctx, geo, routes, profile, logits, steps, **kw) -> dict:
     return {"geometry": vars(geo) | {"slot_bytes": geo.slot_bytes, "fire_floor": geo.fire_floor},
             "env": environ, "arms": arms,
             "comparison": compare(arms["moet"]["steps"], arms["tierstore"]["steps"], geo.experts)}
+
+
+# == 7. the four known divergences =========================================================
+def sidecar_layers(directory: str) -> dict:
+    """Each pack sidecar in ``directory``: its layers and whether it carries checksums."""
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    meta = json.load(f)
+                out[name] = {"layers": meta.get("layers"), "checksums": "checksums" in meta}
+            except (OSError, ValueError) as exc:
+                out[name] = {"error": one_line(exc)}
+    return out
+
+
+def stop_after(ctx, kind: str, environ: dict, geo, planes, n: int, directory: str) -> dict:
+    """A boot that writes ``n`` layers into the pack and then stops (its process dies: the
+    module's shutdown closes the store's files, which drops any lock a kill would drop)."""
+    info = {}
+    with open_arm(ctx, kind, environ, geo, planes) as arm:
+        try:
+            arm.boot(None, n_stage=n, info=info)
+        except Exception as exc:  # noqa: BLE001 - reported
+            info["error"] = one_line(exc)
+    info["sidecars"] = sidecar_layers(directory)
+    return info
+
+
+def resume(ctx, kind: str, environ: dict, geo, planes, routes, profile, logits, steps: int,
+           directory: str) -> dict:
+    """A full boot on the directory (it stages every layer; layers the pack holds are
+    skipped), then ``steps`` steps with every slot checked against the planes."""
+    import warnings
+    info, hist = {}, []
+    ctx.warnings.reset()
+    with warnings.catch_warnings(record=True) as caught, \
+            open_arm(ctx, kind, environ, geo, planes) as arm:
+        warnings.simplefilter("always")
+        try:
+            arm.boot(profile, info=info)
+            if arm.tier is not None and "refused" not in info:
+                hist = [arm.step(s, routes[s], logits[s]) for s in range(steps)]
+        except Exception as exc:  # noqa: BLE001 - reported
+            info["error"] = one_line(exc)
+    t = totals(hist)
+    info["served"] = {k: t[k] for k in ("steps", "gate_fires", "promoted_by_fires",
+                                         "fp4_served_final", "wrong_byte_slots")}
+    info["warnings"] = ctx.warnings.of(kind)
+    info["python_warnings"] = sorted({" ".join(str(w.message).split())[:200] for w in caught})
+    info["errors"] = arm.errors
+    info["sidecars"] = sidecar_layers(directory)
+    return info
+
+
+def scenario_packs(ctx, geo, routes, profile, logits, steps: int = 10) -> dict:
+    """(1) One engine writes half the layers of its pack and stops; the other boots on the
+    same STORE_DIR (does it resume them, serve right bytes?); then the first boots again
+    (does it accept the pack the other completed?). Both orders."""
+    planes, half, out = make_planes(geo, ctx.seed), geo.layers // 2, {}
+    for first, second in (("moet", "tierstore"), ("tierstore", "moet")):
+        directory = tempfile.mkdtemp(prefix=f"{first}-first-", dir=ctx.tmpdir)
+        environ = geo.env(STORE_DIR=directory)
+        progress(f"divergence 1: {LABEL[first]} writes {half}/{geo.layers} layers, stops; "
+                 f"{LABEL[second]} boots on its pack; {LABEL[first]} again")
+        row = {"stopped": stop_after(ctx, first, environ, geo, planes, half, directory)}
+        row["resumed_by_other"] = resume(ctx, second, environ, geo, planes, routes, profile,
+                                         logits, steps, directory)
+        row["reopened_by_first"] = resume(ctx, first, environ, geo, planes, routes, profile,
+                                          logits, steps, directory)
+        row["files"] = sorted(os.listdir(directory))
+        row["problems"] = _pack_problems(row, half, geo.layers)
+        out[f"{first}_then_{second}"] = row
+    return {"orders": out, "reproduces": any(r["problems"] for r in out.values()),
+            "expected": f"the second boot finds the {half} layers written, both boots serve "
+                        "the right bytes, the first engine accepts the completed pack"}
+
+
+def _pack_problems(row: dict, half: int, layers: int) -> list[str]:
+    problems = []
+    for phase, want in (("resumed_by_other", half), ("reopened_by_first", layers)):
+        r = row[phase]
+        if "error" in r:
+            problems.append(f"{phase}: {r['error']}")
+        found = r.get("layers_in_store_before_staging")
+        if found is not None and found != want:
+            problems.append(f"{phase}: found {found} packed layers before staging, "
+                            f"expected {want}")
+        if r["served"]["wrong_byte_slots"]:
+            problems.append(f"{phase}: {r['served']['wrong_byte_slots']} wrong-byte slots")
+    if any(".damaged" in f for f in row["files"]):
+        problems.append("a pack was renamed *.damaged and rebuilt")
+    return problems
+
+
+LOSS_KEYS = ("gate_fires", "fire_rounds", "promoted_by_fires", "promoted_lazy",
+             "fp4_served_first_forward", "lost_between_forward_and_replay",
+             "lost_and_routed_again", "fired_steps_with_loss", "wrong_byte_slots",
+             "wrong_bytes_served")
+
+
+def scenario_pressure(ctx, geo, routes, profile, logits, steps_cpu: int, steps_gpu: int,
+                      gpu_ms: float) -> dict:
+    """(2) DELTA_PROMOTE=32, a pool at the fire floor (much smaller than the routed set):
+    pairs served at FP4 in a fired step's forward that are unmapped before its replay."""
+    out = {}
+    for order, lag, steps, ms in (("cpu_event_order", False, steps_cpu, 0.0),
+                                  ("modelled_gpu_event_order", True, steps_gpu, gpu_ms)):
+        r = side_by_side(ctx, geo, routes, profile, logits, steps,
+                         extra={"DELTA_PROMOTE": 32}, lag=lag, gpu_ms=ms)
+        out[order] = {"steps": steps, "forward_sleep_ms": ms}
+        for kind in KINDS:
+            arm = r["arms"][kind]
+            out[order][kind] = {k: arm["totals"][k] for k in LOSS_KEYS}
+            out[order][kind]["warnings"] = arm["warnings"]["count"]
+    return {"pool_slots": geo.slots, "routed_set": geo.layers * geo.experts,
+            "orders": out,
+            "reproduces": any(o["tierstore"]["lost_between_forward_and_replay"] > 0
+                              for o in out.values()),
+            "moet_loses_too": any(o["moet"]["lost_between_forward_and_replay"] > 0
+                                  for o in out.values())}
+
+
+def scenario_auto(ctx, geo, routes, profile, logits, steps: int = 15) -> dict:
+    """(3) DELTA_GB=auto, GATE=1, DELTA_RESERVE_GB=0 and free memory under the fire floor,
+    for 0 slots, and above the floor (control); V1 (checks the floor) and V2 (does not)."""
+    planes, sb = make_planes(geo, ctx.seed), geo.slot_bytes
+    environ = geo.env(DELTA_GB="auto", DELTA_RESERVE_GB=0)
+    cases = {"free_under_floor": (geo.fire_floor - 16) * sb, "free_for_0_slots": sb // 2,
+             "free_above_floor": (geo.fire_floor + 24) * sb}
+    out = {}
+    for runner in ("v1", "v2"):
+        for case, free in cases.items():
+            progress(f"divergence 3: auto pool, {runner}, {case}")
+            row = out.setdefault(runner, {}).setdefault(case, {"free_slots": free // sb})
+            for kind in KINDS:
+                r = serve(ctx, kind, geo, environ, planes, routes, profile, logits, steps,
+                          runner=runner, free_bytes=free)
+                row[kind] = _auto_outcome(r, geo.fire_floor)
+    served = [out["v1"][c]["tierstore"]["outcome"] != "boot refused"
+              for c in ("free_under_floor", "free_for_0_slots")]
+    return {"fire_floor": geo.fire_floor, "runners": out, "reproduces": any(served),
+            "expected": "V1 refuses a pool under the fire floor at boot (after sizing it)"}
+
+
+def _auto_outcome(r: dict, floor: int) -> dict:
+    b = r["boot"]
+    if "refused" in b:
+        return {"outcome": "boot refused", "why": b["refused"]}
+    n = b.get("n_slots", 0)
+    t = r["totals"]
+    what = "serves 0-slot inert tier, gate armed" if n == 0 else (
+        "serves sub-floor" if n < floor else "serves")
+    return {"outcome": what, "n_slots": n, "layers_in_store": b.get("layers_in_store"),
+            "finalize_auto_warning": b.get("finalize_auto_warning"),
+            "gate_fires": t["gate_fires"], "promoted_by_fires": t["promoted_by_fires"],
+            "fp4_served_final": t["fp4_served_final"], "wrong_byte_slots": t["wrong_byte_slots"]}
+
+
+def scenario_register(ctx, geo, routes, profile, logits) -> dict:
+    """(4) VLLM_MOE_W2_TIERSTORE unset and malformed values: does register() raise? And
+    what vLLM-Moet's own boot does with the same values (no STORE_DIR)."""
+    from tierstore.adapters import vllm_moet as vm
+    bad = {"ZERO_MODE": "abc", "DELTA_RESERVE_GB": "nan", "DELTA_MAX_GB": "inf"}
+    cases = [(f"{k}={v}", {P + k: v}) for k, v in bad.items()]
+    cases.append(("all three", {P + k: v for k, v in bad.items()}))
+    planes, rows = make_planes(geo, ctx.seed), {}
+    for name, bad_env in cases:
+        progress(f"divergence 4: register() with the plugin off and {name}")
+        set_env(bad_env)
+        vm.reset_env()
+        try:
+            vm.register()
+            row = {"register": "returned", "raises": False,
+                   "installed": vm._TARGET is not None}
+        except Exception as exc:  # noqa: BLE001 - the point of the scenario
+            row = {"register": f"raised {one_line(exc)}", "raises": True}
+        finally:
+            vm.uninstall()
+            vm.reset_env()
+        try:
+            r = serve(ctx, "moet", geo, {**geo.env(), **bad_env}, planes, routes, profile,
+                      logits, 3)
+            row["moet_boot"] = "ok" if not r["boot"].get("refused") else r["boot"]["refused"]
+        except Exception as exc:  # noqa: BLE001 - reported
+            row["moet_boot"] = f"error {one_line(exc)}"
+        rows[name] = row
+    return {"cases": rows, "reproduces": any(r["raises"] for r in rows.values()),
+            "expected": "register() does nothing when VLLM_MOE_W2_TIERSTORE is not 1"}
+
+
+# == 8. report ================================================================================
+TOTAL_ROWS = (("gate_fires", "gate fires"), ("fire_rounds", "fire rounds (promote calls)"),
+              ("promoted_by_fires", "promoted by fires"), ("promoted_lazy", "promoted by manager"),
+              ("evicted", "evicted"), ("fp4_served_final", "FP4-served, final forward"),
+              ("fp4_served_first_forward", "FP4-served, first forward"),
+              ("lost_between_forward_and_replay", "lost between forward and replay"),
+              ("wrong_byte_slots", "slots with wrong bytes"), ("step_errors", "step errors"))
+
+
+def render(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    con = Console()
+    m = report["meta"]
+    con.print(f"vLLM-Moet {m['moet_commit'][:12]} ({m['moet_repo']}), files from {PATCH}: "
+              f"{', '.join(f['path'].rsplit('/', 1)[-1] for f in m['extracted'])}")
+    for name, run in report["runs"].items():
+        if "skipped" in run:
+            con.print(f"[bold]{name}[/]: skipped ({run['skipped']})")
+            continue
+        g, c = run["geometry"], run["comparison"]
+        t = Table(title=f"{name}: {g['layers']} layers x {g['experts']} experts, top-{g['top_k']}, "
+                        f"{g['slots']} slots (fire floor {g['fire_floor']}), {c['steps']} steps")
+        for col in ("", "vLLM-Moet", "tierstore", "equal steps"):
+            t.add_column(col, justify="left" if not col else "right")
+        eq = c["equal_steps"]
+        eq_of = {"gate_fires": "gate_fire", "fire_rounds": "promote_counts",
+                 "fp4_served_final": "fp4_served", "lost_between_forward_and_replay": "lost"}
+        for key, label in TOTAL_ROWS:
+            e = eq_of.get(key)
+            t.add_row(label, str(run["arms"]["moet"]["totals"][key]),
+                      str(run["arms"]["tierstore"]["totals"][key]),
+                      f"{eq[e]}/{c['steps']}" if e else "")
+        t.add_row("mapped set at the final forward", "", "",
+                  f"{eq['mapped_set_at_final_forward']}/{c['steps']}")
+        con.print(t)
+        con.print(_difference_line(c))
+    d = Table(title="known divergences, against the current tierstore")
+    for col in ("#", "scenario", "vLLM-Moet", "tierstore", "reproduces"):
+        d.add_column(col)
+    for row in divergence_rows(report["divergences"]):
+        d.add_row(*row)
+    con.print(d)
+
+
+def _difference_line(c: dict) -> str:
+    f = c["first_differing_step"]
+    if f is None:
+        return "  identical at every step"
+    return (f"  first differing step {f['step']} ({', '.join(f['differs'])}); events that began "
+            f"in the same state and ended differently: {c['same_state_events_that_differ']}, "
+            f"of which tie-breaking (same multiset of scores): {c['of_which_tie_breaking']}")
+
+
+def divergence_rows(div: dict) -> list[tuple[str, ...]]:
+    yes = lambda v: "[red]yes[/]" if v else "[green]no[/]"   # noqa: E731
+    p, rows = div["1_pack_left_unfinished"], []
+    for order, r in p["orders"].items():
+        res, reo = r["resumed_by_other"], r["reopened_by_first"]
+        first, second = order.split("_then_")
+        rows.append(("1", f"pack unfinished by {LABEL[first]}, resumed",
+                     _pack_cell(reo if first == "moet" else res),
+                     _pack_cell(res if first == "moet" else reo),
+                     yes(bool(r["problems"]))))
+    q = div["2_lost_between_forward_and_replay"]
+    for order, o in q["orders"].items():
+        rows.append(("2", f"DELTA_PROMOTE=32, pool {q['pool_slots']}: lost pairs ({order})",
+                     str(o["moet"]["lost_between_forward_and_replay"]),
+                     str(o["tierstore"]["lost_between_forward_and_replay"]),
+                     yes(o["tierstore"]["lost_between_forward_and_replay"] > 0)))
+    a = div["3_auto_pool_under_fire_floor"]
+    for case in ("free_under_floor", "free_for_0_slots", "free_above_floor"):
+        r = a["runners"]["v1"][case]
+        rows.append(("3", f"auto + gate, V1, {case} ({r['free_slots']} slots)",
+                     _auto_cell(r["moet"]), _auto_cell(r["tierstore"]),
+                     yes(case != "free_above_floor" and r["tierstore"]["outcome"] != "boot refused")))
+    for name, r in div["4_register_with_plugin_off"]["cases"].items():
+        rows.append(("4", f"plugin off, {name}: register()", f"boot {r['moet_boot'][:40]}",
+                     r["register"][:60], yes(r["raises"])))
+    return rows
+
+
+def _pack_cell(r: dict) -> str:
+    if "error" in r:
+        return r["error"][:60]
+    return (f"found {r.get('layers_in_store_before_staging')} layers, "
+            f"{r['served']['wrong_byte_slots']} wrong")
+
+
+def _auto_cell(r: dict) -> str:
+    if r["outcome"] == "boot refused":
+        return "boot refused"
+    return f"{r['outcome']} ({r['n_slots']} slots, {r['promoted_by_fires']} promoted)"
+
+
+def write_json(path: str, report: dict) -> None:
+    def plain(o):
+        if isinstance(o, (np.integer, np.floating, np.bool_)):
+            return o.item()
+        raise TypeError(type(o).__name__)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".moet_side_by_side.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(report, f, indent=1, default=plain)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def compact_steps(run: dict) -> None:
+    """Per-step rows for the JSON: both arms side by side, without the event lists."""
+    rows = []
+    for ra, rb in zip(run["arms"]["moet"]["steps"], run["arms"]["tierstore"]["steps"]):
+        rows.append({"step": ra["step"], **{k: {f: r[f] for f in (
+            "fired", "promoted", "served", "lost", "lost_rerouted", "wrong", "errors")}
+            for k, r in (("moet", ra), ("tierstore", rb))}})
+    for arm in run["arms"].values():
+        del arm["steps"]
+    run["steps"] = rows
+
+
+# == 9. main ===================================================================================
+def run_all(ctx, args) -> dict:
+    rounds = 3                                             # GATE_FP_MAX default
+    syn = Geometry("synthetic", 6, 32, 4, slots=48)
+    routes, profile = zipf_router(syn, args.steps, rounds, args.seed)
+    logits = gate_logits(args.steps, args.seed, 0.3)
+    runs = {"synthetic": side_by_side(ctx, syn, routes, profile, logits, args.steps)}
+    if os.path.exists(args.trace):
+        geo, troutes, tprofile = trace_router(args.trace, args.steps, rounds, args.seed, 96)
+        runs["trace"] = side_by_side(ctx, geo, troutes, tprofile, logits, args.steps)
+        runs["trace"]["source"] = args.trace
+    else:
+        runs["trace"] = {"skipped": f"{args.trace} not found"}
+    hot = gate_logits(args.steps, args.seed + 1, 0.5)
+    tight = Geometry("pressure", syn.layers, syn.experts, syn.top_k, slots=syn.fire_floor)
+    div = {"1_pack_left_unfinished": scenario_packs(ctx, syn, routes, profile, logits),
+           "2_lost_between_forward_and_replay": scenario_pressure(
+               ctx, tight, routes, profile, hot, min(args.steps, 120), min(args.steps, 60),
+               args.gpu_forward_ms),
+           "3_auto_pool_under_fire_floor": scenario_auto(ctx, syn, routes, profile, hot),
+           "4_register_with_plugin_off": scenario_register(ctx, syn, routes, profile, logits)}
+    return {"runs": runs, "divergences": div}
+
+
+def setup_logging(verbose: bool) -> WarningCount:
+    counter = WarningCount()
+    for name in ("vllm", "tierstore"):
+        lg = logging.getLogger(name)
+        lg.addHandler(counter)
+        lg.setLevel(logging.INFO if verbose else logging.WARNING)
+        lg.propagate = verbose
+    if verbose:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    return counter
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--moet-repo", default=DEFAULT_REPO, help="fetched vLLM-Moet repository")
+    ap.add_argument("--steps", type=int, default=200, help="decode steps per run (default 200)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trace", default=DEFAULT_TRACE, help="[tick, layer, expert] int32 .npy")
+    ap.add_argument("--gpu-forward-ms", type=float, default=12.0,
+                    help="forward time in scenario 2's modelled GPU order (default 12)")
+    ap.add_argument("--json", metavar="OUT", help="write the full report here (atomic)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="their and our logs to stderr")
+    args = ap.parse_args(argv)
+    if args.steps < 10:
+        ap.error("--steps must be at least 10")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        patch, commit = read_patch(args.moet_repo)
+        files = new_files(patch, [UTILS + n + ".py" for n in THEIRS])
+    except Fatal as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    cuda = CpuCuda()
+    with tempfile.TemporaryDirectory(prefix="moet-side-by-side-") as tmp:
+        build_tree(os.path.join(tmp, "tree"), files)
+        progress(f"vLLM-Moet {commit[:12]}: {len(files)} files extracted to {tmp}/tree")
+        ctx = types.SimpleNamespace(tree=os.path.join(tmp, "tree"), tmpdir=tmp, cuda=cuda,
+                                    proxy=TorchProxy(cuda), warnings=setup_logging(args.verbose),
+                                    seed=args.seed)
+        try:
+            report = run_all(ctx, args)
+        except Fatal as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    for run in report["runs"].values():
+        if "arms" in run:
+            compact_steps(run)
+    report["meta"] = {
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "moet_repo": args.moet_repo, "moet_commit": commit, "patch": PATCH,
+        "extracted": [{"path": p, "lines": t.count("\n"),
+                       "sha256": hashlib.sha256(t.encode()).hexdigest()[:16]}
+                      for p, t in files.items()],
+        "steps": args.steps, "seed": args.seed, "torch": torch.__version__,
+        "python": sys.version.split()[0], "seconds": round(time.perf_counter() - t0, 1),
+        "stand_ins": STAND_INS}
+    render(report)
+    if args.json:
+        write_json(args.json, report)
+        progress(f"wrote {args.json}")
+    return 0
+
+
+STAND_INS = [
+    "vllm package tree: empty __init__ for vllm, model_executor, layers, quantization, utils",
+    "vllm.logger.init_logger: stdlib logger + warning_once/info_once/debug_once",
+    "vllm.config.get_current_vllm_config: parallel_config without ubatching only",
+    "vllm.distributed: absent (packs are named rank0of1, as both engines fall back to)",
+    "moe_w2_cubit: _PREFILL_T, _EXL3_BASE, enabled(), _layer_cutoff() from the same env vars; "
+    "the real glue (Triton, CUDA cubins, custom op) cannot import on a CPU",
+    "torch.cuda for their modules (a proxy of torch bound to their global name): Stream, "
+    "stream(), current_stream, current_device, set_device, synchronize, Event, mem_get_info, "
+    "is_available (False), is_current_stream_capturing (False)",
+    "pin_memory=True dropped by their modules' tensor factories (no CUDA driver)",
+    "dev=torch.device('cpu', 0): DeltaTier maps an index-less device to cuda:current_device()",
+    "tierstore finalize_auto(free_bytes=) and vLLM-Moet's mem_get_info get the same free bytes",
+    "scenario 2 'gpu' order: stand-in events complete at the next step's wait_manager_idle; "
+    "tierstore's CPU step_end snapshot gets one via a per-instance _fold_seen wrapper; the "
+    "forward sleeps --gpu-forward-ms",
+    "VLLM_MOE_W2_DELTA_DECAY_S=1e9 (wall-clock decay off), CKPT_ID, NUM_LAYERS=L-1, "
+    "STORE_THREADS=2 for both arms",
+]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -131,17 +131,6 @@ def test_pipelined_fire_fails_at_the_corrupted_layer(pack, device):
         assert_store_consistent(store)
 
 
-def test_read_rows_verifies_big_rows(pack):
-    with _store(pack, "cpu", "off") as store, Corrupted(pack, SLOT // 2):
-        out = np.zeros((len(KEYS), SLOT), np.uint8)
-        import torch
-        t = torch.from_numpy(out)
-        with pytest.raises(TierIOError) as info:
-            store.read_rows(KEYS, t, verify=True)
-        _assert_names_the_row(info.value, pack)
-        store.read_rows(KEYS, t)                  # verify off: served as read
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("ram_gb", [0.0, 2 * SLOT / 2**30], ids=["staged", "arena"])
 def test_cuda_pool_verifies_big_rows_through_the_staging_ring(pack, ram_gb):

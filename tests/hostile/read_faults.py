@@ -28,7 +28,7 @@ L, E, SLOT = 4, 16, 5000
 POOL_SLOTS = 8
 ARENA_GB = 8 * 8192 / 2**30          # 8 arena rows
 BATCH = 4                            # keys per faulted operation
-OPS = ("fire", "fire_pipelined", "promote", "load_arena", "read_rows")
+OPS = ("fire", "fire_pipelined", "promote", "load_arena")
 VERIFY = ("always", "first", "off")
 # A persistent EINTR must surface (bounded retries) like any other errno.
 OFFSET_ERRNOS = (errno.EIO, errno.EINTR, errno.ESTALE, errno.ENOMEM)
@@ -125,12 +125,6 @@ def run_op(store, op: str, keys: np.ndarray) -> None:
         store.promote(keys).wait(10)
     elif op == "load_arena":
         store.load_arena(keys)
-    elif op == "read_rows":
-        out = torch.zeros((len(keys), SLOT), dtype=torch.uint8)
-        store.read_rows(keys, out, verify=True)
-        for i, (l, e) in enumerate(keys.tolist()):
-            assert np.array_equal(out[i].numpy(), store.pack.read_row(l, e)), \
-                f"read_rows served other bytes for layer {l} expert {e}"
     else:
         raise AssertionError(op)
 

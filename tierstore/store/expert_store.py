@@ -329,28 +329,6 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             self._mover.run(batch)
             return len(batch.keys)
 
-    def read_rows(self, keys, out, scan: bool = False, verify: bool = False, rows=None,
-                  phases=None) -> int:
-        """Copy the rows of ``keys`` (unique (layer, expert) pairs) into ``out[i, :slot_bytes]``,
-        or ``out[rows[i], :slot_bytes]`` with ``rows`` (unique row indices: a caller's pool
-        slots), for adapters that run their own pool. ``out`` is a uint8 tensor the caller
-        owns, on the host or, for a store opened on CUDA, on that device (the engine copies
-        H2D itself; the caller orders ``engine.copy_stream`` after readers of those rows).
-        Arena rows when resident, else one engine read (through an arena row unless
-        ``scan``; checked against the sidecar's checksums with ``verify``). Returns rows
-        served from the arena once every copy completed; a failed read leaves the arena
-        as it was (the destination rows may hold part of the batch: host_rows.py).
-        ``phases``: an object with ``mark(name)`` (adapters/moet_tier.py FirePhases) that
-        gets ``rr_plan`` (checks, arena bookkeeping), ``rr_engine`` (submit until every
-        copy completed) and ``rr_finish``."""
-        from tierstore.store.host_rows import read_rows
-        dense = self._dense(keys)
-        if len(dense) != len(np.asarray(keys).reshape(-1, 2)):
-            raise ConfigError(f"{self.pack.path}: read_rows: keys must be unique")
-        with self._activity("read_rows"):
-            return read_rows(self.pack, self.engine, self._arena, self.lock, dense, out, scan,
-                             self.verifier, verify, rows=rows, phases=phases)
-
     def evict(self, keys) -> int:
         """Evict resident, unpinned ``keys`` from the pool; returns how many left."""
         dense = self._dense(keys)

@@ -9,7 +9,7 @@ the deferred signal's exception once the tables agree. Other threads need nothin
 signals never interrupt them.
 
 The store runs each whole call that pins or counts activity (fire, release,
-ensure_resident, step, load_arena, read_rows, evict) as one such section: a Ctrl-C then
+ensure_resident, step, load_arena, evict) as one such section: a Ctrl-C then
 waits for the call to end (its reads are bounded; the native wait does not return to
 Python any sooner anyway) and is raised on leaving it. A fire interrupted so drops its
 own pins before the KeyboardInterrupt is raised (the caller never gets the result).

@@ -1,7 +1,7 @@
 """The store's lifetime (a mixin of ExpertStore): close(), the activity count close()
 waits for, and the pack's reader lock.
 
-Activity: every call that reads or moves rows (fire, load_arena, read_rows, evict) runs
+Activity: every call that reads or moves rows (fire, load_arena, evict) runs
 inside ``_activity``: counted, so close() waits for it before the worker stops and the
 engine closes, and interrupt-deferred (store/interrupts.py), so a Ctrl-C can never leave
 the count raised (close() would wait forever) or the call's pins taken."""
