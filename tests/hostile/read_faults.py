@@ -18,7 +18,6 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from tierstore.errors import TierIOError, TierstoreError
 

@@ -78,6 +78,10 @@ class TierstoreDeltaTier:
         self.seen = torch.zeros(self.n_layers, self.E, dtype=seen_dtype, device=dev)
         self.seen_w = torch.zeros(self.n_layers, self.E, dtype=torch.float32, device=dev)
         self.mutate_hooks: list = []
+        # step_end's host copies of ``seen`` (two: one folded a step late, one in flight)
+        self._seen_host = [torch.zeros(self.n_layers, self.E, dtype=seen_dtype,
+                                       pin_memory=self._cuda) for _ in range(2)]
+        self._flip, self._pending = 0, None
         self._store = MoetPack(env, tag, self.n_layers, self.E, self.slot_bytes)
         self.expert_store = None        # the ExpertStore, opened by the first serving call
         self._step_fires: list = []     # FireResults pinned until step_end
@@ -276,18 +280,44 @@ class TierstoreDeltaTier:
 
     def step_end(self) -> None:
         """Close the step: the routing marked in ``seen`` goes to the store's heat, the
-        step's fires are released, and the store's step publishes what its worker read."""
+        step's fires are released, and the store's step publishes what its worker read.
+
+        No host sync in the common case: ``seen`` is copied to the host on the forward
+        stream and folded one step later. Only when the store has rows to publish is this
+        step's copy waited for (one sync), so that no victim is an expert it routed."""
         if self._closed:
             return
         es = self._open_store()
-        routed, counts = self._routed(zero=True)
-        self._win_active += float(counts[routed].sum())
         if es is None:
+            self.seen.zero_()
             return
+        host = self._seen_host[self._flip]
+        self._flip ^= 1
+        host.copy_(self.seen, non_blocking=self._cuda)
+        event = None
+        if self._cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self.seen.zero_()
+        self._fold_pending()                        # the previous step's copy: long done
+        self._pending = (host, event)
+        publish = es.publish_pending
+        if publish or not self._cuda:
+            self._fold_pending()                    # this step's: waited for when publishing
         self._release_fires()
-        es.record_counts(counts)
-        es.step(stream=self._stream())
+        es.step(stream=self._stream(), publish=publish or not self._cuda)
         self._fire_hooks()
+
+    def _fold_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        host, event = pending
+        if event is not None and not event.query():
+            event.synchronize()
+        counts = host.numpy()
+        self._win_active += float(counts.sum())
+        self.expert_store.record_counts(counts)
 
     def _release_fires(self) -> None:
         fires, self._step_fires = self._step_fires, []

@@ -343,7 +343,14 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             return len(gone)
 
     # -- step / stats ----------------------------------------------------------------------
-    def step(self, stream=None) -> None:
+    @property
+    def publish_pending(self) -> bool:
+        """publish="step": rows the worker read wait for the next step() to publish them
+        (an engine that folds its routing a step late folds it now, so that step() spares
+        the experts this step routed)."""
+        return bool(self._staged)
+
+    def step(self, stream=None, publish: bool = True) -> None:
         """End of a decode step: fold heat, decay, queue lazy promotions (at most
         ``lazy_per_step``, hottest first, through the admission filter), snapshots.
 
@@ -351,7 +358,9 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         step are copied up and published here, on ``stream`` (default the store's), from
         this thread, with no victim among the keys recorded this step; the worker only
         reserves arena rows and reads (no CUDA call, nothing published), so nothing
-        changes in the pool between a step's forward and its replay."""
+        changes in the pool between a step's forward and its replay. ``publish=False``
+        leaves the staged rows for a later step (the caller has not recorded this step's
+        routing yet: victims could not spare it)."""
         self._orphans.drain(self.lock, self._pool)
         step_mode = self.config.publish == "step"
         with no_interrupts(), self.lock:
@@ -363,7 +372,7 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             self._arena.policy.decay(steps=1)
             self.step_count += 1
             if step_mode:
-                staged, self._staged = self._staged, []
+                staged, self._staged = (self._staged, []) if publish else ([], self._staged)
                 sources, self._pending_sources = self._pending_sources, []
                 routed = self._seen.copy()
             else:
