@@ -37,7 +37,4 @@ for m, v in d['modes'].items(): print(m, [(round(r['median_ms'],2), round(r['rat
 stamp "verify cost, 40 MiB rows"
 timeout 150 python3 bench/bench_verify.py --dir /tmp/bv40 --device cuda --row-mib 40 --rows 16 --repeats 7 --json "$OUT/verify40_h200.json" > "$OUT/verify40.log" 2>&1
 echo "verify40 rc=$?"; tail -8 "$OUT/verify40.log"
-stamp "moet copy"
-timeout 120 python3 bench/bench_moet_copy.py --json "$OUT/moet_copy_h200.json" > "$OUT/moet_copy.log" 2>&1
-echo "moet copy rc=$?"; tail -15 "$OUT/moet_copy.log"
 stamp done

@@ -82,8 +82,9 @@ Stand-ins (everything else is vLLM-Moet's code exactly as its patch creates it)
   ``is_current_stream_capturing`` (False); the proxy's tensor factories (``empty``,
   ``zeros``, ``zeros_like``, ...) drop ``pin_memory=True`` (pinning needs a CUDA
   driver). Without the proxy ``DeltaTier.__init__`` fails at its first pinned buffer.
-* ``dev = torch.device("cpu", 0)`` for both arms: ``DeltaTier.__init__`` replaces an
-  index-less ``torch.device`` by ``cuda:<current_device()>`` (D:228-230).
+* ``dev``: ``torch.device("cpu", 0)`` for vLLM-Moet's arm (``DeltaTier.__init__``
+  replaces an index-less ``torch.device`` by ``cuda:<current_device()>``, D:228-230),
+  ``torch.device("cpu")`` for tierstore's (on a GPU both would get ``cuda:0``).
 * tierstore's ``finalize_auto`` is given ``free_bytes=`` (on a CPU device it would read
   the host's free memory); vLLM-Moet's reads the ``mem_get_info`` stand-in: both see the
   same number.
@@ -133,7 +134,8 @@ PKG = UTILS.replace("/", ".")
 THEIRS = ("moe_w2_planes", "moe_w2_planes_cache", "moe_w2_looka", "moe_w2_store",
           "moe_w2_gate", "moe_w2_delta")
 P = "VLLM_MOE_W2_"
-DEV = torch.device("cpu", 0)
+# the glue's ``dev``: cpu:0 for vLLM-Moet (its DeltaTier maps an index-less device to cuda:N)
+DEV = {"moet": torch.device("cpu", 0), "tierstore": torch.device("cpu")}
 KINDS = ("moet", "tierstore")
 LABEL = {"moet": "vLLM-Moet", "tierstore": "tierstore"}
 
@@ -514,6 +516,7 @@ class Arm:
         self.errors: list[str] = []
         self.events: list[dict] = []
         self.last_mapped = set()
+        self.at_step_end = None     # (mapped, scores) just before the last step_end
 
     @property
     def tier(self):
@@ -527,7 +530,8 @@ class Arm:
         staging that many layers (a boot that dies while writing its pack)."""
         d, g = self.m.delta, self.geo
         info = {} if info is None else info
-        tier = d.get_tier(n_experts=g.experts, dev=DEV, w13_bytes=g.w13, w2_bytes=g.w2)
+        tier = d.get_tier(n_experts=g.experts, dev=DEV[self.kind], w13_bytes=g.w13,
+                          w2_bytes=g.w2)
         info["tier"] = type(tier).__name__ if tier is not None else None
         if tier is None:
             return info
@@ -547,8 +551,8 @@ class Arm:
         self.forward(profile_route, {})     # determine_available_memory: eager profile run
         self.finalize(tier, free_bytes, info)
         tier.notify_capture()               # the glue's call while capturing (no capture here)
-        info.update(n_slots=tier.n_slots, pool_rows=int(tier.pool.shape[0]),
-                    layers_in_store=len(tier._store), sub_floor=bool(tier._sub_floor))
+        info.update(n_slots=int(tier.n_slots), pool_rows=int(tier.pool.shape[0]),
+                    layers_in_store=len(tier._store), sub_floor=getattr(tier, "_sub_floor", None))
         return info
 
     def finalize(self, tier, free_bytes, info: dict) -> None:
@@ -563,11 +567,14 @@ class Arm:
         except Exception as exc:  # noqa: BLE001 - vLLM-Moet's worker logs a warning
             info["finalize_auto_warning"] = one_line(exc)
 
-    def lag_snapshots(self) -> None:
+    def lag_snapshots(self) -> bool:
         """Modelled GPU order for tierstore (module doc): its CPU ``step_end`` records no
-        event, so give that snapshot the stand-in event a GPU's would complete late."""
+        event, so give that snapshot the stand-in event a GPU's would complete late. False
+        when the tier has no such hand-off (nothing to model)."""
         tier = self.tier
-        fold = tier._fold_seen
+        fold = getattr(tier, "_fold_seen", None)
+        if fold is None or not hasattr(tier, "_snapshot_event"):
+            return False
 
         def fold_with_event():
             pending = tier._snapshot_pending
@@ -577,16 +584,21 @@ class Arm:
                 ev.record()
                 tier._snapshot_event = ev
         tier._fold_seen = fold_with_event
+        return True
 
     # -- reading the tier ---------------------------------------------------------------------
     def mapped(self) -> set:
         table = self.tier.slot_table.reshape(-1).numpy()
         return set(np.flatnonzero(table >= 0).tolist())
 
-    def scores(self) -> dict:
+    def scores(self) -> np.ndarray:
+        """The policy's score per key (``_freq``, or ``_need`` under ``need``), rounded to
+        1e-6 so that float noise is not a difference; zeros where the tier has none."""
         t = self.tier
-        return {"freq": np.asarray(t._freq, np.float64).reshape(-1).copy(),
-                "need": np.asarray(t._need, np.float64).reshape(-1).copy()}
+        s = getattr(t, "_need" if self.policy == "need" else "_freq", None)
+        if s is None:
+            return np.zeros(self.geo.layers * self.geo.experts)
+        return np.round(np.asarray(s, np.float64).reshape(-1), 6)
 
     def wrong_keys(self) -> set:
         """Mapped keys whose slot does not hold their row (or a slot mapped twice / past the
@@ -626,13 +638,13 @@ class Arm:
         rec["wrong_served"] = rec.get("wrong_served", 0) + len(wrong & served)
         return served
 
-    def event(self, label: str, before: set, state: dict, key_scores: dict) -> None:
-        """What a lazy pass or a fire round changed, with the policy's scores."""
+    def event(self, label: str, before: set, state: np.ndarray, key: np.ndarray) -> None:
+        """What a lazy pass or a fire round changed, with the policy's scores (``state``:
+        before it, ``key``: what it ranked by)."""
         after = self.mapped()
-        key = key_scores["need" if self.policy == "need" else "freq"]
         ins, outs = sorted(after - before), sorted(before - after)
         self.events.append({
-            "label": label, "state": digest(sorted(before), state["freq"], state["need"]),
+            "label": label, "state": digest(sorted(before), state),
             "ins": ins, "outs": outs, "in_scores": sorted(key[ins].tolist()),
             "out_scores": sorted(key[outs].tolist())})
 
@@ -643,7 +655,9 @@ class Arm:
                "lost_rerouted": 0, "wrong": 0, "wrong_served": 0, "errors": []}
         self.events = []
         CLOCK.boundary += 1
-        before, state = self.mapped(), self.scores()
+        # lazy promotions land between the last step_end and this forward (published by
+        # step_end, by the manager thread, or at wait_manager_idle, by design)
+        before, state = self.at_step_end or (self.mapped(), self.scores())
         for t in (d._BASE_TIER, d._TIER):
             if t is not None:
                 t.wait_manager_idle()
@@ -654,6 +668,7 @@ class Arm:
         if rec["fired"]:
             self.fire(routes, served, rec)
         rec["mapped_digest"] = digest(sorted(self.last_mapped))
+        self.at_step_end = (self.mapped(), self.scores())
         for t in (d._BASE_TIER, d._TIER):
             if t is not None:
                 try:
@@ -790,10 +805,13 @@ def serve(ctx, kind: str, geo: Geometry, environ: dict, planes, routes, profile,
     with open_arm(ctx, kind, environ, geo, planes, gpu_ms / 1e3) as arm:
         boot = arm.boot(profile, runner=runner, free_bytes=free_bytes)
         if lag and kind == "tierstore" and arm.tier is not None:
-            arm.lag_snapshots()
+            boot["gpu_order_modelled"] = arm.lag_snapshots()
         if arm.tier is not None and "refused" not in boot:
-            for s in range(steps):
-                hist.append(arm.step(s, routes[s], logits[s]))
+            try:
+                for s in range(steps):
+                    hist.append(arm.step(s, routes[s], logits[s]))
+            except Exception as exc:  # noqa: BLE001 - the runner's step fails: serving stops
+                boot["serving_error"] = f"step {len(hist)}: {one_line(exc)}"
             boot["final_mapped"] = len(arm.mapped())
     return {"boot": boot, "steps": hist, "totals": totals(hist), "errors": arm.errors,
             "warnings": ctx.warnings.of(kind), "cuda_stand_in_calls": dict(CALLS),
@@ -993,6 +1011,11 @@ def scenario_pressure(ctx, geo, routes, profile, logits, steps_cpu: int, steps_g
             arm = r["arms"][kind]
             out[order][kind] = {k: arm["totals"][k] for k in LOSS_KEYS}
             out[order][kind]["warnings"] = arm["warnings"]["count"]
+            if "serving_error" in arm["boot"]:
+                out[order][kind]["serving_error"] = arm["boot"]["serving_error"]
+        if lag:
+            out[order]["tierstore_gpu_order_modelled"] = \
+                r["arms"]["tierstore"]["boot"].get("gpu_order_modelled")
     return {"pool_slots": geo.slots, "routed_set": geo.layers * geo.experts,
             "orders": out,
             "reproduces": any(o["tierstore"]["lost_between_forward_and_replay"] > 0
@@ -1017,7 +1040,7 @@ def scenario_auto(ctx, geo, routes, profile, logits, steps: int = 15) -> dict:
                 r = serve(ctx, kind, geo, environ, planes, routes, profile, logits, steps,
                           runner=runner, free_bytes=free)
                 row[kind] = _auto_outcome(r, geo.fire_floor)
-    served = [out["v1"][c]["tierstore"]["outcome"] != "boot refused"
+    served = [out["v1"][c]["tierstore"]["outcome"].startswith("serves")
               for c in ("free_under_floor", "free_for_0_slots")]
     return {"fire_floor": geo.fire_floor, "runners": out, "reproduces": any(served),
             "expected": "V1 refuses a pool under the fire floor at boot (after sizing it)"}
@@ -1027,6 +1050,9 @@ def _auto_outcome(r: dict, floor: int) -> dict:
     b = r["boot"]
     if "refused" in b:
         return {"outcome": "boot refused", "why": b["refused"]}
+    if "serving_error" in b and not r["steps"]:
+        return {"outcome": "refuses the first step", "why": b["serving_error"],
+                "finalize_auto_warning": b.get("finalize_auto_warning")}
     n = b.get("n_slots", 0)
     t = r["totals"]
     what = "serves 0-slot inert tier, gate armed" if n == 0 else (
@@ -1144,7 +1170,8 @@ def divergence_rows(div: dict) -> list[tuple[str, ...]]:
         r = a["runners"]["v1"][case]
         rows.append(("3", f"auto + gate, V1, {case} ({r['free_slots']} slots)",
                      _auto_cell(r["moet"]), _auto_cell(r["tierstore"]),
-                     yes(case != "free_above_floor" and r["tierstore"]["outcome"] != "boot refused")))
+                     yes(case != "free_above_floor"
+                         and r["tierstore"]["outcome"].startswith("serves"))))
     for name, r in div["4_register_with_plugin_off"]["cases"].items():
         rows.append(("4", f"plugin off, {name}: register()", f"boot {r['moet_boot'][:40]}",
                      r["register"][:60], yes(r["raises"])))
@@ -1159,8 +1186,8 @@ def _pack_cell(r: dict) -> str:
 
 
 def _auto_cell(r: dict) -> str:
-    if r["outcome"] == "boot refused":
-        return "boot refused"
+    if not r["outcome"].startswith("serves"):
+        return r["outcome"]
     return f"{r['outcome']} ({r['n_slots']} slots, {r['promoted_by_fires']} promoted)"
 
 
@@ -1231,6 +1258,51 @@ def setup_logging(verbose: bool) -> WarningCount:
     return counter
 
 
+def export_tierstore(rev: str, dest: str) -> str:
+    """``git archive REV tierstore`` of this script's repository into ``dest``, with the
+    installed ``tierstore/_C`` linked in (found on sys.path without importing tierstore)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    git = ["git", "-C", repo]
+    sha = subprocess.run(git + ["rev-parse", "--verify", f"{rev}^{{commit}}"],
+                         capture_output=True, text=True)
+    if sha.returncode != 0:
+        raise Fatal(f"--tierstore-commit {rev}: not a commit of {repo}")
+    if subprocess.run(git + ["diff", "--quiet", rev, "HEAD", "--", "csrc"]).returncode != 0:
+        raise Fatal(f"--tierstore-commit {rev}: csrc differs from HEAD; the installed _C "
+                    f"would not match")
+    built = [os.path.join(p, "tierstore", n) for p in sys.path
+             if os.path.isdir(os.path.join(p, "tierstore"))
+             for n in os.listdir(os.path.join(p, "tierstore")) if n.startswith("_C.")]
+    if not built:
+        raise Fatal("no installed tierstore/_C*.so to link into the exported tree")
+    os.makedirs(dest)
+    archive = subprocess.run(git + ["archive", rev, "tierstore"], capture_output=True)
+    subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
+    os.symlink(built[0], os.path.join(dest, "tierstore", os.path.basename(built[0])))
+    return dest
+
+
+def use_tierstore(src: str | None) -> dict:
+    """Import tierstore (from ``src`` when given: the editable install's redirecting
+    finder is dropped from this process's meta path so that ``src`` wins)."""
+    if src is not None:
+        pkg = os.path.join(os.path.abspath(src), "tierstore")
+        if not os.path.isfile(os.path.join(pkg, "__init__.py")):
+            raise Fatal(f"--tierstore-src {src}: no tierstore/__init__.py there")
+        if not any(n.startswith("_C.") for n in os.listdir(pkg)):
+            raise Fatal(f"--tierstore-src {src}: no built tierstore/_C*.so there (link the "
+                        f"installed one)")
+        sys.meta_path[:] = [f for f in sys.meta_path
+                            if "ScikitBuild" not in type(f).__name__]
+        sys.path.insert(0, os.path.abspath(src))
+    import tierstore
+    import tierstore.adapters.vllm_moet  # noqa: F401 - fails here, not mid-run
+    where = os.path.dirname(os.path.dirname(os.path.abspath(tierstore.__file__)))
+    git = subprocess.run(["git", "-C", where, "describe", "--always", "--dirty"],
+                         capture_output=True, text=True)
+    return {"path": where, "git": git.stdout.strip() if git.returncode == 0 else None}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1240,6 +1312,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--trace", default=DEFAULT_TRACE, help="[tick, layer, expert] int32 .npy")
     ap.add_argument("--gpu-forward-ms", type=float, default=12.0,
                     help="forward time in scenario 2's modelled GPU order (default 12)")
+    ap.add_argument("--tierstore-commit", metavar="REV",
+                    help="run tierstore as of REV of this repository (`git archive` into the "
+                         "temp dir, the installed _C linked in; csrc must be unchanged)")
+    ap.add_argument("--tierstore-src", metavar="DIR",
+                    help="import tierstore from DIR/tierstore (e.g. a `git archive` of another "
+                         "commit with the built _C linked in) instead of the installed one")
     ap.add_argument("--json", metavar="OUT", help="write the full report here (atomic)")
     ap.add_argument("-v", "--verbose", action="store_true", help="their and our logs to stderr")
     args = ap.parse_args(argv)
@@ -1259,6 +1337,15 @@ def main(argv=None) -> int:
         return 2
     cuda = CpuCuda()
     with tempfile.TemporaryDirectory(prefix="moet-side-by-side-") as tmp:
+        try:
+            src = args.tierstore_src
+            if args.tierstore_commit:
+                src = export_tierstore(args.tierstore_commit, os.path.join(tmp, "tierstore-src"))
+            tierstore_info = use_tierstore(src)
+            tierstore_info["commit_requested"] = args.tierstore_commit
+        except Fatal as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         build_tree(os.path.join(tmp, "tree"), files)
         progress(f"vLLM-Moet {commit[:12]}: {len(files)} files extracted to {tmp}/tree")
         ctx = types.SimpleNamespace(tree=os.path.join(tmp, "tree"), tmpdir=tmp, cuda=cuda,
@@ -1278,6 +1365,7 @@ def main(argv=None) -> int:
         "extracted": [{"path": p, "lines": t.count("\n"),
                        "sha256": hashlib.sha256(t.encode()).hexdigest()[:16]}
                       for p, t in files.items()],
+        "tierstore": tierstore_info,
         "steps": args.steps, "seed": args.seed, "torch": torch.__version__,
         "python": sys.version.split()[0], "seconds": round(time.perf_counter() - t0, 1),
         "stand_ins": STAND_INS}
@@ -1299,7 +1387,8 @@ STAND_INS = [
     "stream(), current_stream, current_device, set_device, synchronize, Event, mem_get_info, "
     "is_available (False), is_current_stream_capturing (False)",
     "pin_memory=True dropped by their modules' tensor factories (no CUDA driver)",
-    "dev=torch.device('cpu', 0): DeltaTier maps an index-less device to cuda:current_device()",
+    "dev=torch.device('cpu', 0) for vLLM-Moet (DeltaTier maps an index-less device to "
+    "cuda:current_device()), torch.device('cpu') for tierstore",
     "tierstore finalize_auto(free_bytes=) and vLLM-Moet's mem_get_info get the same free bytes",
     "scenario 2 'gpu' order: stand-in events complete at the next step's wait_manager_idle; "
     "tierstore's CPU step_end snapshot gets one via a per-instance _fold_seen wrapper; the "

@@ -102,7 +102,8 @@ def test_first_boot_writes_packs_then_forward_matches_the_torch_reference(tmp_pa
         torch.testing.assert_close(got.double(), ref, rtol=2e-2, atol=2e-2)
         dense = dense_moe(x.float(), w.float(), ids, model.w13[i], model.w2[i])
         base_err = float((got.double() - dense).norm() / dense.norm())
-        tier.store.promote([(i, e) for e in range(E)]).wait()      # every expert in the pool
+        tier.store.promote([(i, e) for e in range(E)]).wait()      # read (publish="step")...
+        tier.store.step()                                           # ...every expert in the pool
         fp4_out = layer_forward(r, x, logits).double()
         fp4_err = float((fp4_out - dense).norm() / dense.norm())
         assert fp4_err < 0.35 and fp4_err < 0.5 * base_err, (fp4_err, base_err)

@@ -106,7 +106,7 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
         self._worker = Worker(self, "tierstore-store")  # promotions, unpins, snapshots
         self.prefetch = None if cfg.prefetch is None else StorePrefetch(self, cfg.prefetch)
-        self._staged: list = []          # publish="step": (keys in arena rows, Ticket | None)
+        self._staged: list = []          # publish="step": key arrays read into arena rows
         self._pending_sources: list = []  # publish="step": batches whose sources step() frees
         self._warm_pending = warm_start if cfg.deferred else None
         if warm_start is not None and not cfg.deferred:
@@ -410,10 +410,11 @@ class ExpertStore(BackgroundJobs, Lifecycle):
     def _publish_staged(self, staged: list, routed: np.ndarray, stream) -> None:
         """publish="step": copy the staged keys still in arena rows into the pool and
         publish them on ``stream`` (arena -> pool copies only: no disk I/O here), hottest
-        first, sparing ``routed`` (bool [n_keys]) as victims; tickets finish."""
+        first, sparing ``routed`` (bool [n_keys]) as victims. A failure is logged: the
+        rows stay in the arena and serving goes on."""
         if not staged:
             return
-        keys = np.unique(np.concatenate([k for k, _t in staged]))
+        keys = np.unique(np.concatenate(staged))
         batch = None
         with self.lock:
             pool, arena = self._pool, self._arena
@@ -421,19 +422,13 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             if len(keys):
                 batch = self._mover.plan(pool.policy.rank(keys), to_pool=True, stream=stream,
                                          spare=routed)
-        error = None
-        if batch is not None:
-            try:
-                self._mover.run(batch, defer_sources=self._defer_sources)
-            except Exception as exc:  # noqa: BLE001 - handed to the tickets; serving goes on
-                error = exc
-                log.warning("%s: publishing %d staged promotions failed: %s",
-                            self.pack.path, len(batch.keys), exc)
-        with self.lock:
-            resident = self._pool.resident_slot
-            for k, ticket in staged:
-                if ticket is not None:
-                    ticket._finish(int(np.count_nonzero(resident[k] >= 0)), error=error)
+        if batch is None:
+            return
+        try:
+            self._mover.run(batch, defer_sources=self._defer_sources)
+        except Exception as exc:  # noqa: BLE001 - a background promotion must not stop serving
+            log.warning("%s: publishing %d staged promotions failed: %s", self.pack.path,
+                        len(batch.keys), exc)
 
     def stats(self) -> StoreStats:
         with self.lock:

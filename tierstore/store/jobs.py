@@ -24,7 +24,8 @@ class BackgroundJobs:
         dense = self._dense(keys)
         self._check_open("promote")
         ticket = Ticket(len(dense))
-        # publish="step": read into arena rows now, published (and the ticket done) at step()
+        # publish="step": read into arena rows now (the ticket is done then), published at
+        # the next step()
         kind = "stage" if self.config.publish == "step" else "promote"
         self._submit_job((kind, dense, ticket, False))
         return ticket
@@ -82,7 +83,7 @@ class BackgroundJobs:
     def _stage_now(self, keys: np.ndarray, ticket) -> None:
         """publish="step", on the worker: read ``keys`` not yet in the pool into arena rows
         (host reads only: no CUDA call, nothing published) and hand them to the next
-        step(), which copies them up and finishes ``ticket``."""
+        step(), which copies them up. ``ticket`` is finished with the rows staged."""
         with self.lock:
             keys = keys[self._pool.slot_of[keys] < 0]
             need = keys[self._arena.slot_of[keys] < 0]
@@ -90,7 +91,10 @@ class BackgroundJobs:
         if batch is not None:
             self._mover.run(batch)
         with self.lock:
-            self._staged.append((keys, ticket))
+            keys = keys[self._arena.resident_slot[keys] >= 0]
+            self._staged.append(keys)
+        if ticket is not None:
+            ticket._finish(len(keys))
 
     def _defer_sources(self, batch) -> None:
         if self.config.publish == "step":   # the worker makes no CUDA call: step() frees them

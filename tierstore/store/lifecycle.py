@@ -41,11 +41,7 @@ class Lifecycle(Closing):
             for batch in self._pending_sources:   # publish="step": copies step() did not free
                 self._mover.finish_sources(batch)
             self._pending_sources = []
-            for _keys, ticket in self._staged:     # staged, never published
-                if ticket is not None:
-                    ticket._finish(error=ClosedError(f"{self.pack.path}: store closed before "
-                                                     f"these keys were published"))
-            self._staged = []
+            self._staged = []                      # read into the arena, never published
             if self._owns_engine:
                 self.engine.close()
             self._drop_pack()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device call for the one-store round: build sm_90, every `gpu` test, vLLM-Moet's
+# force_promote through the face against the store's fire on the same store, the store's
+# bookkeeping (bench_store) and `tierstore bench fire` (the store-level fire figures).
+# Usage (device tool, carry .whl: msgspec, hypothesis, sortedcontainers for py3.12):
+#   bash bench/device_one_store.sh          (QUICK=1: build, gpu tests, moet promote only)
+# Logs and JSON land in $OUT (default /tmp/out).
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+t0=$(date +%s); stamp() { echo "[device +$(( $(date +%s) - t0 ))s] $*"; }
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$OUT/pip.log" 2>&1
+export PYTHONPATH=/tmp/site:$PWD
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
+  python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__)"; } > "$OUT/machine.txt"
+cat "$OUT/machine.txt"
+stamp build
+cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(which python3) \
+  -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 && cmake --build build/dev -j16 >> "$OUT/build.log" 2>&1 \
+  && cp build/dev/_C*.so tierstore/ || { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
+stamp "gpu tests"
+timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -25
+stamp "moet promote: force_promote vs the store's fire, same store"
+timeout ${PROMOTE_TIMEOUT:-240} python3 bench/bench_moet_promote.py --json "$OUT/moet_promote.json" > "$OUT/moet_promote.log" 2>&1
+echo "moet rc=$?"; tail -16 "$OUT/moet_promote.log"
+if [ "${QUICK:-0}" = 1 ]; then stamp done; exit 0; fi
+stamp "store bookkeeping"
+timeout 200 python3 -m pytest bench/bench_store.py -q -p no:cacheprovider -o python_files='bench_*.py' \
+  --benchmark-enable --benchmark-columns=min,median,max,rounds > "$OUT/bench_store.log" 2>&1
+echo "bench_store rc=$?"; grep -E "^(test_|Name|-)" "$OUT/bench_store.log" | head -30
+stamp "bench fire"
+timeout ${FIRE_TIMEOUT:-240} python3 -m tierstore bench fire --dir /tmp/benchfire --device cuda \
+  --out "$OUT/fire.json" > "$OUT/bench_fire.log" 2> "$OUT/bench_fire.err"
+echo "bench fire rc=$?"; tail -30 "$OUT/bench_fire.log"; tail -3 "$OUT/bench_fire.err"
+stamp done
