@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """vLLM-Moet's own FP4 tier and tierstore's drop-in, side by side, under vLLM-Moet's real code.
 
 What it is
@@ -31,16 +30,17 @@ seeded synthetic logits -> on a fire up to ``fire_fp_max()`` rounds of the real
 ``shutdown`` at the end. At every forward every mapped slot's bytes are compared with
 the planes. Recorded per step and arm: the fire, the promotions per round, the routed
 pairs served at FP4 (mapped in ``slot_table`` at the forward; the final forward is the
-replay), pairs served at FP4 in a fired step's forward and unmapped before its replay
-("lost"), slots holding wrong bytes, and the lazy (manager) promotions.
+replay), pairs served at FP4 by a fired step's forward whose slot is gone at its replay
+("lost": unmapped, or evicted and promoted again into another slot), slots holding
+wrong bytes, and the lazy (manager) promotions with the mapping changes they made.
 
 Runs: a seeded Zipf-like router with drifting hot experts (6 layers x 32 experts,
 top-4, 3 KiB slots, a 48-slot pool), and the FLAME-MoE trace in /work/shared/traces
 (8 layers x 64 experts, top-6, its own geometry, a 96-slot pool). The comparison gives
 totals, per-step equality and, for every event (a lazy pass, a fire round) that
-started from the same state in both arms (mapped set, freq, need) but ended
-differently, whether the two picks have the same multiset of policy scores (a tie
-broken another way) or not. Four known divergences run as separate scenarios: (1)
+started from the same state in both arms (mapped set and the policy's scores) but
+ended differently, whether the two picks have the same multiset of policy scores (a
+tie broken another way) or not. Four known divergences run as separate scenarios: (1)
 packs left unfinished by one engine and resumed by the other, (2) pairs losing their
 slot between a fired step's forward and its replay under DELTA_PROMOTE=32 and a pool
 at the fire floor, in the CPU's event order and in a modelled GPU event order, (3)
@@ -52,9 +52,16 @@ How to run
 ----------
     python3 bench/moet_side_by_side.py --json bench/results/moet_side_by_side.json
     python3 bench/moet_side_by_side.py --moet-repo /path/to/vLLM-Moet --steps 200 --seed 0
+    python3 bench/moet_side_by_side.py --tierstore-commit 3f34b4e --tierstore-commit HEAD \
+        --json bench/results/moet_side_by_side.json
 
-A table goes to stdout, progress to stderr, ``--json OUT`` writes everything (atomic).
-About a minute on 2 CPU cores. A missing repository or patch is a one-line error.
+Without ``--tierstore-commit`` the installed tierstore runs. ``--tierstore-commit REV``
+runs tierstore as of REV of this repository (``git archive`` into the temp dir with the
+installed ``_C`` linked in; refused when ``csrc`` differs from HEAD); given several
+times, each runs in a child process and the JSON holds ``{"meta", "by_tierstore":
+{REV: report}}``. A table goes to stdout, progress to stderr, ``--json OUT`` writes
+everything (atomic). About 15 s per tierstore on 2 CPU cores. A missing repository or
+patch is a one-line error.
 
 Stand-ins (everything else is vLLM-Moet's code exactly as its patch creates it)
 -------------------------------------------------------------------------------
@@ -92,10 +99,12 @@ Stand-ins (everything else is vLLM-Moet's code exactly as its patch creates it)
   is in step N completes when the runner reaches step N+1's ``wait_manager_idle`` (or
   when an event recorded after it is synchronized); the forward sleeps ``--gpu-forward-ms``
   after reading ``slot_table``, as a GPU forward takes time while host threads run. On
-  a CPU device tierstore's ``step_end`` records no event (it has nothing queued), so the
-  same stand-in event is attached to its snapshot by wrapping that tier instance's
-  ``_fold_seen`` (no tierstore file changes). vLLM-Moet's arm is then timing-dependent
-  (its manager thread retries every ~0.5-5 ms and may run during the forward).
+  a CPU device a tierstore tier with a manager snapshot hand-off (``_fold_seen``,
+  ``_snapshot_event``: tierstore before its one-store refactor) records no event, so
+  the same stand-in event is attached to that snapshot by wrapping the tier instance's
+  ``_fold_seen`` (no tierstore file changes); a tier without that hand-off is run
+  as is (``tierstore_gpu_order_modelled: false``). vLLM-Moet's arm is timing-dependent
+  there (its manager thread retries every ~0.5-5 ms and may run during the forward).
 * Settings held fixed for determinism (both arms): ``VLLM_MOE_W2_DELTA_DECAY_S=1e9``
   (the freq/need decay is wall-clock based and would fire at different steps in the two
   runs), ``VLLM_MOE_W2_CKPT_ID`` set (pack identity without a vLLM config),
@@ -159,13 +168,13 @@ def read_patch(repo: str) -> tuple[str, str]:
         raise Fatal(f"vLLM-Moet repository not found at {repo} (fetch kacper-daftcode/vLLM-Moet "
                     f"or pass --moet-repo)")
     git = ["git", "-C", repo]
-    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=False)
     commit = head.stdout.strip() if head.returncode == 0 else "unknown"
     plain = os.path.join(repo, PATCH)
     if os.path.isfile(plain):
         with open(plain, encoding="utf-8") as f:
             return f.read(), commit
-    shown = subprocess.run(git + ["show", f"HEAD:{PATCH}"], capture_output=True, text=True)
+    shown = subprocess.run(git + ["show", f"HEAD:{PATCH}"], capture_output=True, text=True, check=False)
     if shown.returncode != 0 or not shown.stdout:
         why = (shown.stderr.strip().splitlines() or ["empty"])[0]
         raise Fatal(f"{repo}: no {PATCH} at HEAD ({why})")
@@ -398,6 +407,30 @@ def _unpinned(factory):
     return make
 
 
+# every stand-in, for the report (the module doc explains each)
+STAND_INS = [
+    "vllm package tree: empty __init__ for vllm, model_executor, layers, quantization, utils",
+    "vllm.logger.init_logger: stdlib logger + warning_once/info_once/debug_once",
+    "vllm.config.get_current_vllm_config: parallel_config without ubatching only",
+    "vllm.distributed: absent (packs are named rank0of1, as both engines fall back to)",
+    ("moe_w2_cubit: _PREFILL_T, _EXL3_BASE, enabled(), _layer_cutoff() from the same env vars; "
+     "the real glue (Triton, CUDA cubins, custom op) cannot import on a CPU"),
+    ("torch.cuda for their modules (a proxy of torch bound to their global name): Stream, "
+     "stream(), current_stream, current_device, set_device, synchronize, Event, mem_get_info, "
+     "is_available (False), is_current_stream_capturing (False)"),
+    "pin_memory=True dropped by their modules' tensor factories (no CUDA driver)",
+    ("dev=torch.device('cpu', 0) for vLLM-Moet (DeltaTier maps an index-less device to "
+     "cuda:current_device()), torch.device('cpu') for tierstore"),
+    "tierstore finalize_auto(free_bytes=) and vLLM-Moet's mem_get_info get the same free bytes",
+    ("scenario 2 'gpu' order: stand-in events complete at the next step's wait_manager_idle; "
+     "a tierstore tier with a snapshot hand-off (before the one-store refactor) gets one for "
+     "its CPU step_end snapshot via a per-instance _fold_seen wrapper; the forward sleeps "
+     "--gpu-forward-ms"),
+    ("VLLM_MOE_W2_DELTA_DECAY_S=1e9 (wall-clock decay off), CKPT_ID, NUM_LAYERS=L-1, "
+     "STORE_THREADS=2 for both arms"),
+]
+
+
 # == 3. loading both arms ==================================================================
 class WarningCount(logging.Handler):
     """Counts WARNING+ records of vLLM-Moet's and tierstore's loggers, per run."""
@@ -452,11 +485,12 @@ def open_arm(ctx, kind: str, environ: dict, geo, planes, gpu_forward_s: float = 
     try:
         yield arm
     finally:
-        try:
-            mods.delta.shutdown()
-            mods.gate.shutdown()
-        except Exception as exc:  # noqa: BLE001 - reported, the next arm must still start
-            arm.errors.append(f"shutdown: {one_line(exc)}")
+        for module in (mods.delta, mods.gate):      # the worker's teardown order
+            try:
+                module.shutdown()
+            except Exception as exc:  # noqa: BLE001 - reported, the next arm must still start
+                arm.errors.append(f"{module.__name__.rsplit('.', 1)[-1]}.shutdown: "
+                                  f"{one_line(exc)}")
         if kind == "tierstore":
             vm.uninstall()
             if vm._TIER is not None:   # a failed shutdown: forget the tier (harness cleanup)
@@ -611,31 +645,32 @@ class Arm:
         slots = table[keys].astype(np.int64)
         n = int(t.pool.shape[0])
         bad = slots >= n
-        _, first, counts = np.unique(slots, return_index=True, return_counts=True)
-        dup = np.isin(slots, np.unique(slots)[counts > 1])
+        uniq, counts = np.unique(slots, return_counts=True)
+        dup = np.isin(slots, uniq[counts > 1])
         if n:
             rows = t.pool[torch.from_numpy(np.minimum(slots, n - 1))]
             bad |= (rows != self.flat[torch.from_numpy(keys)]).any(1).numpy()
         return set(keys[bad | dup].tolist())
 
     # -- one forward, as the glue runs it per MoE layer -------------------------------------
-    def forward(self, route: np.ndarray, rec: dict) -> set:
+    def forward(self, route: np.ndarray, rec: dict) -> dict:
+        """Returns {key: slot} of the routed pairs served at FP4."""
         d, tier, E = self.m.delta, self.tier, self.geo.experts
-        served = []
+        served = {}
         for layer in range(self.geo.layers):
             ids = torch.from_numpy(route[layer]).long()
             if self.cuda.is_current_stream_capturing():
                 tier.notify_capture()
             d.mark_seen(tier.seen[layer], ids.view(-1))
-            slots = tier.slot_table[layer].index_select(0, ids)   # read even with 0 slots
-            served.append(layer * E + route[layer][(slots >= 0).numpy()])
-        served = set(np.concatenate(served).tolist())
+            slots = tier.slot_table[layer].index_select(0, ids).numpy()   # even with 0 slots
+            served.update((layer * E + int(e), int(sl))
+                          for e, sl in zip(route[layer], slots) if sl >= 0)
         self.last_mapped = self.mapped()
         if self.gpu_forward_s:
             time.sleep(self.gpu_forward_s)                       # the kernels' time
         wrong = self.wrong_keys()
         rec["wrong"] = max(rec.get("wrong", 0), len(wrong))
-        rec["wrong_served"] = rec.get("wrong_served", 0) + len(wrong & served)
+        rec["wrong_served"] = rec.get("wrong_served", 0) + len(wrong & served.keys())
         return served
 
     def event(self, label: str, before: set, state: np.ndarray, key: np.ndarray) -> None:
@@ -652,7 +687,8 @@ class Arm:
     def step(self, s: int, routes: np.ndarray, logits: torch.Tensor) -> dict:
         d, g = self.m.delta, self.m.gate
         rec = {"step": s, "fired": False, "promoted": [], "served": [], "lost": 0,
-               "lost_rerouted": 0, "wrong": 0, "wrong_served": 0, "errors": []}
+               "lost_unmapped": 0, "lost_rerouted": 0, "wrong": 0, "wrong_served": 0,
+               "errors": []}
         self.events = []
         CLOCK.boundary += 1
         # lazy promotions land between the last step_end and this forward (published by
@@ -678,7 +714,7 @@ class Arm:
         rec["events"] = self.events
         return rec
 
-    def fire(self, routes: np.ndarray, served: set, rec: dict) -> None:
+    def fire(self, routes: np.ndarray, served: dict, rec: dict) -> None:
         """The runner's fire loop: rounds of force_promote_step(max_promote=budget) + replay."""
         g, E = self.m.gate, self.geo.experts
         budget = g.step_promote_budget()
@@ -695,10 +731,14 @@ class Arm:
                 budget -= n
             if n <= 0 or not g.reforward_enabled():
                 return
-            gone = served - self.mapped()
+            # served at FP4 by the last forward, but no longer in that slot at the replay
+            # (unmapped, or evicted and promoted again into another slot)
+            table = self.tier.slot_table.reshape(-1).numpy()
+            moved = {k for k, slot in served.items() if int(table[k]) != slot}
             replay = {layer * E + int(e) for layer, row in enumerate(routes[r + 1]) for e in row}
-            rec["lost"] += len(gone)
-            rec["lost_rerouted"] += len(gone & replay)
+            rec["lost"] += len(moved)
+            rec["lost_unmapped"] += sum(int(table[k]) < 0 for k in moved)
+            rec["lost_rerouted"] += len(moved & replay)
             served = self.forward(routes[r + 1], rec)
             rec["served"].append(len(served))
 
@@ -831,6 +871,7 @@ def totals(hist: list[dict]) -> dict:
         "fp4_served_first_forward": sum(r["served"][0] for r in hist),
         "fp4_served_replays": sum(sum(r["served"][1:]) for r in hist),
         "lost_between_forward_and_replay": sum(r["lost"] for r in hist),
+        "lost_and_unmapped_at_replay": sum(r["lost_unmapped"] for r in hist),
         "lost_and_routed_again": sum(r["lost_rerouted"] for r in hist),
         "fired_steps_with_loss": sum(r["fired"] and r["lost"] > 0 for r in hist),
         "wrong_byte_slots": sum(r["wrong"] for r in hist),
@@ -874,7 +915,8 @@ def _brief(r: dict) -> dict:
 
 
 def _event_diff(step: int, ea: dict, eb: dict, E: int) -> dict:
-    pair = lambda keys: [[k // E, k % E] for k in keys]   # noqa: E731
+    def pair(keys):
+        return [[k // E, k % E] for k in keys]
     tie = ea["in_scores"] == eb["in_scores"] and ea["out_scores"] == eb["out_scores"]
     return {"step": step, "event": ea["label"], "tie_breaking": tie,
             "moet_only_in": pair(sorted(set(ea["ins"]) - set(eb["ins"]))),
@@ -993,7 +1035,7 @@ def _pack_problems(row: dict, half: int, layers: int) -> list[str]:
 
 LOSS_KEYS = ("gate_fires", "fire_rounds", "promoted_by_fires", "promoted_lazy",
              "fp4_served_first_forward", "lost_between_forward_and_replay",
-             "lost_and_routed_again", "fired_steps_with_loss", "wrong_byte_slots",
+             "lost_and_unmapped_at_replay", "lost_and_routed_again", "fired_steps_with_loss", "wrong_byte_slots",
              "wrong_bytes_served")
 
 
@@ -1100,7 +1142,8 @@ TOTAL_ROWS = (("gate_fires", "gate fires"), ("fire_rounds", "fire rounds (promot
               ("promoted_by_fires", "promoted by fires"), ("promoted_lazy", "promoted by manager"),
               ("evicted", "evicted"), ("fp4_served_final", "FP4-served, final forward"),
               ("fp4_served_first_forward", "FP4-served, first forward"),
-              ("lost_between_forward_and_replay", "lost between forward and replay"),
+              ("lost_between_forward_and_replay", "lost slot between forward and replay"),
+              ("lost_and_unmapped_at_replay", "  of which unmapped at the replay"),
               ("wrong_byte_slots", "slots with wrong bytes"), ("step_errors", "step errors"))
 
 
@@ -1109,8 +1152,12 @@ def render(report: dict) -> None:
     from rich.table import Table
     con = Console()
     m = report["meta"]
+    ts = m["tierstore"]
+    which = f"tierstore {ts.get('commit_requested') or ts.get('git') or '?'} " \
+            f"({(ts.get('sha') or '?')[:10]})"
     con.print(f"vLLM-Moet {m['moet_commit'][:12]} ({m['moet_repo']}), files from {PATCH}: "
-              f"{', '.join(f['path'].rsplit('/', 1)[-1] for f in m['extracted'])}")
+              f"{', '.join(f['path'].rsplit('/', 1)[-1] for f in m['extracted'])}; "
+              f"{which} from {ts['path']}")
     for name, run in report["runs"].items():
         if "skipped" in run:
             con.print(f"[bold]{name}[/]: skipped ({run['skipped']})")
@@ -1132,7 +1179,7 @@ def render(report: dict) -> None:
                   f"{eq['mapped_set_at_final_forward']}/{c['steps']}")
         con.print(t)
         con.print(_difference_line(c))
-    d = Table(title="known divergences, against the current tierstore")
+    d = Table(title=f"known divergences, against {which}")
     for col in ("#", "scenario", "vLLM-Moet", "tierstore", "reproduces"):
         d.add_column(col)
     for row in divergence_rows(report["divergences"]):
@@ -1150,11 +1197,12 @@ def _difference_line(c: dict) -> str:
 
 
 def divergence_rows(div: dict) -> list[tuple[str, ...]]:
-    yes = lambda v: "[red]yes[/]" if v else "[green]no[/]"   # noqa: E731
+    def yes(v):
+        return "[red]yes[/]" if v else "[green]no[/]"
     p, rows = div["1_pack_left_unfinished"], []
     for order, r in p["orders"].items():
         res, reo = r["resumed_by_other"], r["reopened_by_first"]
-        first, second = order.split("_then_")
+        first = order.split("_then_")[0]
         rows.append(("1", f"pack unfinished by {LABEL[first]}, resumed",
                      _pack_cell(reo if first == "moet" else res),
                      _pack_cell(res if first == "moet" else reo),
@@ -1215,7 +1263,8 @@ def compact_steps(run: dict) -> None:
     rows = []
     for ra, rb in zip(run["arms"]["moet"]["steps"], run["arms"]["tierstore"]["steps"]):
         rows.append({"step": ra["step"], **{k: {f: r[f] for f in (
-            "fired", "promoted", "served", "lost", "lost_rerouted", "wrong", "errors")}
+            "fired", "promoted", "served", "lost", "lost_unmapped", "lost_rerouted", "wrong",
+            "errors")}
             for k, r in (("moet", ra), ("tierstore", rb))}})
     for arm in run["arms"].values():
         del arm["steps"]
@@ -1258,16 +1307,17 @@ def setup_logging(verbose: bool) -> WarningCount:
     return counter
 
 
-def export_tierstore(rev: str, dest: str) -> str:
+def export_tierstore(rev: str, dest: str) -> tuple[str, str]:
     """``git archive REV tierstore`` of this script's repository into ``dest``, with the
     installed ``tierstore/_C`` linked in (found on sys.path without importing tierstore)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     git = ["git", "-C", repo]
     sha = subprocess.run(git + ["rev-parse", "--verify", f"{rev}^{{commit}}"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     if sha.returncode != 0:
         raise Fatal(f"--tierstore-commit {rev}: not a commit of {repo}")
-    if subprocess.run(git + ["diff", "--quiet", rev, "HEAD", "--", "csrc"]).returncode != 0:
+    if subprocess.run(git + ["diff", "--quiet", rev, "HEAD", "--", "csrc"],
+                      check=False).returncode != 0:
         raise Fatal(f"--tierstore-commit {rev}: csrc differs from HEAD; the installed _C "
                     f"would not match")
     built = [os.path.join(p, "tierstore", n) for p in sys.path
@@ -1276,10 +1326,11 @@ def export_tierstore(rev: str, dest: str) -> str:
     if not built:
         raise Fatal("no installed tierstore/_C*.so to link into the exported tree")
     os.makedirs(dest)
-    archive = subprocess.run(git + ["archive", rev, "tierstore"], capture_output=True)
+    archive = subprocess.run(git + ["archive", rev, "tierstore"], capture_output=True,
+                             check=True)
     subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
     os.symlink(built[0], os.path.join(dest, "tierstore", os.path.basename(built[0])))
-    return dest
+    return dest, sha.stdout.strip()
 
 
 def use_tierstore(src: str | None) -> dict:
@@ -1296,11 +1347,14 @@ def use_tierstore(src: str | None) -> dict:
                             if "ScikitBuild" not in type(f).__name__]
         sys.path.insert(0, os.path.abspath(src))
     import tierstore
-    import tierstore.adapters.vllm_moet  # noqa: F401 - fails here, not mid-run
+    importlib.import_module("tierstore.adapters.vllm_moet")   # fails here, not mid-run
     where = os.path.dirname(os.path.dirname(os.path.abspath(tierstore.__file__)))
-    git = subprocess.run(["git", "-C", where, "describe", "--always", "--dirty"],
-                         capture_output=True, text=True)
-    return {"path": where, "git": git.stdout.strip() if git.returncode == 0 else None}
+    def git(*a):
+        return subprocess.run(["git", "-C", where, *a], capture_output=True, text=True,
+                              check=False)
+    head, desc = git("rev-parse", "HEAD"), git("describe", "--always", "--dirty")
+    return {"path": where, "sha": head.stdout.strip() if head.returncode == 0 else None,
+            "git": desc.stdout.strip() if desc.returncode == 0 else None}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -1312,9 +1366,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--trace", default=DEFAULT_TRACE, help="[tick, layer, expert] int32 .npy")
     ap.add_argument("--gpu-forward-ms", type=float, default=12.0,
                     help="forward time in scenario 2's modelled GPU order (default 12)")
-    ap.add_argument("--tierstore-commit", metavar="REV",
+    ap.add_argument("--tierstore-commit", metavar="REV", action="append",
                     help="run tierstore as of REV of this repository (`git archive` into the "
-                         "temp dir, the installed _C linked in; csrc must be unchanged)")
+                         "temp dir, the installed _C linked in; csrc must be unchanged); "
+                         "repeat it to run each in a child process and merge the reports "
+                         "('installed' = the installed tree)")
     ap.add_argument("--tierstore-src", metavar="DIR",
                     help="import tierstore from DIR/tierstore (e.g. a `git archive` of another "
                          "commit with the built _C linked in) instead of the installed one")
@@ -1323,11 +1379,68 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.steps < 10:
         ap.error("--steps must be at least 10")
+    if args.tierstore_commit and args.tierstore_src:
+        ap.error("--tierstore-commit and --tierstore-src exclude each other")
     return args
+
+
+def run_each_commit(args) -> int:
+    """One child process per --tierstore-commit (a process imports one tierstore), the
+    reports merged into one JSON: {"meta", "by_tierstore": {rev: report}}."""
+    reports, t0 = {}, time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="moet-side-by-side-runs-") as tmp:
+        for i, rev in enumerate(args.tierstore_commit):
+            out = os.path.join(tmp, f"{i}.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--moet-repo", args.moet_repo,
+                   "--steps", str(args.steps), "--seed", str(args.seed), "--trace", args.trace,
+                   "--gpu-forward-ms", str(args.gpu_forward_ms), "--json", out]
+            cmd += [] if rev == "installed" else ["--tierstore-commit", rev]
+            cmd += ["-v"] if args.verbose else []
+            progress(f"tierstore {rev}: a child run")
+            rc = subprocess.run(cmd, check=False).returncode
+            if rc != 0:
+                return rc
+            with open(out) as f:
+                reports[rev] = json.load(f)
+    render_summary(reports)
+    if args.json:
+        write_json(args.json, {"meta": {
+            "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+            "tierstore_runs": args.tierstore_commit,
+            "seconds": round(time.perf_counter() - t0, 1)}, "by_tierstore": reports})
+        progress(f"wrote {args.json}")
+    return 0
+
+
+def render_summary(reports: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="per tierstore: does each known divergence reproduce?")
+    t.add_column("")
+    for rev, r in reports.items():
+        t.add_column(f"{rev} ({(r['meta']['tierstore'].get('sha') or '?')[:10]})")
+    div = [r["divergences"] for r in reports.values()]
+    for key in div[0]:
+        t.add_row(key, *("[red]yes[/]" if d[key]["reproduces"] else "[green]no[/]" for d in div))
+    for name in ("synthetic", "trace"):
+        cells = []
+        for r in reports.values():
+            run = r["runs"][name]
+            if "arms" not in run:
+                cells.append("skipped")
+                continue
+            c, a = run["comparison"], run["arms"]
+            cells.append(f"FP4-served {a['moet']['totals']['fp4_served_final']} vs "
+                         f"{a['tierstore']['totals']['fp4_served_final']}, mapped set equal "
+                         f"{c['equal_steps']['mapped_set_at_final_forward']}/{c['steps']}")
+        t.add_row(f"{name}: vLLM-Moet vs tierstore", *cells)
+    Console().print(t)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if len(args.tierstore_commit or []) > 1:
+        return run_each_commit(args)
     t0 = time.perf_counter()
     try:
         patch, commit = read_patch(args.moet_repo)
@@ -1339,10 +1452,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="moet-side-by-side-") as tmp:
         try:
             src = args.tierstore_src
-            if args.tierstore_commit:
-                src = export_tierstore(args.tierstore_commit, os.path.join(tmp, "tierstore-src"))
+            rev = (args.tierstore_commit or [None])[0]
+            if rev not in (None, "installed"):
+                src, sha = export_tierstore(rev, os.path.join(tmp, "tierstore-src"))
             tierstore_info = use_tierstore(src)
-            tierstore_info["commit_requested"] = args.tierstore_commit
+            if rev not in (None, "installed"):
+                tierstore_info.update(commit_requested=rev, sha=sha, git=None)
         except Fatal as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -1374,28 +1489,6 @@ def main(argv=None) -> int:
         write_json(args.json, report)
         progress(f"wrote {args.json}")
     return 0
-
-
-STAND_INS = [
-    "vllm package tree: empty __init__ for vllm, model_executor, layers, quantization, utils",
-    "vllm.logger.init_logger: stdlib logger + warning_once/info_once/debug_once",
-    "vllm.config.get_current_vllm_config: parallel_config without ubatching only",
-    "vllm.distributed: absent (packs are named rank0of1, as both engines fall back to)",
-    "moe_w2_cubit: _PREFILL_T, _EXL3_BASE, enabled(), _layer_cutoff() from the same env vars; "
-    "the real glue (Triton, CUDA cubins, custom op) cannot import on a CPU",
-    "torch.cuda for their modules (a proxy of torch bound to their global name): Stream, "
-    "stream(), current_stream, current_device, set_device, synchronize, Event, mem_get_info, "
-    "is_available (False), is_current_stream_capturing (False)",
-    "pin_memory=True dropped by their modules' tensor factories (no CUDA driver)",
-    "dev=torch.device('cpu', 0) for vLLM-Moet (DeltaTier maps an index-less device to "
-    "cuda:current_device()), torch.device('cpu') for tierstore",
-    "tierstore finalize_auto(free_bytes=) and vLLM-Moet's mem_get_info get the same free bytes",
-    "scenario 2 'gpu' order: stand-in events complete at the next step's wait_manager_idle; "
-    "tierstore's CPU step_end snapshot gets one via a per-instance _fold_seen wrapper; the "
-    "forward sleeps --gpu-forward-ms",
-    "VLLM_MOE_W2_DELTA_DECAY_S=1e9 (wall-clock decay off), CKPT_ID, NUM_LAYERS=L-1, "
-    "STORE_THREADS=2 for both arms",
-]
 
 
 if __name__ == "__main__":

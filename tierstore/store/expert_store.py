@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ from tierstore.store.prefetch import StorePrefetch
 from tierstore.store.recorder import RoutingRecorder
 from tierstore.store.verify import RowVerifier
 from tierstore.store.stats import Counters, FireResult, StoreStats
-from tierstore.store.interrupts import OrphanPins, no_interrupts
+from tierstore.store.interrupts import Journal, OrphanPins
 from tierstore.store.jobs import BackgroundJobs
 from tierstore.store.lifecycle import Lifecycle
 from tierstore.store.worker import Ticket, Worker
@@ -94,9 +95,11 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         self.pool_policy, self.arena_policy = self._pool.policy, self._arena.policy
         self._stream = cfg.consumer_stream()
         self.verifier = RowVerifier(pack, cfg.verify)
+        self._journal = Journal(self.lock)   # multi-table writes a Ctrl-C cut (interrupts.py)
+        self._token = object()               # FireResult.owner: release() refuses another's
         self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
                             self.counters, cfg.scan_keep, default_stream=self._stream,
-                            verifier=self.verifier)
+                            verifier=self.verifier, journal=self._journal)
         self._recorder = RoutingRecorder(pack, self.counters, self.lock, self.device)
         self._fold = self._recorder._fold  # record()'s fast path (the native fold)
         self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
@@ -129,8 +132,8 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         self._written = np.repeat(self._layer_written, self._E)
         self.lock = threading.RLock()
         self._idle = threading.Condition(self.lock)
-        self._active = 0
-        self._closed = False
+        self._active = weakref.WeakSet()   # tokens of the calls close() waits for (lifecycle.py)
+        self._closed = self._close_done = False
         self.step_count = 0
         self.counters = Counters(cfg.latency_window)
         self.engine, self._owns_engine = cfg.open_engine(pack)
@@ -292,13 +295,12 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         ids = np.unique(ids.reshape(-1))
         ids = ids[ids >= 0]
         keys = self._dense(np.stack([np.full(len(ids), int(layer)), ids], axis=1))
-        with no_interrupts():   # the pins end up in _prefill (step frees them) or nowhere
-            self._release_prefill()
-            result = self._fire(keys, self.n_slots, stream, scan=True)
-            with self.lock:   # swap atomically: a concurrent prefill's pins are released, not lost
-                old, self._prefill = self._prefill, result
-                if old is not None and not old.released:
-                    self.release(old)
+        self._release_prefill()   # a result cut off from both (a Ctrl-C): the orphan net
+        result = self._fire(keys, self.n_slots, stream, scan=True)
+        with self.lock:   # swap atomically: a concurrent prefill's pins are released, not lost
+            old, self._prefill = self._prefill, result
+            if old is not None and not old.released:
+                self.release(old)
         return result
 
     def release(self, fire_result: FireResult) -> None:
@@ -361,9 +363,10 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         changes in the pool between a step's forward and its replay. ``publish=False``
         leaves the staged rows for a later step (the caller has not recorded this step's
         routing yet: victims could not spare it)."""
+        self._journal.drain()
         self._orphans.drain(self.lock, self._pool)
         step_mode = self.config.publish == "step"
-        with no_interrupts(), self.lock:
+        with self.lock:
             self._check_open("step")
             self._fold_records()
             if self._prefill is not None:
@@ -384,7 +387,7 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         for batch in sources:     # copies of a step ago: long done, a cheap event wait
             self._mover.finish_sources(batch)
         self._publish_staged(staged, routed, self._resolve_stream(stream))
-        with no_interrupts(), self.lock:
+        with self.lock:
             self._queue_lazy("stage")
             self._seen.fill(False)
 
@@ -431,6 +434,7 @@ class ExpertStore(BackgroundJobs, Lifecycle):
                         len(batch.keys), exc)
 
     def stats(self) -> StoreStats:
+        self._journal.drain()
         with self.lock:
             self._check_open("stats")
             self._orphans.drain(self.lock, self._pool, settle=False)
@@ -439,14 +443,23 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             engine_stats = self.engine.stats() if hasattr(self.engine, "stats") else None
             return self.counters.snapshot(*snap_args, engine_stats)
 
-    def check_invariants(self) -> None:
+    def check_invariants(self, idle: bool = False) -> None:
         """AssertionError when tier bookkeeping, policies and the device slot table
-        disagree (a host sync on CUDA; tests and debugging)."""
+        disagree (a host sync on CUDA; tests and debugging). ``idle``: also that nothing
+        is held or in flight (no pin, no counted call, no batch, no half-written section,
+        no dropped result waiting): what every call leaves once it and its releases ended."""
         with self.lock:
             self._pool.check_invariants(device=True)
             self._arena.check_invariants()
             self._pool.policy.check_invariants()
             self._arena.policy.check_invariants()
+            if idle:
+                for tier in (self._pool, self._arena):
+                    held = np.flatnonzero(tier.key_pins)
+                    assert not len(held), f"{tier.tier}: key {int(held[0])} still pinned"
+                assert not self._active, f"{len(self._active)} call(s) still counted active"
+                assert not self._mover.inflight, f"{len(self._mover.inflight)} batch(es) in flight"
+                assert not self._journal.open, "a section was left half written"
 
     # -- warm start ---------------------------------------------------------------------------
     def save_poolmon(self, path):

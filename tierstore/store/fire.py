@@ -18,13 +18,15 @@ itself back). Rounds are not steps: ``step_count`` only moves in ``step()``.
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 
 from tierstore.errors import ConfigError
 from tierstore.policies.admission import HotterThanVictim
 from tierstore.policies.fill import plan_lazy
-from tierstore.store.interrupts import no_interrupts, watch_batch
+from tierstore.store.interrupts import drop_pins, release_pins, take_pins
+from tierstore.store.pipeline import Completions
 from tierstore.store.stats import FireResult
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -34,28 +36,29 @@ def _drop(keys: np.ndarray, gone: np.ndarray) -> np.ndarray:
     return keys[~np.isin(keys, gone)] if len(gone) else keys
 
 
-def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
+def run_fire(store, result: FireResult, keys: np.ndarray, cap: int, stream, scan: bool,
              pipelined: bool = False) -> FireResult:
     """``pipelined`` (True, or an int: least bytes per engine submission): one round;
     the own batch is submitted layer by layer (or in groups of consecutive layers) and
-    fire returns once it is queued (result.wait_layer publishes; store/pipeline.py)."""
+    fire returns once it is queued (result.wait_layer publishes; store/pipeline.py).
+    ``result`` is already adopted (its ``holder`` records every pin as it is taken)."""
     pool, mover, lock = store._pool, store._mover, store.lock
-    result = FireResult(keys=_EMPTY, sources={"pool": 0, "arena": 0, "read": 0})
-    store._orphans.drain(lock, pool)   # batches and pins of results a Ctrl-C orphaned
+    holder = result.holder
     with lock:
         store._fold_records()
         if getattr(pool.policy, "counts_fires", False) and not scan:
             pool.policy.on_access(keys)   # need: a key's heat is the fires that routed it
-        pool.pin(keys)
-        pinned = keys
+        take_pins(lock, pool, holder, keys)
         result.already_resident = int(np.count_nonzero(pool.resident_slot[keys] >= 0))
         result.sources["pool"] = result.already_resident
     if result.already_resident == len(keys):  # the common fire: nothing to load or wait for
-        return _finish(store, result, keys, stream)
+        return _finish(store, result, stream)
     own = _EMPTY  # keys of a pipelined batch: pinned, still LOADING when fire returns
+    batch = None
     try:
         for rnd in range(1 if pipelined else store.config.fire_rounds):
             with lock:
+                pinned = holder.keys
                 resident = pool.resident_slot[pinned] >= 0
                 loading = ~resident & (pool.slot_of[pinned] >= 0)
                 missing = pinned[~resident & ~loading]
@@ -70,26 +73,24 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
                 if batch is not None and pipelined:   # visible to other fires as pipelined
                     mover.layer_load(batch, store._defer_sources,
                                      0 if pipelined is True else int(pipelined))
+                    holder.load, holder.stream = weakref.ref(batch.layer_load), stream
                 placed = batch.keys if batch is not None else _EMPTY
                 unplaced = _drop(new, placed)
                 result.no_slot += len(unplaced)
                 ids = (set(pool.batch_of_slot[pool.slot_of[pinned[loading]]].tolist())
                        if loading.any() else ())
                 others = [mover.inflight[b] for b in ids if b in mover.inflight]
-                gone = np.concatenate([over, unplaced])
-                if len(gone):
-                    pool.unpin(gone)
-                    pinned = _drop(pinned, gone)
+                drop_pins(lock, pool, holder, np.concatenate([over, unplaced]))
             if batch is not None and pipelined:
                 result.pending = mover.start_layers(batch)
                 result.pending_stream, own = stream, batch.keys
-                watch_batch(result.pending, stream)   # a Ctrl-C from here on settles it
             elif batch is not None:
                 mover.run(batch, defer_sources=store._defer_sources)
             if batch is not None:
                 result.promoted += len(placed)
                 result.sources["arena"] += batch.n_arena_hits
                 result.sources["read"] += len(placed) - batch.n_arena_hits
+            batch = None
             for other in others:
                 if other.layer_load is not None:   # pipelined: publish it ourselves
                     other.layer_load.settle(stream)
@@ -101,66 +102,86 @@ def run_fire(store, keys: np.ndarray, cap: int, stream, scan: bool,
             if all(other.ok for other in others):
                 break  # another round only for keys whose other batch failed
         with lock:  # another batch failed in every round: give those keys up
+            pinned = holder.keys
             left = pinned[(pool.resident_slot[pinned] < 0) & ~np.isin(pinned, own)]
-            if len(left):
-                pool.unpin(left)
-                pinned = _drop(pinned, left)
-                result.no_slot += len(left)
+            result.no_slot += len(left)
+            drop_pins(lock, pool, holder, left)
     except BaseException:
-        with lock:
-            pool.unpin(pinned)
+        _abandon(store, batch)
         raise
-    return _finish(store, result, pinned, stream)
+    return _finish(store, result, stream)
+
+
+def _abandon(store, batch) -> None:
+    """A fire cut short (a read error, a Ctrl-C) between planning its batch and running
+    it: the batch gives its slots back (a run batch rolls itself back). The fire's pins
+    go with its result (release or the orphan net)."""
+    if batch is None or batch.id not in store._mover.inflight or batch.ok:
+        return
+    load = batch.layer_load
+    if load is not None:
+        if not load.submitted.is_set():   # planned, never submitted: nothing in flight
+            load.submitted.set()
+            load._fail(RuntimeError("the fire that planned this batch was interrupted"))
+    elif batch.completion is None or isinstance(batch.completion, Completions):
+        store._mover._rollback(batch)     # never submitted (or its LayerLoad was cut short)
 
 
 def counted_fire(store, keys, cap: int, stream, scan: bool, pipelined=False) -> FireResult:
     """run_fire inside the store's activity count, then the fire counters (not for scans).
-    One interrupt-deferred section (store/interrupts.py): a Ctrl-C during the fire is
-    raised when it ends, after the fire gave its own pins back."""
+    The result is adopted before anything is pinned: if a Ctrl-C (or any error) keeps it
+    from the caller, its pins and batch come back at the next fire, step or stats call
+    (store/interrupts.py), or at once when the fire itself raised."""
     t0 = time.perf_counter()
-    with no_interrupts() as interrupted:
+    result = FireResult(keys=_EMPTY, sources={"pool": 0, "arena": 0, "read": 0})
+    result.owner = store._token
+    store._orphans.adopt(result)
+    store._journal.drain()                          # what a Ctrl-C left half written
+    store._orphans.drain(store.lock, store._pool)   # what results a Ctrl-C orphaned held
+    try:
         with store._activity("fire"):
-            result = run_fire(store, keys, cap, stream, scan, pipelined)
-        result.latency_s = time.perf_counter() - t0
+            run_fire(store, result, keys, cap, stream, scan, pipelined)
+    except BaseException:
+        _unpin_result(store, result)
+        raise
+    result.latency_s = time.perf_counter() - t0
+    if not scan:
         with store.lock:
-            if not scan:
-                c = store.counters
-                c.fires += 1
-                c.fire_promoted += result.promoted
-                c.fire_over_cap += result.over_cap + result.no_slot
-                c.fire_latency.append(result.latency_s)
-            if not interrupted:
-                store._orphans.adopt(result)
-        if interrupted:   # raised on leaving the section: the caller never sees the result
-            _unpin_result(store, result)
+            c = store.counters
+            c.fires, c.fire_promoted, c.fire_over_cap = (
+                c.fires + 1, c.fire_promoted + result.promoted,
+                c.fire_over_cap + result.over_cap + result.no_slot)
+            c.fire_latency.append(result.latency_s)
     return result
 
 
 def release_fire(store, fire_result: FireResult) -> None:
     """store.release: publish a pipelined fire's pending layers, then unpin (always)."""
-    with no_interrupts():
-        with store.lock:
-            store._check_open("release")
-            if fire_result.released:
-                raise ConfigError("release: this FireResult was already released")
-        _unpin_result(store, fire_result)
+    store._journal.drain()
+    with store.lock:
+        store._check_open("release")
+        if fire_result.owner is not store._token:
+            raise ConfigError(f"{store.pack.path}: release: this FireResult belongs to "
+                              f"another store")
+        if fire_result.released:
+            raise ConfigError("release: this FireResult was already released")
+    _unpin_result(store, fire_result)
 
 
 def _unpin_result(store, fire_result: FireResult) -> None:
     try:
         fire_result.wait_all()
     finally:
-        with store.lock:
-            store._orphans.disown(fire_result)
-            store._pool.unpin(fire_result.keys)
-            fire_result.released = True
+        release_pins(store.lock, store._pool, fire_result.holder)
+        fire_result.released = True
+        store._orphans.disown(fire_result)
 
 
-def _finish(store, result: FireResult, pinned: np.ndarray, stream) -> FireResult:
+def _finish(store, result: FireResult, stream) -> FireResult:
     if stream is not None and stream != store._stream:
         stream.wait_stream(store._stream)  # keys published earlier on the store's stream
-    result.keys = pinned
-    result.waited = len(pinned) - result.already_resident - result.promoted
+    result.keys = result.holder.keys
+    result.waited = len(result.keys) - result.already_resident - result.promoted
     return result
 
 

@@ -1,190 +1,139 @@
-"""Critical sections that a Ctrl-C must not split, and the fires it must not orphan.
+"""Sections a Ctrl-C must not leave half done, without touching anyone's signal handlers.
 
-Publishing a batch writes several tables that must agree (the device slot table, its host
-mirror, slot states, arena rows, pins). A KeyboardInterrupt landing between two of those
-writes would leave them apart: slots published on the device but not in the mirror, arena
-rows LOADING forever. ``no_interrupts()`` defers SIGINT (and SIGTERM) for such a section
-when it runs on the main thread (the only thread Python delivers signals to) and re-raises
-the deferred signal's exception once the tables agree. Other threads need nothing:
-signals never interrupt them.
+The store lives inside someone else's process: the engine installs its own SIGINT and
+SIGTERM handlers, and a library that swapped them on every fire (as this module once
+did) would fight it. So nothing here calls ``signal.signal``. Instead, the few places
+that write several tables that must agree (a batch's publish, its rollback, a pipelined
+layer's publish) are *sections of steps* on the store's journal:
 
-The store runs each whole call that pins or counts activity (fire, release,
-ensure_resident, step, load_arena, evict) as one such section: a Ctrl-C then
-waits for the call to end (its reads are bounded; the native wait does not return to
-Python any sooner anyway) and is raised on leaving it. A fire interrupted so drops its
-own pins before the KeyboardInterrupt is raised (the caller never gets the result).
+* ``Journal.run(steps)`` records the section as open, runs its steps in order and
+  records each one done in the same statement that calls it (``_do``), so a
+  KeyboardInterrupt (raised in the main thread, between statements or at a call) can
+  never fall between a step's last effect and its record;
+* every statement of a step but its last is idempotent (setting a state, a mask, a
+  table entry), so a step cut anywhere can simply be run again;
+* an interrupted section is rolled forward at once, before the KeyboardInterrupt leaves
+  the call; if a second Ctrl-C cuts that too, the section stays open and the next call
+  into the store (``drain``: every public call, ``close()`` included) finishes it.
 
-A pipelined fire's ``wait_layer`` / ``wait_all`` are sections too: a Ctrl-C there
-settles the whole batch (every layer published, or rolled back on a read error) before
-the KeyboardInterrupt is raised, so no batch is left in flight; the result stays pinned
-for the caller's ``release`` (or the net below).
-
-What no section can cover is the few bytecodes between a section's end and the caller's
-assignment of the result (or between a call's start and its section). For a pipelined
-batch, ``watch_batch`` closes that window: the fire registers the batch inside its own
-section, before the section ends, and from then until the batch is settled every
-section leaves SIGINT/SIGTERM's handler wrapped in ``SettleFirst``, which settles the
-main thread's unsettled batches before it runs the handler it stands in for. So a
-Ctrl-C anywhere (in the fire's tail, between the fire and the caller's wait_layer, at the
-start of wait_layer / wait_all / release) never leaves a batch in flight; the wrapper is
-taken off by the first section that ends with nothing left to settle.
-``OrphanPins`` is the net for the pins: a fire on the main thread registers its result,
-and a result that is garbage collected unreleased hands its keys (and a batch still in
-flight, which the wrapper had to leave: this thread held the lock) to the store, which
-settles the batch and unpins the keys at its next fire, step or stats call.
+Pins follow one more rule: a fire's result is registered before it pins anything
+(``OrphanPins.adopt``), its pinned keys live in a ``PinHolder`` the result shares with
+the store, and a result dropped without ``release`` (a Ctrl-C between the fire and its
+caller, an exception in the caller) hands its keys and any batch in flight back at the
+next fire, step or stats call.
 """
 from __future__ import annotations
 
-import contextlib
-import signal
 import threading
 import weakref
-from typing import Iterator
 
-_DEFERRED = (signal.SIGINT, signal.SIGTERM)
-_WATCHED: "weakref.WeakSet" = weakref.WeakSet()   # main-thread pipelined batches (LayerLoads)
+import numpy as np
 
-
-def watch_batch(load, stream) -> None:
-    """A pipelined batch a main-thread fire started (call inside the fire's section):
-    until it is settled, a Ctrl-C settles it (on ``stream``) before it is raised."""
-    if threading.current_thread() is threading.main_thread():
-        load.settle_stream, load.watched = stream, True
-        _WATCHED.add(load)
+_EMPTY = np.empty(0, dtype=np.int64)
 
 
-def _unsettled() -> list:
-    """The watched batches still in flight; the settled ones leave the watch list (a
-    section's end scans it: a forward's fires would otherwise make it grow)."""
-    loads = list(_WATCHED)
-    for load in loads:
-        if load.batch.done.is_set():
-            _WATCHED.discard(load)
-    return [load for load in loads if not load.batch.done.is_set()]
+def _do(steps, i): steps[i](); return i + 1   # noqa: E702 - one line: the step and its record are one
 
 
-def unwatch(load) -> None:
-    """``load`` is settled (its owner saw it published or rolled back): it leaves the
-    watch list and, on the main thread with nothing left to settle, SettleFirst gives
-    the handlers back. Without this, a batch settled by another thread (a racing fire,
-    a close() on a thread) left SettleFirst installed until the next section ended."""
-    _WATCHED.discard(load)
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in _DEFERRED:
-        handler = signal.getsignal(sig)
-        if isinstance(handler, SettleFirst) and not _unsettled():
-            signal.signal(sig, handler.inner)
+class Section:
+    """Steps of one multi-table write; ``next`` is the first step not done. ``undo``: the
+    steps that take it back when its caller was interrupted (a reservation no one will
+    use); they run after the section was finished, so they always undo all of it."""
+
+    __slots__ = ("steps", "next", "undo")
+
+    def __init__(self, steps, undo=None):
+        self.steps, self.next = tuple(steps), 0
+        self.undo = None if undo is None else Section(undo)
+
+    def finish(self) -> None:
+        steps = self.steps
+        while self.next < len(steps):
+            self.next = _do(steps, self.next)
+
+    def finish_interrupted(self) -> None:
+        """The caller was interrupted: the section done, then its undo."""
+        self.finish()
+        if self.undo is not None:
+            self.undo.finish()
 
 
-def _event_busy(event) -> bool:
-    """``event``'s own lock is taken (by anyone): the signal may have come inside this
-    thread's ``wait()`` / ``set()`` of it, and settling would take that plain Lock again."""
-    cond = getattr(event, "_cond", None)
-    lock = getattr(cond, "_lock", None)
-    return bool(lock is not None and lock.locked())
+class Journal:
+    """A store's open sections. A section runs under the store lock (taken here, an
+    RLock: the caller may hold it already), so ``drain`` from another thread waits for a
+    section in progress instead of running it twice. A section is open only while it
+    runs, or after an interrupt cut its caller short: ``drain`` finishes those (and
+    their undo)."""
+
+    def __init__(self, lock):
+        self.lock = lock
+        self.open: list[Section] = []   # list.append / remove: atomic
+
+    def run(self, *steps, undo=None) -> None:
+        section = Section(steps, undo)
+        with self.lock:
+            try:
+                self.open.append(section)
+                section.finish()
+            except (KeyboardInterrupt, SystemExit):
+                section.finish_interrupted()   # a second Ctrl-C here: drain() goes on
+                _discard(self.open, section)
+                raise
+            except BaseException:
+                _discard(self.open, section)   # a step's own error: not retried forever
+                raise
+            _discard(self.open, section)
+
+    def drain(self) -> int:
+        """Finish every section an interrupt left open; how many."""
+        if not self.open:
+            return 0
+        n = 0
+        with self.lock:
+            for section in list(self.open):
+                try:
+                    section.finish_interrupted()
+                except (KeyboardInterrupt, SystemExit):
+                    raise                          # still open: the next call goes on
+                except BaseException:
+                    _discard(self.open, section)
+                    raise
+                _discard(self.open, section)
+                n += 1
+        return n
 
 
-def settle_watched() -> None:
-    """Settle the main thread's unsettled pipelined batches (never raises: a failed layer
-    is rolled back and reported to its owner). One whose lock this thread holds (the
-    signal came inside a locked region), or whose Events are mid wait / set, is left to
-    OrphanPins / the next wait: settling it from the handler would wait on a lock the
-    interrupted frame holds."""
-    for load in _unsettled():
-        lock = load.mover.lock
-        if getattr(lock, "_is_owned", lambda: False)():
-            continue
-        if _event_busy(load.batch.done) or _event_busy(load.submitted):
-            continue
-        load.settle(load.settle_stream)
-
-
-class SettleFirst:
-    """The SIGINT/SIGTERM handler while a watched batch may be unsettled: settles the
-    watched batches, then runs ``inner`` (the handler it stands in for)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def __call__(self, signum, frame):
-        # A second Ctrl-C during this settle is deferred to its end: run as a handler
-        # again, it would settle the batch this frame is settling, from inside it (and
-        # its KeyboardInterrupt would leave the batch half settled).
-        with no_interrupts():
-            settle_watched()
-        if callable(self.inner):
-            self.inner(signum, frame)
-
-
-class _Defer:
-    """A section's handler: records the signal for delivery when the section ends."""
-
-    def __init__(self, caught: list):
-        self.caught = caught
-
-    def __call__(self, signum, frame):
-        self.caught.append((signum, frame))
-
-
-def _restored(handler):
-    """The handler a section puts back: ``handler`` itself, wrapped in SettleFirst while a
-    watched batch is unsettled (unwrapped once none is)."""
-    if isinstance(handler, _Defer):
-        return handler      # an enclosing section's: it settles and wraps when it ends
-    inner = handler.inner if isinstance(handler, SettleFirst) else handler
-    return SettleFirst(inner) if _unsettled() else inner
-
-
-@contextlib.contextmanager
-def no_interrupts(on_interrupt=None) -> Iterator[list]:
-    """Defer SIGINT/SIGTERM for the body (main thread only). Yields the list of signals
-    caught so far: non-empty means the exception will be raised when the body ends.
-    ``on_interrupt()``: run (still deferred) after the body when a signal was caught, to
-    finish what the caller would otherwise leave half done (a pipelined batch)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield []
-        return
-    caught: list[tuple[int, object]] = []
-    previous = {}
-    for sig in _DEFERRED:
-        old = signal.getsignal(sig)
-        if callable(old) or old == signal.default_int_handler:
-            previous[sig] = old
-            signal.signal(sig, _Defer(caught))
-    ran = False
+def _discard(items: list, item) -> None:
     try:
-        yield caught
-    finally:
-        try:
-            if caught and on_interrupt is not None:
-                ran = True
-                on_interrupt()
-        finally:
-            restored = {sig: _restored(old) for sig, old in previous.items()}
-            for sig, handler in restored.items():
-                signal.signal(sig, handler)
-            if caught and on_interrupt is not None and not ran:
-                on_interrupt()   # a signal caught after the check above, before the restore
-            for sig, frame in caught:      # now that the section is whole, deliver them
-                handler = restored[sig]
-                if callable(handler):
-                    handler(sig, frame)
+        items.remove(item)
+    except ValueError:
+        pass
+
+
+class PinHolder:
+    """The keys a fire result holds pinned, shared with its finalizer (see the module
+    doc). ``keys`` is replaced, never mutated: a reader sees one whole array. ``load`` is
+    a weak reference to the result's pipelined batch: a strong one would keep the result
+    alive through the batch's error (its traceback holds the caller's frame)."""
+
+    __slots__ = ("keys", "load", "stream", "__weakref__")
+
+    def __init__(self):
+        self.keys, self.load, self.stream = _EMPTY, None, None
 
 
 class OrphanPins:
-    """Keys (and pipelined batches) of fire results that were dropped without ``release``
-    (see the module doc). ``adopt`` runs on the main thread only: other threads never get a
-    KeyboardInterrupt."""
+    """Pins (and pipelined batches) of fire results dropped without ``release``."""
 
     def __init__(self):
-        self._dropped: list = []   # list.append / pop are atomic: the finalizer may run anywhere
+        self._dropped: list = []   # list.append / pop: atomic; the finalizer may run anywhere
 
-    def adopt(self, result) -> None:
-        if threading.current_thread() is threading.main_thread() and (
-                len(result.keys) or result.pending is not None):
-            result.guard = weakref.finalize(result, self._dropped.append,
-                                            (result.keys, result.pending, result.pending_stream))
+    def adopt(self, result) -> PinHolder:
+        """Register ``result`` before it pins anything; returns its holder."""
+        holder = PinHolder()
+        result.holder = holder
+        result.guard = weakref.finalize(result, self._dropped.append, holder)
+        return holder
 
     @staticmethod
     def disown(result) -> None:
@@ -201,15 +150,50 @@ class OrphanPins:
         batch is still in flight stays queued for the next fire or step."""
         n, later = 0, []
         while self._dropped:
-            with no_interrupts():
-                keys, load, stream = item = self._dropped.pop()
-                if load is not None and not load.batch.done.is_set():
-                    if not settle:
-                        later.append(item)
-                        continue
-                    load.settle(stream)    # never raises; a failed layer is rolled back
-                with lock:
-                    pool.unpin(keys)
-                n += len(keys)
+            holder = self._dropped.pop()
+            load = None if holder.load is None else holder.load()
+            if load is not None and not load.batch.done.is_set():
+                if not settle:
+                    later.append(holder)
+                    continue
+                load.settle(holder.stream)    # never raises; a failed layer is rolled back
+            n += release_pins(lock, pool, holder)
         self._dropped.extend(later)
         return n
+
+
+def release_pins(lock, pool, holder: PinHolder) -> int:
+    """Unpin ``holder``'s keys once: the unpin and the holder's emptying are one step."""
+    with lock:
+        keys = holder.keys
+        holder.keys = _unpinned(pool, keys)
+    return len(keys)
+
+
+def _unpinned(pool, keys): pool.unpin(keys); return _EMPTY   # noqa: E702 - one line: see _do
+
+
+def take_pins(lock, pool, holder: PinHolder, keys: np.ndarray) -> None:
+    """Pin ``keys`` (unique) for ``holder``: the pin and the holder's record are one step."""
+    with lock:
+        holder.keys = _pinned(pool, keys)
+
+
+def _pinned(pool, keys): pool.pin(keys); return keys   # noqa: E702 - one line: see _do
+
+
+def drop_pins(lock, pool, holder: PinHolder, gone: np.ndarray) -> None:
+    """Unpin the ``gone`` subset of ``holder``'s keys (a fire giving up keys)."""
+    if not len(gone):
+        return
+    with lock:
+        keys = holder.keys
+        keep = keys[~np.isin(keys, gone)]
+        holder.keys = _unpinned_some(pool, keys[np.isin(keys, gone)], keep)
+
+
+def _unpinned_some(pool, gone, keep): pool.unpin(gone); return keep   # noqa: E702 - see _do
+
+
+def on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -12,7 +12,6 @@ import os
 
 from tierstore.errors import ClosedError
 from tierstore.files.closing import Closing
-from tierstore.store.interrupts import no_interrupts
 
 
 class Lifecycle(Closing):
@@ -22,29 +21,35 @@ class Lifecycle(Closing):
         A pipelined fire is active only until its reads are queued: its batch is
         settled here (published, or rolled back on error) before the engine and the
         pack close, so its owner's later wait_layer finds it published.
-        One interrupt-deferred section: a Ctrl-C during close() is raised once the store
-        is closed whole (a KeyboardInterrupt out of its settle left a batch in flight
-        and the worker running, with ``closed`` already true: nothing would ever finish
-        them)."""
-        with no_interrupts():
-            with self.lock:
-                if self._closed:
-                    return
-                self._closed = True
-                while self._active:
-                    self._idle.wait()
-                loads = [b.layer_load for b in self._mover.inflight.values()
-                         if b.layer_load is not None]
-            for load in loads:   # no new one can start: fires are refused from here on
-                load.settle(load.batch.stream)
-            self._worker.stop()
-            for batch in self._pending_sources:   # publish="step": copies step() did not free
-                self._mover.finish_sources(batch)
-            self._pending_sources = []
-            self._staged = []                      # read into the arena, never published
-            if self._owns_engine:
-                self.engine.close()
-            self._drop_pack()
+        Every step is safe to run again: a close() a Ctrl-C cut short is finished by the
+        next close() (or by the finalizer), and a section a Ctrl-C left open is finished
+        first (store/interrupts.py)."""
+        with self.lock:
+            if self._close_done:
+                return
+            self._closed = True
+            while self._active:
+                self._idle.wait(0.05)   # a token dropped by a Ctrl-C leaves without a notify
+        self._journal.drain()
+        with self.lock:
+            loads = [b.layer_load for b in self._mover.inflight.values()
+                     if b.layer_load is not None]
+        for load in loads:   # no new one can start: fires are refused from here on
+            load.settle(load.batch.stream)
+        self._worker.stop()
+        with self.lock:      # the callers and the worker are done: a batch still planned was
+            planned = [b for b in self._mover.inflight.values()   # left by a Ctrl-C
+                       if b.layer_load is None and b.completion is None and b.error is None]
+        for batch in planned:
+            self._mover._rollback(batch)
+        for batch in self._pending_sources:   # publish="step": copies step() did not free
+            self._mover.finish_sources(batch)
+        self._pending_sources = []
+        self._staged = []                      # read into the arena, never published
+        if self._owns_engine:
+            self.engine.close()
+        self._drop_pack()
+        self._close_done = True
 
     def _drop_pack(self) -> None:
         """Release the reader lock (writers may start) and close a pack we opened."""
@@ -57,23 +62,32 @@ class Lifecycle(Closing):
 
     @contextlib.contextmanager
     def _activity(self, what: str):
-        with no_interrupts():
-            self._enter(what)
-            try:
-                yield
-            finally:
-                self._exit()
+        """Counted so close() waits for the call: a token in ``_active`` (a WeakSet),
+        added and discarded under the lock. Discarding is idempotent, and a token whose
+        call a Ctrl-C cut short, even in this finally, leaves the set with the call's
+        frame: nothing can stay counted (store/interrupts.py)."""
+        token = _Token()
+        try:
+            self._enter(what, token)
+            yield
+        finally:
+            self._exit(token)
 
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise ClosedError(f"{self.pack.path}: {what}() on a closed store")
 
-    def _enter(self, what: str) -> None:
+    def _enter(self, what: str, token) -> None:
         with self.lock:
             self._check_open(what)
-            self._active += 1
+            self._active.add(token)
 
-    def _exit(self) -> None:
+    def _exit(self, token) -> None:
         with self.lock:
-            self._active -= 1
+            self._active.discard(token)
             self._idle.notify_all()
+
+
+class _Token:
+    """One counted call (weakly referenced by ``_active``)."""
+    __slots__ = ("__weakref__",)

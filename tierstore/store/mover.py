@@ -24,10 +24,11 @@ import time
 
 import numpy as np
 
-from tierstore.store.interrupts import no_interrupts
+from tierstore.store.interrupts import Journal
 from tierstore.errors import TierIOError
 
 _ids = itertools.count(1)
+_EMPTY_KEYS = np.empty(0, dtype=np.int64)
 
 
 class LoadBatch:
@@ -52,14 +53,18 @@ class LoadBatch:
         self.done = threading.Event()
         self.sources_released = False
         self.layer_load = None   # a pipelined batch's LayerLoad (store/pipeline.py)
+        self.accounted = False   # once-only steps of its publish / rollback (interrupts.py)
+        self.failed_counted = False
+        self.sources_deferred = False
 
 
 class Mover:
     """Plans and runs load batches for one store (see the module docstring)."""
 
     def __init__(self, pack, engine, pool, arena, lock, counters, scan_keep: float,
-                 default_stream=None, verifier=None):
+                 default_stream=None, verifier=None, journal=None):
         self.pack, self.engine, self.pool, self.arena = pack, engine, pool, arena
+        self.journal = journal if journal is not None else Journal(lock)   # store/interrupts.py
         self.verifier = verifier   # RowVerifier: which rows the engine hashes (store/verify.py)
         self.lock, self.counters, self.scan_keep = lock, counters, float(scan_keep)
         self.default_stream = default_stream  # the store's consumer stream (CUDA)
@@ -75,46 +80,35 @@ class Mover:
         pool, arena = self.pool, self.arena
         batch = LoadBatch(keys, to_pool, stream)
         protect = arena.hot_mask(self.scan_keep) if scan else None
+        # Decide first (nothing changes), then make it so as one journal section: a
+        # Ctrl-C inside it is rolled forward and the batch given back (interrupts.py).
         if not to_pool:
-            got = arena.take(keys[arena.slot_of[keys] < 0], allow_evict=allow_evict,
-                             protect=protect)
-            if len(got.reused):
-                arena.begin_load(got.reused)  # arena rows have no readers but pinned copies
+            got = arena.choose(keys[arena.slot_of[keys] < 0], allow_evict=allow_evict,
+                               protect=protect)
             if not len(got):
                 return None
-            arena.pin(got.keys)
             batch.keys, batch.arena_new, batch.arena_pinned = got.keys, got.slots, got.keys
             batch.offsets = self.pack.row_offsets(got.keys).astype(np.int64)
             batch.src = arena.row_ptrs(got.slots)
             batch.dst = np.zeros(len(got.keys), np.uint64)
-            self.inflight[batch.id] = batch
-            return batch
+            return self._reserve(batch, None, got, _EMPTY_KEYS)
         protect_pool = pool.hot_mask(self.scan_keep) if scan else None
         if spare is not None:
             protect_pool = spare if protect_pool is None else (protect_pool | spare)
-        taken = pool.take(keys, allow_evict=allow_evict, protect=protect_pool)
+        taken = pool.choose(keys, allow_evict=allow_evict, protect=protect_pool)
         if not len(taken):
             return None
         keys = batch.keys = taken.keys
         batch.pool_slots, batch.reused = taken.slots, taken.reused
-        if len(taken.victims):
-            if stream is not None and self.default_stream is not None and stream != self.default_stream:
-                # Readers of the victims may sit on the store's stream too: the unpublish
-                # event must come after their work as well as the caller's.
-                stream.wait_stream(self.default_stream)
-            batch.unpublish_event = pool.unpublish(taken.victims, stream)
-        pool.batch_of_slot[taken.slots] = batch.id
         # Arena hits are zero-copy sources; misses read into a free (or evictable) row
         # when there is one, else into the engine's own staging buffers.
         a_slot = arena.resident_slot[keys]
         hit = a_slot >= 0
         hit_keys = keys[hit]
-        arena.pin(hit_keys)  # before taking rows: a source row must not become a victim
-        got = arena.take(keys[~hit & (arena.slot_of[keys] < 0)], allow_evict=True,
-                         protect=protect)
-        if len(got.reused):
-            arena.begin_load(got.reused)
-        arena.pin(got.keys)
+        sources = np.zeros(arena.n_keys, dtype=bool)   # a source row must not become a victim
+        sources[hit_keys] = True
+        got = arena.choose(keys[~hit & (arena.slot_of[keys] < 0)], allow_evict=True,
+                           protect=sources if protect is None else (protect | sources))
         batch.arena_new = got.slots
         batch.arena_pinned = np.concatenate([hit_keys, got.keys])
         batch.n_arena_hits = len(hit_keys)
@@ -126,14 +120,41 @@ class Mover:
             order = np.argsort(keys, kind="stable")
             src[order[np.searchsorted(keys[order], got.keys)]] = arena.row_ptrs(got.slots)
         batch.offsets, batch.src, batch.dst = offsets, src, pool.slot_ptrs(batch.pool_slots)
-        self.inflight[batch.id] = batch
+        return self._reserve(batch, taken, got, hit_keys)
+
+    def _reserve(self, batch: LoadBatch, taken, got, hit_keys: np.ndarray) -> LoadBatch:
+        """Make a planned batch's reservations (caller holds the lock): one journal
+        section; a Ctrl-C inside it gives the whole batch back before it is raised."""
+        pool, arena, stream = self.pool, self.arena, batch.stream
+        steps = []
+        if taken is not None:
+            steps.append(lambda: pool.apply(taken))
+            if len(taken.victims):
+                if stream is not None and self.default_stream is not None \
+                        and stream != self.default_stream:
+                    # Readers of the victims may sit on the store's stream too: the
+                    # unpublish event must come after their work as well as the caller's.
+                    steps.append(lambda: stream.wait_stream(self.default_stream))
+
+                def unpublish():
+                    batch.unpublish_event = pool.unpublish(taken.victims, stream)
+                steps.append(unpublish)
+            steps.append(lambda: pool.batch_of_slot.__setitem__(taken.slots, batch.id))
+        if len(hit_keys):
+            steps.append(lambda: arena.pin(hit_keys))
+        steps.append(lambda: arena.apply(got))
+        if len(got.reused):   # arena rows have no readers but pinned copies
+            steps.append(lambda: arena.begin_load(got.reused))
+        steps.append(lambda: arena.pin(got.keys))
+        steps.append(lambda: self.inflight.__setitem__(batch.id, batch))
+        self.journal.run(*steps, undo=self.rollback_steps(batch, batch.pool_slots, count=False))
         return batch
 
     # -- 2 + 3. run (lock released for the I/O) ------------------------------------------
     def run(self, batch: LoadBatch, defer_sources=None) -> None:
         """Read, copy and publish ``batch``; on error roll it back and raise (annotated)."""
-        t0 = time.perf_counter()
         try:
+            t0 = time.perf_counter()
             self.order_after_unpublish(batch)
             lengths = np.full(len(batch.keys), self.pack.slot_bytes, dtype=np.int64)
             sums = None if self.verifier is None else self.verifier.checksums(batch.keys,
@@ -145,7 +166,13 @@ class Mover:
             self.pack.check_unchanged()   # a replaced or rewritten file: publish nothing
             if sums is not None:
                 self.verifier.passed(batch.keys, batch.offsets)
+            steps = (self.pool_steps(batch, batch.pool_slots, batch.stream, batch.completion)
+                     if batch.to_pool else [])
+            self.journal.run(*steps, *self.completion_steps(batch, time.perf_counter() - t0,
+                                                            defer_sources))
         except BaseException as exc:
+            if batch.ok:      # published whole (a Ctrl-C inside it was rolled forward)
+                raise
             err = self._annotate(exc, batch)
             self._rollback(batch)
             batch.error = err
@@ -153,21 +180,40 @@ class Mover:
             if err is exc:
                 raise
             raise err from exc
-        with no_interrupts(), self.lock:   # the tables are written whole or not at all
-            if batch.to_pool:
-                if self.pool.is_cuda:
-                    batch.completion.stream_wait(batch.stream)
-                batch.publish_event = self.pool.publish(batch.pool_slots, batch.stream)
-            if len(batch.arena_new):
-                self.arena.commit(batch.arena_new)
-            self._account(batch, time.perf_counter() - t0)
-            batch.ok = True
-            self.inflight.pop(batch.id, None)
-            if not (batch.to_pool and self.pool.is_cuda):
-                self._unpin_sources(batch)  # CPU copies / arena-only reads are complete
-        batch.done.set()
-        if not batch.sources_released:
-            (defer_sources or self.finish_sources)(batch)
+        if defer_sources is None and not batch.sources_released:
+            self.finish_sources(batch)   # the worker's own batches: it waits for the copies
+
+    def pool_steps(self, batch: LoadBatch, slots: np.ndarray, stream, completion) -> list:
+        """Publish ``slots`` of a landed pool batch as journal steps (store/interrupts.py):
+        the stream waits on the copies, the slots commit, the table is written."""
+        pool = self.pool
+
+        def table():
+            batch.publish_event = pool.write_owners(slots, stream)
+        steps = [lambda: completion.stream_wait(stream)] if pool.is_cuda else []
+        return steps + [lambda: pool.commit(slots), table]
+
+    def completion_steps(self, batch: LoadBatch, seconds: float, defer_sources=None) -> list:
+        """The end of a published batch as journal steps: arena rows commit, counters,
+        ``ok``, the sources unpinned (CPU copies and arena-only reads are complete) or
+        handed to ``defer_sources`` once, and ``done`` set (a waiter must never hang)."""
+        arena = self.arena
+        steps = [lambda: arena.commit(batch.arena_new)] if len(batch.arena_new) else []
+        steps += [lambda: self._account(batch, seconds), lambda: self._finished(batch)]
+        if not (batch.to_pool and self.pool.is_cuda):
+            steps.append(lambda: self._unpin_sources(batch))
+        steps.append(batch.done.set)
+        if defer_sources is not None:
+            steps.append(lambda: self._defer_once(batch, defer_sources))
+        return steps
+
+    def _defer_once(self, batch: LoadBatch, defer_sources) -> None:
+        if not batch.sources_released and not batch.sources_deferred:
+            batch.sources_deferred = _deferred_true(defer_sources, batch)
+
+    def _finished(self, batch: LoadBatch) -> None:
+        batch.ok = True
+        self.inflight.pop(batch.id, None)
 
     def start_layers(self, batch: LoadBatch, defer_sources=None, group_bytes: int = 0):
         """Submit a planned pool batch layer by layer (or in groups of consecutive layers
@@ -221,9 +267,8 @@ class Mover:
 
     # -- helpers -----------------------------------------------------------------------
     def _unpin_sources(self, batch: LoadBatch) -> None:
-        if not batch.sources_released:
-            self.arena.unpin(batch.arena_pinned)
-            batch.sources_released = True
+        if not batch.sources_released:   # the unpin and its flag: one statement (interrupts.py)
+            batch.sources_released = _unpinned_true(self.arena, batch.arena_pinned)
 
     def _rollback(self, batch: LoadBatch) -> None:
         comp = batch.completion
@@ -232,14 +277,25 @@ class Mover:
                 comp.synchronize()
             except BaseException:
                 pass
-        with self.lock:
-            if len(batch.pool_slots):
-                self.pool.rollback(batch.pool_slots)
-            if len(batch.arena_new):
-                self.arena.rollback(batch.arena_new)
-            self._unpin_sources(batch)
-            self.counters.failed_reads += 1
-            self.inflight.pop(batch.id, None)
+        self.journal.run(*self.rollback_steps(batch, batch.pool_slots))
+
+    def rollback_steps(self, batch: LoadBatch, pool_slots: np.ndarray, count=True) -> list:
+        """Give back ``pool_slots`` and the batch's arena rows and source pins, as journal
+        steps (every one safe to run again: interrupts.py)."""
+        steps = []
+        if len(pool_slots):
+            steps.append(lambda: self.pool.rollback(pool_slots))
+        if len(batch.arena_new):
+            steps.append(lambda: self.arena.rollback(batch.arena_new))
+        steps.append(lambda: self._unpin_sources(batch))
+        if count:
+            steps.append(lambda: self._count_failed(batch))
+        steps.append(lambda: self.inflight.pop(batch.id, None))
+        return steps
+
+    def _count_failed(self, batch: LoadBatch) -> None:
+        if not batch.failed_counted:    # the count and its flag: one statement
+            batch.failed_counted = _counted(self.counters)
 
     def _annotate(self, exc: BaseException, batch: LoadBatch) -> BaseException:
         """A TierIOError naming the layer/expert whose read failed (offset -> row)."""
@@ -261,10 +317,23 @@ class Mover:
         return out
 
     def _account(self, batch: LoadBatch, seconds: float) -> None:
+        """Counters of a published batch, once: every sum in one statement with its flag
+        (a journal step run again after a Ctrl-C counts nothing twice)."""
+        if batch.accounted:
+            return
         c, nbytes = self.counters, self.pack.slot_bytes
-        n_read = int(np.count_nonzero(batch.offsets >= 0))
-        c.bytes_read += n_read * nbytes
-        if batch.to_pool:
-            c.bytes_arena += batch.n_arena_hits * nbytes
-            c.bytes_to_pool += len(batch.keys) * nbytes
-            c.move_seconds += seconds
+        n_read = int(np.count_nonzero(batch.offsets >= 0)) * nbytes
+        pool = (batch.n_arena_hits * nbytes, len(batch.keys) * nbytes, seconds) \
+            if batch.to_pool else (0, 0, 0.0)
+        c.bytes_read, c.bytes_arena, c.bytes_to_pool, c.move_seconds, batch.accounted = (
+            c.bytes_read + n_read, c.bytes_arena + pool[0], c.bytes_to_pool + pool[1],
+            c.move_seconds + pool[2], True)
+
+
+def _unpinned_true(tier, keys): tier.unpin(keys); return True   # noqa: E702 - one statement: interrupts.py
+
+
+def _counted(counters): counters.failed_reads += 1; return True   # noqa: E702 - one statement: interrupts.py
+
+
+def _deferred_true(defer, batch): defer(batch); return True   # noqa: E702 - one statement: interrupts.py

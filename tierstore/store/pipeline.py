@@ -21,7 +21,6 @@ import time
 
 import numpy as np
 
-from tierstore.store.interrupts import no_interrupts, unwatch
 from tierstore.errors import TierIOError
 
 
@@ -84,8 +83,7 @@ class LayerLoad:
         batch.completion = Completions()
         batch.layer_load = self   # a fire that needs these keys settles it (settle())
         self.submitted = threading.Event()   # submit() has queued (or failed) every layer
-        self.settle_stream = None   # the owner fire's stream (a watched batch: interrupts.py)
-        self.watched = False        # on interrupts' watch list (a main-thread pipelined fire)
+        self.claimed: list | None = None   # the layers a failure rolls back (_fail_whole)
 
     def submit(self) -> None:
         """Queue every layer's rows (layer order); no waiting. On a refused submit the
@@ -115,16 +113,16 @@ class LayerLoad:
 
     def wait_layer(self, layer: int, stream) -> None:
         """Publish ``layer``'s slots on ``stream`` once its reads landed (host waits for
-        those reads only). A layer with nothing in flight returns at once. A Ctrl-C here
-        settles the whole batch before it is raised (store/interrupts.py)."""
+        those reads only). A layer with nothing in flight returns at once. A Ctrl-C while
+        waiting settles the whole batch before it is raised (store/interrupts.py)."""
         group = self.group_of.get(layer, -1)
         if group not in self.pending and group not in self.failed:
-            if self.watched and self.batch.done.is_set():
-                self.watched = False   # settled, maybe by another thread: unwatch it once
-                unwatch(self)
             return self._wait_published(group, stream)   # the common call: nothing to wait for
-        with no_interrupts(on_interrupt=lambda: self.settle(stream)):
+        try:
             self._publish(group, stream, report=True)
+        except (KeyboardInterrupt, SystemExit):
+            self.settle(stream)
+            raise
 
     def settle(self, stream) -> None:
         """Another fire needs keys this batch is loading: publish every layer whose reads
@@ -151,31 +149,25 @@ class LayerLoad:
             if comp is None or layer in self.failed:
                 raise self._failure()
             comp.wait()
+        except (KeyboardInterrupt, SystemExit):
+            raise                 # not the batch's failure: the caller settles it (wait_layer)
         except BaseException as exc:
             self._raise_failed(exc, comp, report)
         mover, batch = self.mover, self.batch
         s, e = self.spans[layer]
-        changed = None
-        # One section from the tables to ``done``: a Ctrl-C between the last layer's
-        # publish and done.set() would run SettleFirst's settle on this thread, find
-        # nothing pending and wait on ``done`` forever (only this frame sets it).
-        with no_interrupts():
-            with mover.lock:   # the tables are written whole or not at all
-                if layer in self.failed:        # another thread's layer failed meanwhile
-                    raise self._failure()
-                if layer not in self.pending:   # another thread published it meanwhile
-                    return self._wait_published(layer, stream)
-                try:   # under the lock: whoever publishes the last layer (close()'s
-                    mover.pack.check_unchanged()   # settle too) does so before the pack closes
-                except BaseException as exc:  # noqa: BLE001 - a replaced file: publish nothing
-                    changed = exc
-                completed = changed is None and self._publish_locked(layer, s, e, comp, stream)
-            if completed:   # only the thread that published the last layer (a failure's
-                batch.done.set()   # rollback clears pending too, and sets done itself)
-                if not batch.sources_released:
-                    self.defer_sources(batch)  # the worker waits for the copies, then unpins
-        if changed is not None:
-            self._raise_failed(changed, comp, report)
+        with mover.lock:   # the tables are written whole or not at all (a journal section)
+            if layer in self.failed:        # another thread's layer failed meanwhile
+                raise self._failure()
+            if layer not in self.pending:   # another thread published it meanwhile
+                return self._wait_published(layer, stream)
+            try:   # under the lock: whoever publishes the last layer (close()'s
+                mover.pack.check_unchanged()   # settle too) does so before the pack closes
+            except BaseException as exc:  # noqa: BLE001 - a replaced file: publish nothing
+                changed = exc
+            else:
+                mover.journal.run(*self._publish_steps(layer, s, e, comp, stream))
+                return
+        self._raise_failed(changed, comp, report)
 
     def _raise_failed(self, exc: BaseException, comp, report: bool):
         """Roll back what is unpublished and raise the batch's error."""
@@ -185,20 +177,22 @@ class LayerLoad:
         err = self._failure()
         raise err from exc if err is not exc else exc
 
-    def _publish_locked(self, layer: int, s: int, e: int, comp, stream) -> bool:
-        """Write one group's tables (caller holds the lock); True when it was the last."""
+    def _publish_steps(self, layer: int, s: int, e: int, comp, stream) -> list:
+        """One group's publish as journal steps (caller holds the lock); the last group's
+        also completes the batch and sets ``done`` (a waiter on it must never hang)."""
         mover, batch = self.mover, self.batch
-        if mover.pool.is_cuda:
-            comp.stream_wait(stream)
-        batch.publish_event = mover.pool.publish(batch.pool_slots[s:e], stream)
-        self.events[layer] = batch.publish_event
+        slots = batch.pool_slots[s:e]
+
+        def events():
+            self.events[layer] = batch.publish_event
+        steps = mover.pool_steps(batch, slots, stream, comp) + [events]
         if mover.verifier is not None:
-            mover.verifier.passed(batch.keys[s:e], batch.offsets[s:e])
-        self.pending.discard(layer)
-        if self.pending:
-            return False
-        self._complete()
-        return True
+            steps.append(lambda: mover.verifier.passed(batch.keys[s:e], batch.offsets[s:e]))
+        steps.append(lambda: self.pending.discard(layer))
+        if self.pending == {layer}:    # the last group: the batch ends with it
+            steps += mover.completion_steps(batch, time.perf_counter() - self.t0,
+                                            self.defer_sources)
+        return steps
 
     def _wait_published(self, layer: int, stream) -> None:
         """The group is published (maybe by another thread's settle, on its stream):
@@ -211,64 +205,60 @@ class LayerLoad:
         return self.error if self.error is not None else RuntimeError("layer load failed")
 
     def wait_all(self, stream) -> None:
-        """Publish every layer still pending (in layer order); one interrupt-deferred
-        section, so a Ctrl-C is raised once the batch is settled."""
-        with no_interrupts(on_interrupt=lambda: self.settle(stream)):
+        """Publish every layer still pending (in layer order); a Ctrl-C settles the rest
+        of the batch before it is raised."""
+        try:
             for layer in sorted(self.pending):
                 self.wait_layer(layer, stream)
-            if self.failed and not self.reported:
-                self.reported = True
-                raise self.error
+        except (KeyboardInterrupt, SystemExit):
+            self.settle(stream)
+            raise
+        if self.failed and not self.reported:
+            self.reported = True
+            raise self.error
 
     # -- internals ----------------------------------------------------------------------
-    def _complete(self) -> None:
-        """Every layer published (caller holds the lock): commit arena rows, account."""
-        mover, batch = self.mover, self.batch
-        if len(batch.arena_new):
-            mover.arena.commit(batch.arena_new)
-        mover._account(batch, time.perf_counter() - self.t0)
-        batch.ok = True
-        mover.inflight.pop(batch.id, None)
-        if not mover.pool.is_cuda:
-            mover._unpin_sources(batch)  # CPU copies are complete
-
     def _fail(self, exc: BaseException, comp=None) -> None:
         """Cancel and drain every unpublished layer, roll back its slots; keep published
-        ones. Any thread may get here (owner or settle); the first one does the work.
-        One interrupt-deferred section, for the reason _publish's is: from the claim to
-        done.set() no other frame may finish this batch."""
-        with no_interrupts():
-            self._fail_whole(exc, comp)
-
-    def _fail_whole(self, exc: BaseException, comp) -> None:
+        ones. Any thread may get here (owner or settle); the first one claims the layers
+        and does the work, the others wait for ``done``."""
         mover, batch = self.mover, self.batch
         with mover.lock:   # claim the unpublished layers: no one publishes them from now on
             if self.error is not None:
                 claimed = None
             else:
-                self.error = mover._annotate(exc, batch) if isinstance(exc, TierIOError) else exc
-                batch.completion.failed = comp
-                claimed = sorted(self.pending)
-                self.failed.update(claimed)
-                self.pending.clear()
+                mover.journal.run(lambda: self._claim(exc, comp))
+                claimed = self.claimed
         if claimed is None:
             batch.done.wait()   # the first failing thread is rolling back
             return
-        for layer in claimed:
-            if layer in self.comps:
-                self.comps[layer].cancel()
-        try:  # nothing may still land in a slot we give back or read an arena row we free
-            batch.completion.synchronize()
-        except BaseException:  # noqa: BLE001 - its own error or a cancellation
-            pass
-        slots = [batch.pool_slots[slice(*self.spans[l])] for l in claimed]
-        with mover.lock:
-            if slots:
-                mover.pool.rollback(np.concatenate(slots))
-            if len(batch.arena_new):
-                mover.arena.rollback(batch.arena_new)
-            mover._unpin_sources(batch)
-            mover.counters.failed_reads += 1
-            mover.inflight.pop(batch.id, None)
-        batch.error = self.error
-        batch.done.set()
+        try:
+            for layer in claimed:
+                if layer in self.comps:
+                    self.comps[layer].cancel()
+        finally:   # even after a Ctrl-C: the slots go back once nothing can land in them
+            self._drain_quietly()
+            slots = [batch.pool_slots[slice(*self.spans[l])] for l in claimed]
+            slots = np.concatenate(slots) if slots else np.empty(0, np.int64)
+            mover.journal.run(*mover.rollback_steps(batch, slots),
+                              lambda: setattr(batch, "error", self.error), batch.done.set)
+
+    def _claim(self, exc: BaseException, comp) -> None:
+        """The failing layers, claimed (a journal step: safe to run again)."""
+        mover, batch = self.mover, self.batch
+        if self.claimed is None:
+            self.claimed = sorted(self.pending)
+        self.failed.update(self.claimed)
+        self.pending.clear()
+        batch.completion.failed = comp
+        self.error = mover._annotate(exc, batch) if isinstance(exc, TierIOError) else exc
+
+    def _drain_quietly(self) -> None:
+        """Nothing may still land in a slot we give back or read an arena row we free."""
+        try:
+            self.batch.completion.synchronize()
+        except BaseException:  # noqa: BLE001 - its own error, a cancellation or a Ctrl-C
+            try:
+                self.batch.completion.synchronize()   # a Ctrl-C cut the first wait short
+            except BaseException:  # noqa: BLE001
+                pass

@@ -103,8 +103,13 @@ class SlotPool(SlotStates):
     def publish(self, slots: np.ndarray, stream):
         """LOADING -> RESIDENT and the table write on ``stream``. The caller has made
         ``stream`` wait on the copies into ``slots``. Returns the table-write event."""
-        keys = self.commit(slots)
-        return self._write_table(keys, np.asarray(slots, dtype=np.int64), stream)
+        self.commit(slots)
+        return self.write_owners(slots, stream)
+
+    def write_owners(self, slots: np.ndarray, stream):
+        """Enqueue ``slot_table[owner of s] = s`` for committed ``slots`` (idempotent: a
+        publish step run again writes the same values). Returns the event."""
+        return self._write_table(self.owner[slots], np.asarray(slots, dtype=np.int64), stream)
 
     def unpublish(self, keys: np.ndarray, stream):
         """Enqueue -1 for ``keys`` (which already left RESIDENT in the host mirror);

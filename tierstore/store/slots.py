@@ -34,10 +34,11 @@ class Taken:
     """What ``take`` handed out: ``keys[i]`` goes into ``slots[i]``; ``victims`` are
     the RESIDENT keys that left to make room (their slots are in ``reused``)."""
 
-    __slots__ = ("keys", "slots", "victims", "reused")
+    __slots__ = ("keys", "slots", "victims", "reused", "applied")
 
     def __init__(self, keys, slots, victims, reused):
         self.keys, self.slots, self.victims, self.reused = keys, slots, victims, reused
+        self.applied = False
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -108,6 +109,13 @@ class SlotStates:
         FREE slots first, then (``allow_evict``) victims from the policy that are
         neither pinned nor in ``protect``. Keys beyond what fits get nothing.
         Victims go RESIDENT -> EVICTING, FREE slots -> LOADING."""
+        taken = self.choose(keys, allow_evict=allow_evict, protect=protect)
+        self.apply(taken)
+        return taken
+
+    def choose(self, keys: np.ndarray, *, allow_evict: bool,
+               protect: np.ndarray | None = None) -> Taken:
+        """``take``'s decision, changing nothing (``apply`` makes it so)."""
         n = len(keys)
         if n == 0 or self.n_slots == 0:
             return Taken(keys[:0], _EMPTY, _EMPTY, _EMPTY)
@@ -123,34 +131,50 @@ class SlotStates:
             victims = victims[(self.resident_slot[victims] >= 0) & ~blocked[victims]]
             reused = self.resident_slot[victims].astype(np.int64)
         keys = keys[:len(free) + len(victims)]
-        if len(victims):
-            self._leave_resident(victims)
-            self.state[reused] = EVICTING
-            self.owner[reused] = keys[len(free):]
-        self.state[free] = LOADING
-        self.owner[free] = keys[:len(free)]
         slots = np.concatenate([free, reused]) if len(reused) else free
-        self.slot_of[keys] = slots
         return Taken(keys, slots, victims, reused)
 
+    def apply(self, taken: Taken) -> None:
+        """Make a ``choose`` decision so. Safe to run again after a Ctrl-C cut it anywhere
+        (a journal step, store/interrupts.py): only the last statement counts."""
+        keys, slots, victims, reused = taken.keys, taken.slots, taken.victims, taken.reused
+        n_free = len(slots) - len(reused)
+        if len(victims):
+            self.resident_slot[victims] = -1
+            self.slot_of[victims] = -1
+            self.policy.on_evict(victims)       # a resident mask: evicting twice is once
+            self.state[reused] = EVICTING
+            self.owner[reused] = keys[n_free:]
+        self.state[slots[:n_free]] = LOADING
+        self.owner[slots[:n_free]] = keys[:n_free]
+        self.slot_of[keys] = slots
+        if len(victims) and not taken.applied:
+            taken.applied = _counted_evictions(self, len(victims))
+
     def begin_load(self, slots: np.ndarray) -> None:
-        """EVICTING slots (taken for a new key) may now be overwritten."""
-        assert np.all(self.state[slots] == EVICTING), f"{self.tier}: begin_load of a non-EVICTING slot"
+        """EVICTING slots (taken for a new key) may now be overwritten (run again: no-op)."""
+        assert np.all((self.state[slots] == EVICTING) | (self.state[slots] == LOADING)), \
+            f"{self.tier}: begin_load of a non-EVICTING slot"
         self.state[slots] = LOADING
 
-    def commit(self, slots: np.ndarray) -> np.ndarray:
-        """LOADING -> RESIDENT (the bytes landed); returns the keys admitted."""
-        assert np.all(self.state[slots] == LOADING), f"{self.tier}: commit of a non-LOADING slot"
+    def commit(self, slots: np.ndarray) -> None:
+        """LOADING -> RESIDENT (the bytes landed). Safe to run again after a Ctrl-C cut it
+        anywhere (a journal step, store/interrupts.py): every statement but the last only
+        sets state, and the last one counts."""
+        state = self.state[slots]
+        assert np.all((state == LOADING) | (state == RESIDENT)), \
+            f"{self.tier}: commit of a slot that is not loading"
         keys = self.owner[slots]
         self.state[slots] = RESIDENT
         self.resident_slot[keys] = slots
-        self.policy.on_admit(keys)
-        self.admissions += len(keys)
-        return keys
+        self.policy.on_admit(keys)              # a resident mask: admitting twice is once
+        self.admissions += int(np.count_nonzero(state == LOADING))
 
     def rollback(self, slots: np.ndarray) -> None:
-        """LOADING/EVICTING -> FREE: a load that failed or was cancelled gives its slots back."""
-        assert np.all((self.state[slots] == LOADING) | (self.state[slots] == EVICTING)), \
+        """LOADING/EVICTING -> FREE: a load that failed or was cancelled gives its slots
+        back. Safe to run again after a Ctrl-C cut it (only sets state)."""
+        assert np.all((self.state[slots] == LOADING) | (self.state[slots] == EVICTING)
+                      | (self.state[slots] == FREE)), \
             f"{self.tier}: rollback of a slot that is not loading"
         owners = self.owner[slots]
         owners = owners[owners >= 0]
@@ -173,6 +197,7 @@ class SlotStates:
         self.state[slots] = FREE
 
     def _leave_resident(self, keys: np.ndarray) -> None:
+        # evict() only (take's victims leave in apply)
         self.resident_slot[keys] = -1
         self.slot_of[keys] = -1
         self.policy.on_evict(keys)
@@ -198,3 +223,6 @@ class SlotStates:
         pol = np.sort(np.asarray(self.policy.resident(), dtype=np.int64))
         assert np.array_equal(pol, np.sort(own[res_slots])), \
             f"{self.tier}: policy resident set differs from the RESIDENT slots"
+
+
+def _counted_evictions(tier, n): tier.evictions += n; return True   # noqa: E702 - one statement: interrupts.py

@@ -64,6 +64,8 @@ class FireResult(msgspec.Struct, weakref=True):
     pending: object = None           # pipelined fire: its LayerLoad until every layer is published
     pending_stream: object = None
     guard: object = None             # finalizer that unpins a result dropped unreleased (interrupts.py)
+    holder: object = None            # its PinHolder: the keys it holds pinned (interrupts.py)
+    owner: object = None             # the store that made it (release() refuses another's)
 
     def wait_layer(self, layer: int, stream=None) -> None:
         """Pipelined fire: make ``layer``'s keys resident on ``stream`` (default: the
