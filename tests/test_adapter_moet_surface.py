@@ -141,11 +141,23 @@ def test_background_promotions_publish_only_at_step_end_and_spare_the_step(monke
         m.mark_seen(t.seen[2], torch.arange(8))              # the next step's forward...
         assert t.force_promote() == 8                        # ...fires: the pool is full
         before = t.slot_table.clone()
-        t.wait_manager_idle()
-        assert torch.equal(t.slot_table, before)             # nothing between fire and replay
         m.mark_seen(t.seen[2], torch.arange(8))              # the replay routes layer 2 again
         t.step_end()                                         # publish: no victim in layer 2
         assert torch.equal(t.slot_table[2] >= 0, before[2] >= 0)
+        t.expert_store.check_invariants()
+
+
+def test_the_next_steps_boundary_publishes_what_the_worker_read(monkeypatch):
+    """vLLM-Moet publishes its manager's batch at wait_manager_idle, before the next
+    forward: so does the face, from the store's staged reads."""
+    with moet_env(monkeypatch, env(slots=20, FORCE_POOL=1, DELTA_PROMOTE=4)) as m:
+        t = _loaded(m)
+        m.mark_seen(t.seen[1], torch.arange(6))
+        t.step_end()                                         # queues 4 background reads
+        t.expert_store.wait_idle()
+        assert int((t.slot_table >= 0).sum()) == 0
+        t.wait_manager_idle()                                # the next step's boundary
+        assert int((t.slot_table[1] >= 0).sum()) == 4
         t.expert_store.check_invariants()
 
 

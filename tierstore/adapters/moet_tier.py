@@ -153,7 +153,8 @@ class TierstoreDeltaTier:
                          policy=policy, device=str(self.dev), max_promote=0,
                          threads=env.store_threads, direct=env.ts_direct, **checks,
                          lazy_per_step=0 if name == "need" else env.promote_per_pass,
-                         publish="step", scan_keep=0.5, slot_table=self.slot_table,
+                         publish="step", lazy_admission="all", scan_keep=0.5,
+                         slot_table=self.slot_table,
                          reserve_gb=env.reserve_gb, max_gb=env.max_gb)
         self.expert_store = es
         if not self._auto_pending:
@@ -170,8 +171,8 @@ class TierstoreDeltaTier:
         the worker that calls this only logs what it raises."""
         if not self._auto_pending:
             return
+        es = self._open_store()     # while auto is pending: opened unsized
         self._auto_pending = False
-        es = self._open_store()
         n = 0 if es is None else es.finalize("auto", free_bytes=free_bytes)
         log.info("moet tier [%s] auto: %d slots (%.2f GiB)%s", self._tag, n,
                  n * self.slot_bytes / 2**30, "" if n else ": inert")
@@ -195,9 +196,17 @@ class TierstoreDeltaTier:
         return self._open_store()
 
     def wait_manager_idle(self, timeout: float = 60.0) -> None:
-        """Before a forward. The store's worker publishes nothing (step_end does), so
-        there is nothing to wait for; raises when the boot's floor check refused."""
-        self._serving("step")
+        """Before a forward, as vLLM-Moet's: wait for the background reads the last step
+        end queued (host reads only; RuntimeError after ``timeout`` s), then publish them
+        so this forward uses them. Raises when the boot's floor check refused."""
+        es = self._serving("step")
+        if es is None or not es.sized or _capturing(self._cuda):
+            return
+        if not es.wait_idle(timeout):
+            raise RuntimeError(f"moet tier [{self._tag}]: the store's worker did not reach "
+                               f"a safe point within {timeout:.0f} s")
+        es.publish(stream=self._stream())
+        self._fire_hooks()
 
     def notify_capture(self) -> None:
         """Called by the glue while a CUDA graph is being captured: no CUDA call here,
@@ -357,6 +366,10 @@ class TierstoreDeltaTier:
             self._close_store()
         finally:
             self._store.release()
+
+
+def _capturing(cuda: bool) -> bool:
+    return cuda and torch.cuda.is_current_stream_capturing()
 
 
 def mark_seen_row(seen_row: torch.Tensor, ids: torch.Tensor) -> None:

@@ -29,7 +29,8 @@ from tierstore.errors import ConfigError
 _OPTIONS = ("threads", "direct", "lazy_per_step", "half_life", "half_life_s", "arena_policy",
             "reserve_gb", "max_gb", "scan_keep", "fire_rounds", "latency_window", "engine",
             "stream", "snapshot", "snapshot_every_s", "gate_fp_max", "verify", "prefetch",
-            "publish", "slot_table")
+            "publish", "slot_table", "lazy_admission")
+LAZY_ADMISSIONS = ("hotter", "all")   # step()'s promotions: over a colder victim only, or any
 VERIFY_MODES = ("always", "first", "off")
 # When background promotions become visible: "async" = as soon as the worker's copy
 # landed; "step" = only at step(), on the caller's thread (engines that capture CUDA
@@ -96,6 +97,7 @@ class StoreConfig:
     floor: int | None = None
     prefetch: dict | None = None  # Prefetcher parameters (store/prefetch.py); None = off
     publish: str = "async"        # PUBLISH_MODES
+    lazy_admission: str = "hotter"  # LAZY_ADMISSIONS
     deferred: bool = False        # vram_slots="deferred": the pool is sized by finalize()
     slot_table: Any = None        # a table from new_slot_table to adopt
     force: bool = False
@@ -198,6 +200,10 @@ class StoreConfig:
         if publish not in PUBLISH_MODES:
             problems.append(f"publish must be one of {', '.join(PUBLISH_MODES)}, found "
                             f"{opt('publish')!r}")
+        lazy_admission = str(opt("lazy_admission") or "hotter").lower()
+        if lazy_admission not in LAZY_ADMISSIONS:
+            problems.append(f"lazy_admission must be one of {', '.join(LAZY_ADMISSIONS)}, "
+                            f"found {opt('lazy_admission')!r}")
         deferred = isinstance(vram_slots, str) and vram_slots == DEFERRED
         if deferred and prefetch is not None:
             problems.append("prefetch= needs a sized pool: give vram_slots / vram_gb, not "
@@ -210,7 +216,8 @@ class StoreConfig:
             shape = (int(pack.n_layers), int(pack.n_experts))
             if not isinstance(table, torch.Tensor) or table.dtype != torch.int32 \
                     or tuple(table.shape) != shape or not table.is_contiguous() \
-                    or table.device != dev:
+                    or table.device.type != dev.type or (
+                        dev.type == "cuda" and table.device.index != dev.index):
                 problems.append(f"slot_table must be a contiguous int32 tensor {list(shape)} on "
                                 f"{dev} (tierstore.store.pool.new_slot_table), found "
                                 f"{getattr(table, 'dtype', type(table).__name__)} "
@@ -250,6 +257,7 @@ class StoreConfig:
                    latency_window=window, snapshot=opt("snapshot"), snapshot_every_s=snap_every,
                    engine=opt("engine"), stream=opt("stream"), floor=floor, verify=verify,
                    prefetch=prefetch, publish=publish, deferred=deferred, slot_table=table,
+                   lazy_admission=lazy_admission,
                    force=bool(force), reserve_gb=reserve, max_gb=max_gb, floor_what=what)
 
     # -- building the parts ------------------------------------------------------------

@@ -391,6 +391,23 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             self._queue_lazy("stage")
             self._seen.fill(False)
 
+    def publish(self, stream=None) -> int:
+        """publish="step": publish now what the worker has read since the last step, on
+        ``stream``, from this thread, sparing the keys recorded since the last step. For an
+        engine whose step boundary comes before its forward (vLLM-Moet's
+        ``wait_manager_idle``); never call it between a forward and its replay. Returns
+        the keys published (0 in the "async" mode, where the worker publishes)."""
+        if self.config.publish != "step":
+            return 0
+        self._journal.drain()
+        with self.lock:
+            self._check_open("publish")
+            staged, self._staged = self._staged, []
+            routed = self._seen.copy()
+        before = self._pool.admissions
+        self._publish_staged(staged, routed, self._resolve_stream(stream))
+        return int(self._pool.admissions - before)
+
     def _queue_lazy(self, kind: str) -> None:
         """Queue this step's lazy promotions as a worker job of ``kind`` (lock held)."""
         if not self.config.lazy_per_step or self._lazy_busy or not self.sized:
@@ -417,21 +434,23 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         rows stay in the arena and serving goes on."""
         if not staged:
             return
-        keys = np.unique(np.concatenate(staged))
-        batch = None
-        with self.lock:
-            pool, arena = self._pool, self._arena
-            keys = keys[(pool.slot_of[keys] < 0) & (arena.resident_slot[keys] >= 0)]
-            if len(keys):
-                batch = self._mover.plan(pool.policy.rank(keys), to_pool=True, stream=stream,
-                                         spare=routed)
-        if batch is None:
-            return
+        pinned = np.concatenate(staged)   # each staged array holds one arena pin per key
         try:
-            self._mover.run(batch, defer_sources=self._defer_sources)
+            keys = np.unique(pinned)
+            batch = None
+            with self.lock:
+                pool = self._pool
+                keys = keys[pool.slot_of[keys] < 0]
+                if len(keys):
+                    batch = self._mover.plan(pool.policy.rank(keys), to_pool=True,
+                                             stream=stream, spare=routed)
+            if batch is not None:
+                self._mover.run(batch, defer_sources=self._defer_sources)
         except Exception as exc:  # noqa: BLE001 - a background promotion must not stop serving
             log.warning("%s: publishing %d staged promotions failed: %s", self.pack.path,
-                        len(batch.keys), exc)
+                        len(pinned), exc)
+        finally:   # the stage pins go, once (one journal step: interrupts.py)
+            self._journal.run(lambda: self._arena.unpin(pinned))
 
     def stats(self) -> StoreStats:
         self._journal.drain()

@@ -23,7 +23,7 @@ import weakref
 import numpy as np
 
 from tierstore.errors import ConfigError
-from tierstore.policies.admission import HotterThanVictim
+from tierstore.policies.admission import ADMIT_ALL, HotterThanVictim
 from tierstore.policies.fill import plan_lazy
 from tierstore.store.interrupts import drop_pins, release_pins, take_pins
 from tierstore.store.pipeline import Completions
@@ -196,6 +196,8 @@ def lazy_candidates(store, seen: np.ndarray) -> tuple[np.ndarray, int]:
     cand = seen[(pool.slot_of[seen] < 0) & store._written[seen]]
     if not len(cand):
         return _EMPTY, 0
+    admission = (ADMIT_ALL if store.config.lazy_admission == "all"   # an engine's rule
+                 else HotterThanVictim(pool.policy))
     fill = plan_lazy(pool.policy, cand, store.config.lazy_per_step, pool.n_free,
-                     pool.key_pins > 0, HotterThanVictim(pool.policy))
+                     pool.key_pins > 0, admission)
     return fill.keys, fill.rejected

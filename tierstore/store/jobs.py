@@ -90,8 +90,9 @@ class BackgroundJobs:
             batch = self._mover.plan(need, to_pool=False, stream=None) if len(need) else None
         if batch is not None:
             self._mover.run(batch)
-        with self.lock:
-            keys = keys[self._arena.resident_slot[keys] >= 0]
+        with self.lock:   # pinned in the arena until step() publishes them (a fire's
+            keys = keys[self._arena.resident_slot[keys] >= 0]   # reads must not evict them)
+            self._arena.pin(keys)
             self._staged.append(keys)
         if ticket is not None:
             ticket._finish(len(keys))
