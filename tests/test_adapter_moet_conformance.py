@@ -75,6 +75,61 @@ def test_an_interrupted_first_boot_resumes(monkeypatch, tmp_path):
         eng.check(pack_reference(m._TIER))
 
 
+def _half_pack(monkeypatch, tmp_path, layers):
+    """A pack of ``layers`` written by the face, then the process "dies"; its sidecar."""
+    import json
+    p = planes()
+    with moet_env(monkeypatch, env(tmp_path)) as m:
+        tier = m.get_tier(n_experts=E, dev=torch.device("cpu"), w13_bytes=8192, w2_bytes=4096)
+        for k in layers:
+            tier.add_layer_host_planes(k, *p[k])
+        tier._store.finish()
+        path = tier._store.path
+    sidecar = path[:-len(".pack")] + ".json"
+    return p, path, sidecar, json.loads(open(sidecar).read())
+
+
+@pytest.mark.parametrize("how", ["no checksum field", "a layer without sums"])
+def test_a_pack_another_engine_wrote_part_of_is_resumed_and_its_rows_summed(monkeypatch,
+                                                                           tmp_path, how):
+    """vLLM-Moet keeps no row sums: its unfinished pack (no `checksum` at all), or ours it
+    extended (a listed layer without sums), is resumed: its layers kept as they are on
+    disk and hashed once, the rest written; never renamed or rebuilt."""
+    import json
+    p, path, sidecar, side = _half_pack(monkeypatch, tmp_path, [0, 1])
+    if how == "no checksum field":
+        side.pop("checksum"), side.pop("checksums")
+    else:
+        side["checksums"].pop("1")
+    with open(sidecar, "w") as f:
+        f.write(json.dumps(side))
+    inode = os.stat(path).st_ino
+    with moet_env(monkeypatch, env(tmp_path)) as m:
+        eng = MoetEngine(m, p, n_experts=E, dev="cpu").boot()
+        tier = m._TIER
+        assert len(tier._store) == L and os.stat(path).st_ino == inode
+        after = json.loads(open(sidecar).read())
+        assert sorted(map(int, after["checksums"])) == list(range(L))   # every layer summed
+        for _ in range(4):
+            eng.step()
+            eng.check(pack_reference(tier))
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".damaged")]
+
+
+def test_a_pack_that_cannot_be_resumed_is_named_never_renamed(monkeypatch, tmp_path):
+    from tierstore.errors import ConfigError
+    _p, path, sidecar, _side = _half_pack(monkeypatch, tmp_path, [0])
+    with open(sidecar, "w") as f:
+        f.write("{not json")
+    before = sorted(os.listdir(tmp_path))
+    with moet_env(monkeypatch, env(tmp_path)) as m:
+        with pytest.raises(ConfigError) as info:
+            m.get_tier(n_experts=E, dev=torch.device("cpu"), w13_bytes=8192, w2_bytes=4096)
+    msg = str(info.value)
+    assert "\n" not in msg and path in msg and sidecar in msg and "delete" in msg
+    assert sorted(os.listdir(tmp_path)) == before               # nothing renamed or removed
+
+
 def test_auto_pool_is_sized_after_the_kv_cache(monkeypatch, tmp_path):
     e = env(tmp_path, slots=None, DELTA_RESERVE_GB=0, DELTA_MAX_GB=repr(20 * SLOT / 2**30))
     with moet_env(monkeypatch, e) as m:

@@ -108,8 +108,8 @@ class MoetPack:
         if not os.path.isdir(directory):
             raise ConfigError(f"VLLM_MOE_W2_STORE_DIR={directory}: not a directory")
         self.path = os.path.join(directory, name)
-        self._present = self._find_written()
         self._writer = None
+        self._present = self._find_written()
         if self._present:
             log.info("%s: %d/%d layers already packed; staging them is skipped",
                      self.path, len(self._present), self.n_layers)
@@ -127,7 +127,11 @@ class MoetPack:
             with Pack.open(self.path) as pack:
                 return {int(li) for li in np.flatnonzero(pack.written)}
         except (FormatError, TierIOError, ConfigError) as exc:
-            return self._unusable(exc)
+            try:   # vLLM-Moet extended it (its layers have no sums): the writer resumes
+                self._open_writer()   # it and hashes those layers once
+                return set(self._writer.written_layers)
+            except (FormatError, TierIOError, ConfigError):
+                return self._unusable(exc)
 
     def _unusable(self, exc: Exception):
         from tierstore.format.sidecar import sidecar_path_of
@@ -153,6 +157,13 @@ class MoetPack:
         if layer in self._present:
             return False
         rows = _joined(parts, self.E, self.slot_bytes, f"{self.path}: layer {layer}")
+        self._open_writer()
+        self._writer.write_layer(layer, rows)
+        self._present.add(layer)
+        return True
+
+    def _open_writer(self) -> None:
+        """PackWriter on the pack (resumes it: layers another engine wrote are hashed)."""
         if self._writer is None:
             from tierstore.format.writer import PackWriter
             rank, world, pp = self._rank
@@ -160,9 +171,6 @@ class MoetPack:
                                       n_experts=self.E, slot_bytes=self.slot_bytes,
                                       ckpt_id=self.ckpt_id, zero_mode=self.env.zero_mode,
                                       quantizer_abi=QUANTIZER_ABI, rank=rank, world=world, pp=pp)
-        self._writer.write_layer(layer, rows)
-        self._present.add(layer)
-        return True
 
     def finish(self) -> str:
         """Loading is over: close the writer (its exclusive lock would refuse readers);

@@ -25,7 +25,7 @@ because this method has no modular kernel that could overlap them, so ``apply``
 ignores them.
 
 The logic is in :class:`TierstoreMoEMethodLogic` and plain functions that take
-any tier with the :class:`~tierstore.adapters.vllm_moet.MoetTier` surface, so it
+any tier with the serving-tier surface (:class:`~tierstore.adapters.vllm_tier.ServingTier`), so it
 is tested without vLLM; :func:`method_class` mixes it into vLLM's base class.
 """
 from __future__ import annotations
@@ -110,7 +110,7 @@ def is_capturing() -> bool:
 class TierstoreMoEMethodLogic:
     """What a tierstore fused-MoE method does, independent of vLLM's base class.
 
-    ``tier`` has the MoetTier surface (``n_experts``, ``mark_seen``,
+    ``tier`` has the ServingTier surface (``n_experts``, ``mark_seen``,
     ``ensure_resident``, ``moe_w2_forward``); ``layer_index`` is this layer's row
     in the tier's slot table. Batches of more than ``prefill_tokens`` tokens run
     outside capture are treated as prefill and made resident first (eager,

@@ -187,7 +187,7 @@ def run_with_gate(step_fn: Callable[[], Any], gate: UncertaintyGate, store: Any,
        promotions never evict round 1's mid-step.
 
     ``routed_fn()`` returns the (layer, expert) pairs the *last* run routed
-    (e.g. ``MoetTier.seen_pairs()``), as an int tensor/array [N, 2].
+    (e.g. ``ServingTier.seen_pairs()``), as an int tensor/array [N, 2].
     Returns ``(final_out, FireRecord)``; the gate's counters are updated.
     """
     if max_rounds < 0:

@@ -301,16 +301,10 @@ class Pack(Closing):
         if self.checksum_algo != DEFAULT_CHECKSUM:  # validated at open; defensive
             raise FormatError(f"{self.sidecar_path}: cannot verify checksum {self.checksum_algo!r}")
         bar = _progress(progress, rows_total, os.path.basename(self.path))
-        done = unverified = 0
+        done = 0
         try:
             for layer in self.layers:
-                expected = self._checksums.get(layer)
-                if expected is None:   # a layer written without sums (resumed pack): readable
-                    self._read_layer_chunks(layer, lambda e, row: None)
-                    unverified += self.n_experts
-                    done += self.n_experts
-                    bar(done)
-                    continue
+                expected = self._checksums[layer]
 
                 def check(e: int, row: memoryview, layer=layer, expected=expected) -> None:
                     found = xxhash.xxh3_64_intdigest(row)
@@ -325,8 +319,7 @@ class Pack(Closing):
                 bar(done)
         finally:
             bar(None)
-        checked = rows_total - unverified
-        return VerifyReport(checked, checked * self.slot_bytes, unverified)
+        return VerifyReport(rows_total, rows_total * self.slot_bytes, 0)
 
     def _read_layer_chunks(self, layer: int, on_row: Callable[[int, memoryview], None]) -> None:
         rows_per_read = max(1, _VERIFY_CHUNK // self.stride)

@@ -138,7 +138,8 @@ def lock_path_of(pack_path: str) -> str:
 SIDECAR_MAX_DEPTH = 16   # a valid sidecar nests 5 levels (layout.sections[i].shape)
 
 
-def load_sidecar(path: str, *, key20_in_name: bool) -> tuple[Sidecar, list[str]]:
+def load_sidecar(path: str, *, key20_in_name: bool,
+                 partial_sums: bool = False) -> tuple[Sidecar, list[str]]:
     """Read and validate a sidecar file. Returns the sidecar and the names of unknown
     vLLM-Moet keys that were tolerated (see FORMAT.md, "Unknown fields")."""
     # 1. a regular file, its size against a cap, 2. nesting depth (a linear scan), then
@@ -166,12 +167,14 @@ def load_sidecar(path: str, *, key20_in_name: bool) -> tuple[Sidecar, list[str]]
     except msgspec.ValidationError as exc:
         raise FormatError(f"{path}: sidecar field error: {exc}") from None
     # 4. meaning
-    validate_sidecar(sc, path)
+    validate_sidecar(sc, path, partial_sums)
     return sc, unknown
 
 
-def validate_sidecar(sc: Sidecar, path: str) -> None:
-    """Checks of meaning; every message names the file and the field."""
+def validate_sidecar(sc: Sidecar, path: str, partial_sums: bool = False) -> None:
+    """Checks of meaning; every message names the file and the field. ``partial_sums``:
+    listed layers may lack checksums (only PackWriter, resuming a pack another engine
+    extended, asks: it hashes them before it publishes a sidecar)."""
     def bad(msg: str):
         raise FormatError(f"{path}: {msg}")
 
@@ -208,12 +211,13 @@ def validate_sidecar(sc: Sidecar, path: str) -> None:
     if sc.checksum not in CHECKSUM_ALGOS:
         bad(f"field `checksum`: unknown algorithm {sc.checksum!r}, expected one of {CHECKSUM_ALGOS}")
     sums = sc.checksums or {}
-    # A listed layer may lack sums (written by an engine that keeps none, e.g. vLLM-Moet,
-    # before this writer resumed the pack): it is read unverified, as a pack without
-    # `checksum` is. Sums of a layer that is not listed are refused.
-    stray = sorted(set(sums) - set(sc.layers))
-    if stray:
-        bad(f"field `checksums`: layers {stray[:8]} have sums but are not in `layers`")
+    if partial_sums:   # PackWriter resuming another engine's layers: it sums the rest first
+        stray = sorted(set(sums) - set(sc.layers))
+        if stray:
+            bad(f"field `checksums`: layers {stray[:8]} have sums but are not in `layers`")
+    elif set(sums) != set(sc.layers):
+        diff = sorted(set(sums) ^ set(sc.layers))
+        bad(f"field `checksums`: layers {list(sums)[:8]} do not match `layers` (differ at {diff[:8]})")
     for layer, row_sums in sums.items():
         if len(row_sums) != sc.E:
             bad(f"field `checksums`: layer {layer} has {len(row_sums)} entries, expected {sc.E}")

@@ -10,6 +10,7 @@ A crash at any point leaves a pack whose listed layers are fully written.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 
@@ -37,6 +38,8 @@ class PackReplacedError(TierIOError):
         self.args = (errno.ESTALE, f"{path}: the file was replaced or removed while being "
                                    f"written (inode changed); refusing to write through it")
 
+
+log = logging.getLogger("tierstore.format")
 
 class PackWriter(Closing):
     """Write (or resume writing) one pack. Not thread safe; one writer per pack file,
@@ -112,7 +115,7 @@ class PackWriter(Closing):
             write_atomic(self.sidecar_path, encode_sidecar(fresh))
             self._create_sparse(size)
             return fresh
-        old, _ = load_sidecar(self.sidecar_path, key20_in_name=True)
+        old, _ = load_sidecar(self.sidecar_path, key20_in_name=True, partial_sums=True)
         self._check_resumable(old, fresh)
         if not have_pack:
             if old.layers:
@@ -134,7 +137,40 @@ class PackWriter(Closing):
             self._ident = (st.st_dev, st.st_ino)
         if old.checksums is None:
             old.checksums = {}
+        unsummed = [layer for layer in old.layers if layer not in old.checksums]
+        if unsummed:
+            self._sum_written(old, unsummed)
         return old
+
+    def _sum_written(self, sc: Sidecar, layers: list[int]) -> None:
+        """Layers another engine wrote without checksums (vLLM-Moet keeps none): hash them
+        as they are on disk, once, and publish the sidecar, so every listed layer has its
+        sums from here on (a reader then verifies them like ours)."""
+        log.info("%s: hashing %d layer(s) written without checksums: %s", self.path,
+                 len(layers), layers[:8])
+        buf = bytearray(sc.slot_bytes)
+        view = memoryview(buf)
+        for layer in layers:
+            sums = []
+            for e in range(sc.E):
+                off = (layer * sc.E + e) * sc.stride
+                self._pread_exact(view, off)
+                sums.append(xxhash.xxh3_64_intdigest(view))
+            sc.checksums[layer] = sums
+        self._sidecar = sc
+        self._publish()
+
+    def _pread_exact(self, view: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(view):
+            try:
+                n = os.preadv(self._fd, [view[done:]], offset + done)
+            except OSError as exc:
+                raise TierIOError(self.path, offset + done, exc.errno, what="read") from None
+            if n <= 0:
+                raise FormatError(f"{self.path}: unexpected end of file at offset "
+                                  f"{offset + done:#x}")
+            done += n
 
     def _check_resumable(self, old: Sidecar, fresh: Sidecar) -> None:
         diffs = [f"{k}: existing {old.identity()[k]!r}, new {v!r}"
