@@ -272,6 +272,30 @@ def test_plugin_without_the_variable_does_nothing(monkeypatch):
     assert vm._TARGET is None and mod.get_tier is not vm.get_tier
 
 
+@pytest.mark.parametrize("bad", [{"ZERO_MODE": "abc"}, {"DELTA_RESERVE_GB": "nan"},
+                                 {"DELTA_MAX_GB": "inf"}, {"STORE_THREADS": "abc"},
+                                 {"ZERO_MODE": "abc", "DELTA_RESERVE_GB": "nan"}])
+def test_plugin_off_reads_no_other_variable_and_on_names_the_bad_one(monkeypatch, bad):
+    """vLLM-Moet ignores these values with its tier off; the plugin off must too (every
+    vLLM process loads it). With it on, one line names each bad variable."""
+    from tierstore.errors import ConfigError
+    mod = _fake_moet(monkeypatch)
+    for k, v in bad.items():
+        monkeypatch.setenv("VLLM_MOE_W2_" + k, v)
+    monkeypatch.delenv("VLLM_MOE_W2_TIERSTORE", raising=False)
+    vm.register()
+    assert vm._TARGET is None and mod.get_tier is not vm.get_tier
+    monkeypatch.setenv("VLLM_MOE_W2_TIERSTORE", "1")
+    try:
+        with pytest.raises(ConfigError) as info:
+            vm.register()
+        msg = str(info.value)
+        assert "\n" not in msg and all("VLLM_MOE_W2_" + k in msg for k in bad)
+        assert vm._TARGET is None
+    finally:
+        vm.reset_env()
+
+
 def test_plugin_installs_the_tier_into_moe_w2_delta(monkeypatch):
     mod = _fake_moet(monkeypatch)
     e = env(TIERSTORE=1)

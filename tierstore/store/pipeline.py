@@ -153,7 +153,7 @@ class LayerLoad:
             raise                 # not the batch's failure: the caller settles it (wait_layer)
         except BaseException as exc:
             self._raise_failed(exc, comp, report)
-        mover, batch = self.mover, self.batch
+        mover = self.mover
         s, e = self.spans[layer]
         with mover.lock:   # the tables are written whole or not at all (a journal section)
             if layer in self.failed:        # another thread's layer failed meanwhile
