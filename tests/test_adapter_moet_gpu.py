@@ -46,7 +46,8 @@ def test_capture_in_global_mode_while_the_store_worker_reads(monkeypatch, tmp_pa
         tier.wait_manager_idle()
         for key in range(L):
             m.mark_seen(tier.seen[key], torch.arange(8, device=CUDA))
-        tier.step_end()                      # queues the background reads
+        tier.step_end()                      # seen copied to the host, folded a step late:
+        tier.step_end()                      # now, and the background reads are queued
         assert in_read.wait(5)
         graph = torch.cuda.CUDAGraph()
         eng._route()
