@@ -473,8 +473,11 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             self._pool.policy.check_invariants()
             self._arena.policy.check_invariants()
             if idle:
-                for tier in (self._pool, self._arena):
-                    held = np.flatnonzero(tier.key_pins)
+                staged = np.zeros(self._n_keys, np.int32)   # publish="step": rows read, held
+                for keys in self._staged:                   # in the arena for the next step
+                    np.add.at(staged, keys, 1)
+                for tier, own in ((self._pool, 0), (self._arena, staged)):
+                    held = np.flatnonzero(tier.key_pins - own)
                     assert not len(held), f"{tier.tier}: key {int(held[0])} still pinned"
                 assert not self._active, f"{len(self._active)} call(s) still counted active"
                 assert not self._mover.inflight, f"{len(self._mover.inflight)} batch(es) in flight"
