@@ -324,11 +324,15 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         """Read ``keys`` into arena rows (no pool copy), synchronously; rows loaded."""
         dense = self._dense(keys)
         with self._activity("load_arena"):
-            with self.lock:
-                batch = self._mover.plan(dense, to_pool=False, stream=self._stream)
-            if batch is None:
-                return 0
-            self._mover.run(batch)
+            try:
+                with self.lock:
+                    batch = self._mover.plan(dense, to_pool=False, stream=self._stream)
+                if batch is None:
+                    return 0
+                self._mover.run(batch)
+            except BaseException:
+                self._mover.abandon_planned()   # planned, never run (a Ctrl-C): given back
+                raise
             return len(batch.keys)
 
     def evict(self, keys) -> int:
@@ -446,6 +450,9 @@ class ExpertStore(BackgroundJobs, Lifecycle):
                                              stream=stream, spare=routed)
             if batch is not None:
                 self._mover.run(batch, defer_sources=self._defer_sources)
+        except (KeyboardInterrupt, SystemExit):
+            self._mover.abandon_planned()       # planned, never run: given back
+            raise
         except Exception as exc:  # noqa: BLE001 - a background promotion must not stop serving
             log.warning("%s: publishing %d staged promotions failed: %s", self.pack.path,
                         len(pinned), exc)

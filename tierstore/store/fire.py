@@ -26,7 +26,6 @@ from tierstore.errors import ConfigError
 from tierstore.policies.admission import ADMIT_ALL, HotterThanVictim
 from tierstore.policies.fill import plan_lazy
 from tierstore.store.interrupts import drop_pins, release_pins, take_pins
-from tierstore.store.pipeline import Completions
 from tierstore.store.stats import FireResult
 
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -114,17 +113,9 @@ def run_fire(store, result: FireResult, keys: np.ndarray, cap: int, stream, scan
 
 def _abandon(store, batch) -> None:
     """A fire cut short (a read error, a Ctrl-C) between planning its batch and running
-    it: the batch gives its slots back (a run batch rolls itself back). The fire's pins
+    it: the batch gives its slots back (store/mover.py abandon_planned). The fire's pins
     go with its result (release or the orphan net)."""
-    if batch is None or batch.id not in store._mover.inflight or batch.ok:
-        return
-    load = batch.layer_load
-    if load is not None:
-        if not load.submitted.is_set():   # planned, never submitted: nothing in flight
-            load.submitted.set()
-            load._fail(RuntimeError("the fire that planned this batch was interrupted"))
-    elif batch.completion is None or isinstance(batch.completion, Completions):
-        store._mover._rollback(batch)     # never submitted (or its LayerLoad was cut short)
+    store._mover.abandon_planned(batch)
 
 
 def counted_fire(store, keys, cap: int, stream, scan: bool, pipelined=False) -> FireResult:

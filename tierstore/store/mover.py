@@ -56,6 +56,7 @@ class LoadBatch:
         self.accounted = False   # once-only steps of its publish / rollback (interrupts.py)
         self.failed_counted = False
         self.sources_deferred = False
+        self.completion_real = False   # run() reached the engine (abandon_planned)
 
 
 class Mover:
@@ -69,6 +70,7 @@ class Mover:
         self.lock, self.counters, self.scan_keep = lock, counters, float(scan_keep)
         self.default_stream = default_stream  # the store's consumer stream (CUDA)
         self.inflight: dict[int, LoadBatch] = {}
+        self._planned = threading.local()   # this thread's last plan (abandon_planned)
 
     # -- 1. plan (under the lock) ------------------------------------------------------
     def plan(self, keys: np.ndarray, *, to_pool: bool, stream, scan: bool = False,
@@ -126,6 +128,7 @@ class Mover:
         """Make a planned batch's reservations (caller holds the lock): one journal
         section; a Ctrl-C inside it gives the whole batch back before it is raised."""
         pool, arena, stream = self.pool, self.arena, batch.stream
+        self._planned.batch = batch   # from here on a Ctrl-C may part it from its caller
         steps = []
         if taken is not None:
             steps.append(lambda: pool.apply(taken))
@@ -147,8 +150,41 @@ class Mover:
             steps.append(lambda: arena.begin_load(got.reused))
         steps.append(lambda: arena.pin(got.keys))
         steps.append(lambda: self.inflight.__setitem__(batch.id, batch))
-        self.journal.run(*steps, undo=self.rollback_steps(batch, batch.pool_slots, count=False))
+        undo = self.rollback_steps(batch, batch.pool_slots, count=False)
+        try:
+            self.journal.run(*steps, undo=undo)
+        except (KeyboardInterrupt, SystemExit):
+            # Also after the section ended (Python 3.12 traces the `with` line again on
+            # its exit): no caller will run this batch, so it gives everything back; the
+            # section's own undo popped it from inflight already when it ran.
+            with self.lock:
+                if batch.id in self.inflight:
+                    self.journal.run(*undo)
+            raise
         return batch
+
+    def abandon_planned(self, batch: LoadBatch | None = None) -> None:
+        """A caller cut short (a Ctrl-C, an error) between planning a batch and running
+        it: give back what the plan reserved. ``batch`` (or this thread's last plan, when
+        the interrupt came before the caller even got it) is rolled back unless it was
+        submitted (a run batch rolls itself back; a submitted pipelined one is settled by
+        whoever needs its keys, or the result's orphan net)."""
+        batch = batch if batch is not None else getattr(self._planned, "batch", None)
+        self._planned.batch = None
+        if batch is None or batch.ok:
+            return
+        with self.lock:
+            if batch.id not in self.inflight:
+                return
+            load = batch.layer_load
+            submitted = load.submitted.is_set() if load is not None else batch.completion_real
+        if submitted:
+            return
+        if load is not None:
+            load.submitted.set()
+            load._fail(RuntimeError("the call that planned this batch was interrupted"))
+        else:
+            self._rollback(batch)
 
     # -- 2 + 3. run (lock released for the I/O) ------------------------------------------
     def run(self, batch: LoadBatch, defer_sources=None) -> None:
@@ -159,6 +195,7 @@ class Mover:
             lengths = np.full(len(batch.keys), self.pack.slot_bytes, dtype=np.int64)
             sums = None if self.verifier is None else self.verifier.checksums(batch.keys,
                                                                                batch.offsets)
+            batch.completion_real = True
             batch.completion = self.engine.submit(
                 batch.offsets, lengths, batch.src, batch.dst,
                 dst_device=bool(batch.to_pool and self.pool.is_cuda), checksums=sums)

@@ -162,7 +162,7 @@ class LayerLoad:
                 return self._wait_published(layer, stream)
             try:   # under the lock: whoever publishes the last layer (close()'s
                 mover.pack.check_unchanged()   # settle too) does so before the pack closes
-            except BaseException as exc:  # noqa: BLE001 - a replaced file: publish nothing
+            except Exception as exc:  # noqa: BLE001 - a replaced file: publish nothing
                 changed = exc
             else:
                 mover.journal.run(*self._publish_steps(layer, s, e, comp, stream))
@@ -221,17 +221,23 @@ class LayerLoad:
     def _fail(self, exc: BaseException, comp=None) -> None:
         """Cancel and drain every unpublished layer, roll back its slots; keep published
         ones. Any thread may get here (owner or settle); the first one claims the layers
-        and does the work, the others wait for ``done``."""
+        and does the work (even when a Ctrl-C comes right after its claim), the others
+        wait for ``done``."""
         mover, batch = self.mover, self.batch
-        with mover.lock:   # claim the unpublished layers: no one publishes them from now on
-            if self.error is not None:
-                claimed = None
-            else:
-                mover.journal.run(lambda: self._claim(exc, comp))
-                claimed = self.claimed
-        if claimed is None:
+        first = False
+        try:
+            with mover.lock:   # claim the unpublished layers: no one publishes them from now on
+                if self.error is None:
+                    first = True
+                    mover.journal.run(lambda: self._claim(exc, comp))
+        finally:
+            if first and self.claimed is not None:
+                self._roll_back_claimed()
+        if not first:
             batch.done.wait()   # the first failing thread is rolling back
-            return
+
+    def _roll_back_claimed(self) -> None:
+        mover, batch, claimed = self.mover, self.batch, self.claimed
         try:
             for layer in claimed:
                 if layer in self.comps:
