@@ -21,6 +21,15 @@ cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=
 stamp "gpu tests"
 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -25
+stamp "interrupt and face tests (Python 3.12 here)"
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_store_interrupts.py \
+  tests/test_adapter_moet_surface.py tests/test_adapter_moet_conformance.py \
+  tests/test_adapter_moet_slots.py tests/test_fire_pipelined.py tests/test_integrity.py 2>&1 | tail -3
+if [ -d .baseline/tierstore ]; then   # a `git archive` of the commit before (carry .baseline)
+  ln -sf "$PWD"/tierstore/_C*.so .baseline/tierstore/
+  stamp "fire + release, this tree against .baseline, same machine"
+  taskset -c 1 python3 bench/fire_release_threads.py "$PWD/.baseline" "$PWD" 2>&1 | tail -2
+fi
 stamp "moet promote: force_promote vs the store's fire, same store"
 timeout ${PROMOTE_TIMEOUT:-240} python3 bench/bench_moet_promote.py --json "$OUT/moet_promote.json" > "$OUT/moet_promote.log" 2>&1
 echo "moet rc=$?"; tail -16 "$OUT/moet_promote.log"
