@@ -2,36 +2,13 @@
 over one ExpertStore.
 
 Every attribute and method vLLM-Moet's glue, gate, runners and worker use
-(MOET-SURFACE.md section 1; docs/VLLM_MOET.md), in its terms, and nothing of its own:
-the pool, the slot table, publishing, victims and the background reads are the store's.
-
-=====================  ============================================================
-vLLM-Moet calls        the store does
-=====================  ============================================================
-``__init__``           the slot table (``new_slot_table``: int32 [n_layers, E], -1),
-                       ``seen`` / ``seen_w`` (the glue marks them inside graphs)
-``add_layer_host_*``   the layer is written into the pack (``MoetPack``)
-first serving call     ``ExpertStore(pack, vram_slots="deferred", publish="step",
-                       slot_table=...)``; an explicit DELTA_GB is ``finalize(n)``
-``finalize_auto``      ``store.finalize("auto", free_bytes)``: once, after the KV cache
-``force_promote``      the routed set from ``seen`` -> ``store.fire`` (no admission,
-                       pinned until ``step_end``); returns experts newly mapped
-``ensure_resident``    ``store.ensure_resident`` (a scan: the hottest half is kept)
-``step_end``           ``seen`` -> ``store.record_counts``, fires released, ``store.step``
-                       (the only place background promotions are published, sparing
-                       the step's routed experts as victims)
-``wait_manager_idle``  nothing to wait for: the store's worker only reads into the
-                       arena and makes no CUDA call, so captures are never disturbed
-=====================  ============================================================
-
-The rules are vLLM-Moet's: DELTA_POLICY ``freq`` / ``need`` / ``lru`` are registered
-policies (tierstore/policies/engine_rules.py) decayed by DELTA_DECAY every DELTA_DECAY_S,
-DELTA_PROMOTE background promotions a step (none under ``need``). Not kept: DELTA_TICK_MS
-(promotions happen once per step, at its end) and DELTA_RANK's ``seen_w`` order (only the
-EXL3 glue marks ``seen_w``; the store ranks by the policy).
-
-``dev`` may be a CPU device: the pool is then host memory and every call runs, which
-is how the surface is tested without a GPU.
+(MOET-SURFACE.md section 1), in its terms, and nothing of its own: the pool, the slot
+table, publishing, victims and the background reads are the store's. docs/VLLM_MOET.md
+has the call-by-call table ("What changes"); in short, the store is opened with
+``vram_slots="deferred"`` and ``publish="step"`` over the tier's slot table, a fire is
+``force_promote``, a step ``step_end``, and ``wait_manager_idle`` publishes what the
+store's worker read. ``dev`` may be a CPU device (the pool is then host memory): how the
+surface is tested without a GPU.
 """
 from __future__ import annotations
 
