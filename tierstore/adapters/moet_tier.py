@@ -19,7 +19,7 @@ import torch
 
 from tierstore.adapters.moet_config import MoetEnv, from_env
 from tierstore.adapters.moet_store import MoetPack
-from tierstore.store.pool import new_slot_table
+from tierstore.store.pool import new_slot_table, unsized_pool
 
 log = logging.getLogger("tierstore.adapters.moet")
 
@@ -50,7 +50,7 @@ class TierstoreDeltaTier:
         self._want_slots = (env.initial_slots(self.slot_bytes) if pool_gb is None
                             else max(int(float(pool_gb) * (1 << 30)) // self.slot_bytes, 8))
         self.slot_table = new_slot_table(self.n_layers, self.E, dev)
-        self._empty_pool = torch.empty(0, self.slot_bytes, dtype=torch.uint8, device=dev)
+        self._unsized_pool = unsized_pool(self.slot_bytes, dev)
         seen_dtype = torch.int32 if env.count_seen else torch.uint8
         self.seen = torch.zeros(self.n_layers, self.E, dtype=seen_dtype, device=dev)
         self.seen_w = torch.zeros(self.n_layers, self.E, dtype=torch.float32, device=dev)
@@ -83,7 +83,7 @@ class TierstoreDeltaTier:
     @property
     def pool(self) -> torch.Tensor:
         es = self.expert_store
-        return es.pool if es is not None else self._empty_pool
+        return es.pool if es is not None else self._unsized_pool
 
     @property
     def _thread(self):

@@ -38,6 +38,12 @@ def new_slot_table(n_layers: int, n_experts: int, device) -> torch.Tensor:
                       device=torch.device(device))
 
 
+def unsized_pool(slot_bytes: int, device) -> torch.Tensor:
+    """The 0-row pool an engine's face shows before its store is sized (vLLM-Moet's
+    ``tier.pool`` before ``finalize_auto``): nothing is ever mapped into it."""
+    return torch.empty((0, int(slot_bytes)), dtype=torch.uint8, device=torch.device(device))
+
+
 class SlotPool(SlotStates):
     """Fixed-slot pool of ``n_slots`` rows of ``slot_bytes`` on ``device``."""
 
