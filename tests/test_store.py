@@ -266,3 +266,22 @@ def test_policy_spec_errors_are_clear(pack):
     with pytest.raises(ConfigError, match="half_life given both"):
         ts.ExpertStore(pack, vram_slots=8, device="cpu",
                        policy={"pool": {"name": "heat", "half_life": 4}}, half_life=5)
+
+
+def test_release_refuses_another_stores_result_and_both_keep_their_pins(tmp_path):
+    """A FireResult names the store that made it: another store's release() refuses it
+    (it would drop its own pin on the same key and leak the owner's)."""
+    from tierstore.errors import ConfigError
+    from tierstore.testing.packs import make_random_pack
+    pack_a = make_random_pack(tmp_path / "a", 2, 8, 512, seed=1)
+    pack_b = make_random_pack(tmp_path / "b", 2, 8, 512, seed=2)
+    with ts.ExpertStore(pack_a, vram_slots=4, device="cpu", lazy_per_step=0) as a, \
+            ts.ExpertStore(pack_b, vram_slots=4, device="cpu", lazy_per_step=0) as b:
+        fa, fb = a.fire([(0, 1)]), b.fire([(0, 1)])
+        with pytest.raises(ConfigError, match="belongs to another store"):
+            b.release(fa)
+        assert b.evict([(0, 1)]) == 0 and a.evict([(0, 1)]) == 0   # both still pinned
+        a.release(fa)
+        b.release(fb)
+        a.check_invariants(idle=True)
+        b.check_invariants(idle=True)
