@@ -77,7 +77,7 @@ def test_full_arena_never_evicts_a_row_that_is_this_batchs_copy_source(pack, dev
         store.fire([(1, 8), (1, 10)])                # hit on (1, 8) + a miss needing a row
         assert store.wait_idle(10)                   # CUDA: the worker unpins copy sources
         assert_store_consistent(store)
-        assert not store.arena.key_pins.any()
+        assert store.stats().arena.pinned == 0
 
 
 def test_scan_fills_free_slots_but_keeps_the_hot_set(pack, device):
@@ -94,5 +94,5 @@ def test_scan_fills_free_slots_but_keeps_the_hot_set(pack, device):
         assert fr.promoted == 4 and len(resident) == 8  # the 4 free slots, nothing more
         assert np.all(store._pool.key_pins[fr.keys] == 1)
         store.step()                                 # prefill pins end with the step
-        assert not store._pool.key_pins.any()
+        assert store.stats().pool.pinned == 0
         assert_store_consistent(store)

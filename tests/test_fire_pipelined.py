@@ -59,7 +59,7 @@ def test_layers_publish_at_their_own_wait(store, pack):
     store.release(fr)
     store.wait_idle(10)
     assert_store_consistent(store)
-    assert np.count_nonzero(store._pool.key_pins) == 0
+    assert store.stats().pool.pinned == 0
 
 
 def test_release_publishes_layers_nobody_waited_for(store, pack):
@@ -88,7 +88,7 @@ def test_failed_layer_raises_at_its_wait_and_rolls_back_the_rest(store, pack):
     store.engine._inject_faults()
     store.wait_idle(10)
     assert sorted(map(tuple, store.resident_keys("pool").tolist())) == [(0, 0), (1, 3)]
-    assert np.count_nonzero(store._pool.key_pins) == 0
+    assert store.stats().pool.pinned == 0
     assert_store_consistent(store)
     again = store.fire([(3, 2), (4, 6)])          # the same keys load fine afterwards
     assert again.promoted == 2
@@ -102,7 +102,7 @@ def test_release_raises_an_error_nobody_saw(store, pack):
     with pytest.raises(TierIOError):
         store.release(fr)
     store.engine._inject_faults()
-    assert fr.released and np.count_nonzero(store._pool.key_pins) == 0
+    assert fr.released and store.stats().pool.pinned == 0
     store.wait_idle(10)
     assert_store_consistent(store)
 

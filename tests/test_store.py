@@ -53,7 +53,7 @@ def test_fire_makes_routed_keys_resident_pinned_and_byte_exact(make_store, pack)
     assert (again.promoted, again.already_resident) == (1, 1)
     store.release(fr)
     store.release(again)
-    assert not store._pool.key_pins.any()
+    assert store.stats().pool.pinned == 0
     with pytest.raises(ConfigError, match="already released"):
         store.release(fr)
 
@@ -114,7 +114,7 @@ def test_bad_keys_and_unwritten_layers_are_rejected_with_clear_errors(make_store
         store.fire([(3, 0)])
     with pytest.raises(ConfigError, match="record: layer 4 out of range"):
         store.record(4, np.zeros((1, 2), np.int64))
-    assert not store._pool.key_pins.any()
+    assert store.stats().pool.pinned == 0
     assert_store_consistent(store)
 
 

@@ -49,7 +49,7 @@ def test_read_failing_mid_fire_names_file_offset_layer_expert_and_leaks_nothing(
     assert pack.path in msg and "layer 1 expert 7" in msg and f"{bad:#x}" in msg and "EIO" in msg
     assert err.value.errno == errno.EIO
     assert store.resident_keys("pool").tolist() == before          # nothing published
-    assert np.count_nonzero(store._pool.key_pins) == 2              # only the first fire's pins
+    assert store.stats().pool.pinned == 2              # only the first fire's pins
     assert store._pool.n_free == 6 and store._arena.n_free == 4      # rows of the first fire only
     no_slot_in_flight(store)
     assert_store_consistent(store)
@@ -64,7 +64,7 @@ def test_failed_fire_returns_arena_rows_and_pins(store, pack):
     store.engine._inject_faults(fail_offset=pack.row_offset(2, 4))
     with pytest.raises(TierIOError, match="layer 2 expert 4"):
         store.fire([(2, 3), (2, 4)])                                 # an arena hit + a failing read
-    assert not store._arena.key_pins.any() and not store._pool.key_pins.any()
+    assert store.stats().arena.pinned == 0 and store.stats().pool.pinned == 0
     assert store.resident_keys("arena").tolist() == [[2, 3]]         # the good arena row stays
     no_slot_in_flight(store)
     assert_store_consistent(store)

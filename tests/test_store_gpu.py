@@ -49,7 +49,7 @@ def test_cuda_pool_bytes_equal_pack_rows_after_promote_and_fire(pack):
         store.release(fr)
         assert store.wait_idle(30)
         assert_store_consistent(store)
-        assert not store.arena.key_pins.any()
+        assert store.stats().arena.pinned == 0
 
 
 def test_publish_is_ordered_on_the_callers_stream_without_host_sync(pack, row_sums):

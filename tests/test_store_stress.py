@@ -161,8 +161,8 @@ def _run_round(pack_path, rows, warm, device, seed, close_midway, counts):
     if not store.closed:
         assert store.wait_idle(30), "the worker never went idle"
         store.step()                          # releases the last prefill's pins
-        assert not store._pool.key_pins.any(), "pool pins leaked"
-        assert not store._arena.key_pins.any(), "arena pins leaked"
+        assert store.stats().pool.pinned == 0, "pool pins leaked"
+        assert store.stats().arena.pinned == 0, "arena pins leaked"
         store.check_invariants()
         counts["checked"] += check_published_bytes(store, rows)
     store.close()

@@ -135,8 +135,8 @@ def _firer(store, rows, tid, seed, quota, hot, mine, tally, handoff, handoff_loc
 def _round_end_checks(store, rows, counts):
     assert store.wait_idle(30), "the worker never went idle"
     counts["checked_rows"] += check_published_bytes(store, rows)
-    assert not store._pool.key_pins.any(), "pool pins leaked"
-    assert not store._arena.key_pins.any(), "arena pins leaked"
+    assert store.stats().pool.pinned == 0, "pool pins leaked"
+    assert store.stats().arena.pinned == 0, "arena pins leaked"
     assert not store._mover.inflight, f"batches left in flight: {list(store._mover.inflight)}"
     assert not store._lazy_busy, "a lazy promotion never finished its ticket"
     store.check_invariants()

@@ -93,7 +93,7 @@ def test_forward_worker_and_user_threads_hammer_the_store(pack, device):
         assert counts["fires"] == 50 and counts["promotes"] > 0 and counts["checked"] > 0
         st = store.stats()
         assert st.step_count == 150 and st.pool.evictions > 0 and st.lazy_queued > 0
-        assert not store._pool.key_pins.any() and not store._arena.key_pins.any()
+        assert store.stats().pool.pinned == 0 and store.stats().arena.pinned == 0
         assert_store_consistent(store)
     finally:
         store.close()

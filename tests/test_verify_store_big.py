@@ -92,7 +92,7 @@ def test_big_rows_are_verified_and_a_bad_one_publishes_nothing(pack, device, mod
             store.fire(KEYS)
         _assert_names_the_row(info.value, pack)
         assert not _resident(store).any()              # nothing of the fire published
-        assert np.count_nonzero(store._pool.key_pins) == 0
+        assert store.stats().pool.pinned == 0
         assert_store_consistent(store)
     with _store(pack, device, mode) as store:         # intact file: every row passes
         fr = store.fire(KEYS)
@@ -127,7 +127,7 @@ def test_pipelined_fire_fails_at_the_corrupted_layer(pack, device):
         store.release(fr)
         store.wait_idle(10)
         assert not _resident(store)[E:].any()
-        assert np.count_nonzero(store._pool.key_pins) == 0
+        assert store.stats().pool.pinned == 0
         assert_store_consistent(store)
 
 

@@ -175,11 +175,11 @@ def check_error(exc: BaseException, pack, key, f: Fault) -> None:
 def check_after(store, keys: np.ndarray, op: str) -> None:
     """Nothing wrong published, nothing pinned, worker idle; the store still serves."""
     assert store.wait_idle(10), "the worker never went idle"
-    assert not store._pool.key_pins.any() and not store._arena.key_pins.any(), "pins leaked"
+    assert store.stats().pool.pinned == 0 and store.stats().arena.pinned == 0, "pins leaked"
     assert_store_consistent(store)
     run_op(store, op, keys)            # the same keys, no fault: served
     assert store.wait_idle(10)
-    assert not store._pool.key_pins.any() and not store._arena.key_pins.any()
+    assert store.stats().pool.pinned == 0 and store.stats().arena.pinned == 0
     assert_store_consistent(store)
 
 

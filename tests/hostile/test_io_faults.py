@@ -103,7 +103,7 @@ def _warm_case(pack, poolmon, how, verify, err, i, where) -> str | None:
                 and "\n" not in msgs[0], f"warnings {msgs}"
             assert f"layer {key[0]} expert {key[1]}" in msgs[0], msgs[0]
             assert store.wait_idle(10)
-            assert not store._pool.key_pins.any() and not store._arena.key_pins.any()
+            assert store.stats().pool.pinned == 0 and store.stats().arena.pinned == 0
             assert_store_consistent(store)
             eng._inject_faults()
             store.release(store.fire(HOT[:4]))          # serves, the faulted key too

@@ -26,6 +26,7 @@ class TierStats(msgspec.Struct, frozen=True):
     evictions: int = 0
     resident: int = 0
     capacity: int = 0
+    pinned: int = 0                  # keys pinned now: fires, a prefill, copy sources, staged rows
 
 
 class StoreStats(msgspec.Struct, frozen=True):
@@ -117,7 +118,8 @@ class Counters:
                          hit_rate=c["hits"] / tot if tot else 0.0,
                          distinct_hit_rate=c["distinct_hits"] / dtot if dtot else 0.0,
                          promotions=states.admissions, evictions=states.evictions,
-                         resident=states.n_resident, capacity=states.n_slots)
+                         resident=states.n_resident, capacity=states.n_slots,
+                         pinned=int(np.count_nonzero(states.key_pins)))
 
     def snapshot(self, pool, arena, step_count: int, engine_stats: dict | None) -> StoreStats:
         lat = np.asarray(self.fire_latency, dtype=np.float64)
