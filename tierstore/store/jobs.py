@@ -32,27 +32,16 @@ class BackgroundJobs:
 
     def _run_job(self, job) -> None:
         kind = job[0]
-        if kind == "promote":
+        if kind in ("promote", "stage"):   # stage: publish="step", read only (_stage_now)
             _, keys, ticket, lazy = job
             try:
                 if self._closed:
                     raise ClosedError(f"{self.pack.path}: store closed before this "
                                       f"promotion of {len(keys)} keys ran")
-                ticket._finish(self._promote_now(keys))
-            except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
-                ticket._finish(error=exc)
-                if lazy and not isinstance(exc, ClosedError):
-                    log.warning("lazy promotion failed: %s", exc)
-            finally:
-                if lazy:
-                    self._lazy_busy = False
-        elif kind == "stage":
-            _, keys, ticket, lazy = job
-            try:
-                if self._closed:
-                    raise ClosedError(f"{self.pack.path}: store closed before {len(keys)} "
-                                      f"keys were staged")
-                self._stage_now(keys, None if lazy else ticket)
+                if kind == "promote":
+                    ticket._finish(self._promote_now(keys))
+                else:
+                    self._stage_now(keys, ticket)
             except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
                 ticket._finish(error=exc)
                 if lazy and not isinstance(exc, ClosedError):
