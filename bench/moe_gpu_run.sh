@@ -20,7 +20,7 @@ else
   echo "carried extension imports"
 fi
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_moe_mma_gpu.py tests/test_moe_gpu.py \
-  tests/test_adapter_replay.py 2>&1 | tee $OUT/gpu_tests.log | tail -30
+  tests/test_adapter_moet_gpu.py 2>&1 | tee $OUT/gpu_tests.log | tail -30
 timeout 180 python3 bench/bench_moe.py --baseline --max-check-T 16 --json $OUT/moe.json > $OUT/bench.log 2>&1
 echo "bench rc=$?"; grep -E "^copy|T=  1 |T=512" $OUT/bench.log | cut -c1-150
 so=$(ls tierstore/_C*.so | head -1)
