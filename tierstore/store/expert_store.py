@@ -379,8 +379,6 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             self._arena.policy.decay(steps=1)
             self.step_count += 1
             if step_mode:
-                staged, self._staged = (self._staged, []) if publish else ([], self._staged)
-                sources, self._pending_sources = self._pending_sources, []
                 routed = self._seen.copy()
             else:
                 self._queue_lazy("promote")
@@ -388,9 +386,12 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             self._queue_snapshot()
         if not step_mode:
             return
-        for batch in sources:     # copies of a step ago: long done, a cheap event wait
-            self._mover.finish_sources(batch)
-        self._publish_staged(staged, routed, self._resolve_stream(stream))
+        pending = self._pending_sources
+        while pending:            # copies of a step ago: long done, a cheap event wait;
+            self._mover.finish_sources(pending[-1])   # idempotent, so dropped only once
+            pending.pop()                             # done (a Ctrl-C between: done again)
+        if publish:
+            self._publish_staged(routed, self._resolve_stream(stream))
         with self.lock:
             self._queue_lazy("stage")
             self._seen.fill(False)
@@ -406,10 +407,9 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         self._journal.drain()
         with self.lock:
             self._check_open("publish")
-            staged, self._staged = self._staged, []
             routed = self._seen.copy()
         before = self._pool.admissions
-        self._publish_staged(staged, routed, self._resolve_stream(stream))
+        self._publish_staged(routed, self._resolve_stream(stream))
         return int(self._pool.admissions - before)
 
     def _queue_lazy(self, kind: str) -> None:
@@ -431,15 +431,19 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             self._last_snapshot = time.monotonic()
             self._submit_job(("snapshot", self._snapshot_path))
 
-    def _publish_staged(self, staged: list, routed: np.ndarray, stream) -> None:
-        """publish="step": copy the staged keys still in arena rows into the pool and
-        publish them on ``stream`` (arena -> pool copies only: no disk I/O here), hottest
-        first, sparing ``routed`` (bool [n_keys]) as victims. A failure is logged: the
-        rows stay in the arena and serving goes on."""
-        if not staged:
-            return
-        pinned = np.concatenate(staged)   # each staged array holds one arena pin per key
+    def _publish_staged(self, routed: np.ndarray, stream) -> None:
+        """publish="step": copy the staged keys (still in their pinned arena rows) into
+        the pool and publish them on ``stream`` (arena -> pool copies only: no disk I/O
+        here), hottest first, sparing ``routed`` (bool [n_keys]) as victims. A failure is
+        logged: serving goes on. The staged rows are taken and their stage pins dropped
+        whatever happens (a Ctrl-C included: the take is one statement, the unpin a
+        journal step)."""
+        pinned = _EMPTY_KEYS
         try:
+            with self.lock:
+                pinned, self._staged = _joined(self._staged), []
+            if not len(pinned):
+                return
             keys = np.unique(pinned)
             batch = None
             with self.lock:
@@ -456,8 +460,9 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         except Exception as exc:  # noqa: BLE001 - a background promotion must not stop serving
             log.warning("%s: publishing %d staged promotions failed: %s", self.pack.path,
                         len(pinned), exc)
-        finally:   # the stage pins go, once (one journal step: interrupts.py)
-            self._journal.run(lambda: self._arena.unpin(pinned))
+        finally:
+            if len(pinned):
+                self._journal.run(lambda: self._arena.unpin(pinned))
 
     def stats(self) -> StoreStats:
         self._journal.drain()
@@ -510,3 +515,11 @@ class ExpertStore(BackgroundJobs, Lifecycle):
 
     def _resolve_stream(self, stream):
         return self._stream if stream is None else stream
+
+
+_EMPTY_KEYS = np.empty(0, dtype=np.int64)
+
+
+def _joined(staged: list) -> np.ndarray:
+    """The staged key arrays as one (each key once per stage pin)."""
+    return np.concatenate(staged) if staged else _EMPTY_KEYS
