@@ -284,9 +284,12 @@ def test_interrupted_fresh_pack_build_removes_what_it_wrote(tmp_path, sig):
 
 def test_terminated_demo_removes_its_temp_directory(tmp_path, private_tmp):
     before = set(os.listdir(private_tmp))
-    rc, _, err = _interrupt(["demo", "--quick", "--device", "cpu", "--no-plot"], tmp_path,
-                            signal.SIGTERM, "never-appears", timeout=4)
-    assert rc == 128 + signal.SIGTERM and "Traceback" not in err, err
+    # sent the moment the decode starts: the whole quick demo now takes ~4 s, so a fixed
+    # delay could land after main() returned (Python's own SIGTERM then)
+    rc, _, err, seen = _interrupt_after_line(["demo", "--quick", "--device", "cpu", "--no-plot"],
+                                             tmp_path, signal.SIGTERM,
+                                             "[demo] decode, learning run")
+    assert seen and rc == 128 + signal.SIGTERM and "Traceback" not in err, err
     assert set(os.listdir(private_tmp)) <= before and os.listdir(tmp_path) == []
 
 
