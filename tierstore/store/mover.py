@@ -210,10 +210,8 @@ class Mover:
         except BaseException as exc:
             if batch.ok:      # published whole (a Ctrl-C inside it was rolled forward)
                 raise
-            err = self._annotate(exc, batch)
-            self._rollback(batch)
-            batch.error = err
-            batch.done.set()
+            err = batch.error = self._annotate(exc, batch)
+            self._rollback(batch)      # ends with done set: a fire waiting on it goes on
             if err is exc:
                 raise
             raise err from exc
@@ -308,13 +306,15 @@ class Mover:
             batch.sources_released = _unpinned_true(self.arena, batch.arena_pinned)
 
     def _rollback(self, batch: LoadBatch) -> None:
+        """Give back everything ``batch`` took and set its ``done`` (in the same section:
+        another fire may be waiting on it; a failed run set ``error`` first)."""
         comp = batch.completion
         if comp is not None and self.pool.is_cuda:
             try:  # copies of rows that did succeed may still be landing in our slots
                 comp.synchronize()
             except BaseException:
                 pass
-        self.journal.run(*self.rollback_steps(batch, batch.pool_slots))
+        self.journal.run(*self.rollback_steps(batch, batch.pool_slots), batch.done.set)
 
     def rollback_steps(self, batch: LoadBatch, pool_slots: np.ndarray, count=True) -> list:
         """Give back ``pool_slots`` and the batch's arena rows and source pins, as journal
