@@ -5,22 +5,7 @@
 # Usage (device tool, carry .whl: msgspec, hypothesis, sortedcontainers for py3.12):
 #   bash bench/device_one_store.sh          (QUICK=1: build, gpu tests, moet promote only)
 # Logs and JSON land in $OUT (default /tmp/out).
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-t0=$(date +%s); stamp() { echo "[device +$(( $(date +%s) - t0 ))s] $*"; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$OUT/pip.log" 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
-  python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__)"; } > "$OUT/machine.txt"
-cat "$OUT/machine.txt"
-stamp build
-cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(which python3) \
-  -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 && cmake --build build/dev -j16 >> "$OUT/build.log" 2>&1 \
-  && cp build/dev/_C*.so tierstore/ || { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
-stamp "gpu tests"
-timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests > "$OUT/gpu_tests.log" 2>&1
-echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -25
+STAMP=device; source bench/device_prelude.sh   # wheels, machine, sm_90 build, gpu tests
 stamp "interrupt and face tests (Python 3.12 here)"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_store_interrupts.py \
   tests/test_adapter_moet_surface.py tests/test_adapter_moet_conformance.py \

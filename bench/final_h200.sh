@@ -4,22 +4,7 @@
 # Usage (device tool, carry .whl):  bash bench/final_h200.sh   (FULL_SUITE=1 adds the whole suite on 14 workers;
 # the order puts the checks that matter most first, so a call cut at its limit keeps them;
 # QUICK=1 stops after the moet promote bench)
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-t0=$(date +%s); stamp() { echo "[final +$(( $(date +%s) - t0 ))s] $*"; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$OUT/pip.log" 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; uname -r; nproc;
-  python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__)"; git log -1 --oneline 2>/dev/null; } > "$OUT/machine.txt"
-stamp build
-cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(which python3) \
-  -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 && cmake --build build/dev -j16 >> "$OUT/build.log" 2>&1 \
-  && cp build/dev/_C*.so tierstore/ || { echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
-python3 -c "import tierstore as t; print('cuda_available', t.cuda_available())" | tee -a "$OUT/machine.txt"
-stamp "gpu tests"
-timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests > "$OUT/gpu_tests.log" 2>&1
-echo "gpu tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -25
+STAMP=final; source bench/device_prelude.sh   # wheels, machine, sm_90 build, gpu tests
 stamp "moet promote (direct vs staged force_promote, same run)"
 timeout ${PROMOTE_TIMEOUT:-300} python3 bench/bench_moet_promote.py --json "$OUT/moet_promote_h200.json" > "$OUT/moet_promote.log" 2>&1
 echo "moet rc=$?"; tail -42 "$OUT/moet_promote.log"
