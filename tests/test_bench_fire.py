@@ -37,11 +37,45 @@ def test_bench_fire_cpu_end_to_end(tmp_path, capsys):
     assert "byte checks" in capsys.readouterr().out
 
 
+def test_bench_fire_pool_sized_for_pipelined_step_larger_than_every_fire(tmp_path, capsys):
+    # --sizes 1,4 sizes a 4-slot pool; the pipelined step fires 4 layers x 3 misses = 12
+    # rows. The pool must hold the step (before: 8 rows never read, "byte check at
+    # offset 0x0 failed: EIO" on a healthy pack).
+    out = tmp_path / "fire.json"
+    rc = main(["bench", "fire", "--dir", str(tmp_path / "d"), "--device", "cpu", "--layers", "4",
+               "--experts", "6", "--row-bytes", "8192", "--sizes", "1,4", "--cold-sizes", "1",
+               "--sources", "pagecache", "--step-misses", "3", "--step-groups", "0",
+               "--repeats", "1", "--h2d-gb", "0.001", "--threads", "2",
+               "--skip", "baselines,bookkeeping,window", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    res = json.loads(out.read_text())
+    assert res["checks"]["mismatches"] == [] and "EIO" not in captured.err
+    assert res["pipelined"]["misses_per_layer"] == 3 and res["pipelined"]["pipelined_ms"] > 0
+
+
+def test_check_placed_names_the_benchmark_sizing_not_the_disk(tmp_path):
+    import tierstore as ts
+    from tierstore.cli import bench_fire_measure as fm
+    from tierstore.errors import CapacityError
+    pack = ts.Pack.open(fm.create_pack(str(tmp_path), 2, 4, 8192))
+    with ts.ExpertStore(pack, vram_slots=2, ram_gb=0, device="cpu", lazy_per_step=0) as store:
+        fr = store.fire([(0, 0), (0, 1), (1, 2)], max_promote=3)
+        with pytest.raises(CapacityError, match=r"pool of 2 slots left 1 of 3 routed rows unplaced"):
+            fm.check_placed(store, fr, 3, "cold fire")
+        store.release(fr)
+        fr = store.fire([(0, 0), (0, 1)], max_promote=2)
+        fm.check_placed(store, fr, 2, "cold fire")   # all placed: no error
+        store.release(fr)
+
+
 @pytest.mark.parametrize("argv, words, status", [
     (["--sizes", "0"], "--sizes", 2),
     (["--row-bytes", "100"], "multiple of 8", 1),
     (["--layers", "2", "--experts", "2", "--sizes", "8"], "largest fire", 1),
     (["--sources", "tape"], "--sources", 2),
+    (["--layers", "2", "--experts", "4", "--sizes", "1", "--cold-sizes", "1", "--step-misses", "5"],
+     "--step-misses 5", 1),
 ])
 def test_bench_fire_bad_arguments_are_one_line_errors(tmp_path, capsys, argv, words, status):
     try:

@@ -21,7 +21,7 @@ from tierstore.cli import bench_fire_extra as fx
 from tierstore.cli import bench_fire_measure as fm
 from tierstore.cli.args import (check_cuda, int_in, int_list_of, names_of, non_negative_float,
                                 output_file, positive_float, say)
-from tierstore.errors import ConfigError, TierIOError
+from tierstore.errors import ConfigError, TierstoreError
 
 ROW_12MIB = 12_582_912
 SOURCES = ("arena", "pagecache", "cold")
@@ -105,6 +105,14 @@ def run(args, res: dict) -> dict:
     if args.layers * args.experts < top:
         raise ConfigError(f"--layers x --experts = {args.layers * args.experts} rows, the "
                           f"largest fire needs {top}")
+    pipelined = "pipelined" not in skip and args.layers >= 2
+    if pipelined and args.step_misses > args.experts:
+        raise ConfigError(f"--step-misses {args.step_misses}: the pipelined step routes that many "
+                          f"distinct experts per layer, more than --experts {args.experts}; lower "
+                          f"it or --skip pipelined")
+    # The pool holds the largest fire of the run: one of --sizes / --cold-sizes, or the
+    # pipelined step's layers x misses rows (86 by default, more than a --sizes 1,8,64 pool).
+    slots = max(top, args.layers * args.step_misses if pipelined else 0)
     t_start = time.time()
     path = fm.create_pack(args.dir, args.layers, args.experts, args.row_bytes)
     pack = Pack.open(path)
@@ -122,11 +130,11 @@ def run(args, res: dict) -> dict:
     ceil["h2d_gbps"] = fm.m.ceiling_h2d(torch, device, int(args.h2d_gb * (1 << 30)))
     ceil.update(fm.read_bounds(ctx, min(args.baseline_rows, top), args.threads))
     _progress(f"ceilings {ceil}")
-    opts = dict(device=device, lazy_per_step=0, threads=args.threads, max_promote=top)
+    opts = dict(device=device, lazy_per_step=0, threads=args.threads, max_promote=slots)
     # Every row fits: loading one fire's rows must not evict others of the same fire.
     arena_gb = (res["rows"] + 2) * pack.stride / 2**30
-    ctx.store_arena = ts.ExpertStore(pack, vram_slots=top, ram_gb=arena_gb, **opts)
-    ctx.store_read = ts.ExpertStore(pack, vram_slots=top, ram_gb=0, **opts)
+    ctx.store_arena = ts.ExpertStore(pack, vram_slots=slots, ram_gb=arena_gb, **opts)
+    ctx.store_read = ts.ExpertStore(pack, vram_slots=slots, ram_gb=0, **opts)
     try:
         for src in sources:
             if src == "pagecache":
@@ -144,7 +152,7 @@ def run(args, res: dict) -> dict:
                 nb = min(args.baseline_rows, top)
                 res["baselines"][src] = fm.run_baselines(ctx, src, nb, args.kvikio_threads)
                 _progress(f"baselines {src} done")
-        if "pipelined" not in skip and pack.n_layers >= 2:
+        if pipelined:
             fm.m.warm(path, os.path.getsize(path))
             groups = args.step_groups
             res["pipelined"] = fx.pipelined_step(ctx, args.step_misses, args.repeats, args.layer_ms,
@@ -249,6 +257,10 @@ def main(args) -> int:
     if args.png:
         fx.plot(res, args.png)
     print(json.dumps(res, indent=1, default=str) if args.json else report(res))
-    if res["checks"]["mismatches"]:
-        raise TierIOError(res["pack"], 0, 5, what="bench fire byte check")
+    bad = res["checks"]["mismatches"]
+    if bad:
+        # Every read already passed the store's own xxh3 check: a byte check failing here
+        # is a copy to the wrong slot, not a disk fault, so no errno is claimed.
+        raise TierstoreError(f"{res['pack']}: bench fire: {len(bad)} byte check(s) failed, "
+                             f"first: {bad[0]}")
     return 0

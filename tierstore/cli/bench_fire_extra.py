@@ -64,6 +64,7 @@ def pipelined_step(ctx, misses: int, repeats: int, layer_ms: float | None,
         t0 = time.perf_counter()
         fr = store.fire(pairs, max_promote=len(pairs), stream=stream, pipelined=pipelined)
         t_fire = time.perf_counter() - t0
+        fm.check_placed(store, fr, len(pairs), "pipelined step")
         for l in range(L):
             fr.wait_layer(l)
             op(l, per_layer[l], ms)

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from tierstore.cli import bench_io_measure as m
+from tierstore.errors import CapacityError
 
 
 # -- the pack -----------------------------------------------------------------------------
@@ -108,6 +109,17 @@ def store_fire(torch, device, store, keys, pairs) -> tuple[float, float, object]
     return time.perf_counter() - t0, fr.latency_s, fr
 
 
+def check_placed(store, fr, n: int, what: str) -> None:
+    """A benchmark fire must place every routed row; one that did not was sized wrong
+    by the benchmark (a pool smaller than the fire), which is said as such instead of
+    surfacing later as a byte check of rows that were never read."""
+    if fr.no_slot or fr.over_cap:
+        raise CapacityError(f"{store.pack.path}: bench fire {what}: the pool of {store.n_slots} "
+                            f"slots left {fr.no_slot + fr.over_cap} of {n} routed rows unplaced "
+                            f"(no slot {fr.no_slot}, over max_promote {fr.over_cap}); the "
+                            f"benchmark's pool is smaller than its fire")
+
+
 def engine_fire(torch, device, engine, offsets, src, dst, row) -> float:
     """The engine alone, same rows: one submit, then wait for the copies."""
     sync(torch, device)
@@ -142,6 +154,7 @@ def run_source(ctx, source: str, n: int, repeats: int) -> dict:
         elif source == "cold":
             ctx.res["evict"] = m.evict(ctx.path, ctx.drop_caches)
         t, inner, fr = store_fire(torch, device, store, keys, pairs)
+        check_placed(store, fr, n, f"{source} fire")
         ok = fr.promoted == n and (source != "arena" or fr.sources["arena"] == n)
         if not ok:
             ctx.check.bad.append(f"{source} {n}: promoted {fr.promoted}, sources {fr.sources}")
