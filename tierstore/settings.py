@@ -302,6 +302,20 @@ SPEC = EnvSpec("TIERSTORE_", (
           "always, first (the first time this store reads the row), off"),
     _knob("snapshot_every_s", 10.0, _non_negative,
           "seconds between poolmon snapshots when a snapshot path is set (0: off)"),
+    _knob("metrics", True, boolean,
+          "Prometheus metrics of every store (per-layer counts, fire histogram, exporter); "
+          "0 turns them off"),
+    _knob("metrics_dir", None, optional_path,
+          "directory worker processes write metrics into for a scraping process "
+          "(PROMETHEUS_MULTIPROC_DIR wins when set)"),
+    _knob("metrics_interval_s", 1.0, number(0.05, 3600.0),
+          "seconds between a worker process's writes into the metrics directory"),
+    _knob("capture", None, optional_path,
+          "routing capture: trace file (.npy) a face writes the routed experts into"),
+    _knob("capture_max_steps", 20000, integer(1),
+          "most steps (ticks) a routing capture keeps; later steps are not recorded"),
+    _knob("capture_max_mb", 256.0, number(0.0, lo_open=True),
+          "most MiB of trace rows a routing capture keeps"),
 ), family="TIERSTORE_*")
 
 KNOBS: dict[str, Var] = {v.key: v for v in SPEC.vars.values()}
