@@ -135,7 +135,10 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         self._active = weakref.WeakSet()   # tokens of the calls close() waits for (lifecycle.py)
         self._closed = self._close_done = False
         self.step_count = 0
-        self.counters = Counters(cfg.latency_window)
+        from tierstore import settings
+        # metrics on: per-layer counts (stats.LayerCounters) from the first fold on
+        self.counters = Counters(cfg.latency_window, *((self._L, self._E)
+                                                       if settings.get("metrics") else ()))
         self.engine, self._owns_engine = cfg.open_engine(pack)
         try:
             pack.check_unchanged()   # the engine opened the path: still the validated file?
@@ -269,6 +272,9 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             return
         keys, weights, tally = taken
         self.counters.add_tally(tally)
+        if self.counters.layers is not None:
+            self.counters.layers.add_fold(keys, weights, self._pool.resident_slot,
+                                          self._arena.resident_slot)
         if not getattr(self._pool.policy, "counts_fires", False):   # need: fires only (fire.py)
             self._pool.policy.on_access(keys, weights=weights)
         self._arena.policy.on_access(keys, weights=weights)

@@ -142,7 +142,7 @@ def counted_fire(store, keys, cap: int, stream, scan: bool, pipelined=False) -> 
             c.fires, c.fire_promoted, c.fire_over_cap = (
                 c.fires + 1, c.fire_promoted + result.promoted,
                 c.fire_over_cap + result.over_cap + result.no_slot)
-            c.fire_latency.append(result.latency_s)
+            c.observe_fire(result.latency_s)
     return result
 
 

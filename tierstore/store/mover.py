@@ -362,6 +362,8 @@ class Mover:
         n_read = int(np.count_nonzero(batch.offsets >= 0)) * nbytes
         pool = (batch.n_arena_hits * nbytes, len(batch.keys) * nbytes, seconds) \
             if batch.to_pool else (0, 0, 0.0)
+        if c.layers is not None:   # metrics on: rows read per layer (one bincount a batch)
+            c.layers.add_reads(batch.keys[batch.offsets >= 0])
         c.bytes_read, c.bytes_arena, c.bytes_to_pool, c.move_seconds, batch.accounted = (
             c.bytes_read + n_read, c.bytes_arena + pool[0], c.bytes_to_pool + pool[1],
             c.move_seconds + pool[2], True)

@@ -81,10 +81,49 @@ class FireResult(msgspec.Struct, weakref=True):
             self.pending.wait_all(self.pending_stream if stream is None else stream)
 
 
-class Counters:
-    """Mutable tallies; updated under the store lock."""
+# Latency histograms: bucket b counts latencies of [2^(b-1), 2^b) microseconds (b = 0: under
+# 1 us; the last bucket takes everything longer), the engine's own per-source buckets
+# (csrc/io engine.cpp latency_bucket), so fire and read latencies export alike.
+LATENCY_BUCKETS = 40
 
-    def __init__(self, latency_window: int):
+
+def latency_bucket(seconds: float) -> int:
+    """The log2-microsecond bucket of ``seconds`` (see LATENCY_BUCKETS)."""
+    return min(int(seconds * 1e6).bit_length(), LATENCY_BUCKETS - 1) if seconds > 0 else 0
+
+
+class LayerCounters:
+    """Per-layer tallies of one store (kept when the ``metrics`` setting is on).
+
+    ``by_residency[layer, c]``: tokens routed to the layer's experts, by residency at the
+    fold (c as in ``Counters.add_tally``: 0 in neither tier, 1 arena only, 2 pool only,
+    3 both); float64, exact to 2^53. ``rows_read[layer]``: rows read from the pack.
+    One bincount per fold and one per load batch: never a Python loop per row."""
+
+    def __init__(self, n_layers: int, n_experts: int):
+        self.n_layers, self.n_experts = int(n_layers), int(n_experts)
+        self.by_residency = np.zeros((self.n_layers, 4), np.float64)
+        self.rows_read = np.zeros(self.n_layers, np.int64)
+
+    def add_fold(self, keys: np.ndarray, weights: np.ndarray, pool_slot: np.ndarray,
+                 arena_slot: np.ndarray) -> None:
+        """One fold's routed ``keys`` (dense) with token ``weights``; ``*_slot`` are the
+        tiers' resident_slot maps as the fold saw them (caller holds the store lock)."""
+        cat = (keys // self.n_experts) * 4 + (pool_slot[keys] >= 0) * 2 + (arena_slot[keys] >= 0)
+        self.by_residency += np.bincount(cat, weights=weights,
+                                         minlength=4 * self.n_layers).reshape(self.n_layers, 4)
+
+    def add_reads(self, keys: np.ndarray) -> None:
+        """Rows of ``keys`` (dense) were read from the pack."""
+        if len(keys):
+            self.rows_read += np.bincount(keys // self.n_experts, minlength=self.n_layers)
+
+
+class Counters:
+    """Mutable tallies; updated under the store lock. ``layers`` is a LayerCounters when
+    ``n_layers`` is given (the metrics setting on), else None (nothing counted per layer)."""
+
+    def __init__(self, latency_window: int, n_layers: int = 0, n_experts: int = 0):
         self.tier = {t: dict(hits=0, misses=0, distinct_hits=0, distinct_misses=0)
                      for t in ("pool", "arena")}
         self.fires = self.fire_promoted = self.fire_over_cap = 0
@@ -94,6 +133,15 @@ class Counters:
         self.failed_reads = 0
         self.record_dropped = 0
         self.fire_latency = deque(maxlen=int(latency_window))
+        self.fire_hist = [0] * LATENCY_BUCKETS   # every fire since open (log2-us buckets)
+        self.fire_seconds = 0.0
+        self.layers = LayerCounters(n_layers, n_experts) if n_layers else None
+
+    def observe_fire(self, seconds: float) -> None:
+        """One fire's latency: the p50/p99 window and the histogram (a bucket add)."""
+        self.fire_latency.append(seconds)
+        self.fire_hist[latency_bucket(seconds)] += 1
+        self.fire_seconds += seconds
 
     def add_tally(self, tally) -> None:
         """Add one fold's hit split: 8 ints, tokens then distinct keys per residency
