@@ -470,7 +470,16 @@ class ExpertStore(BackgroundJobs, Lifecycle):
             if len(pinned):
                 self._journal.run(lambda: self._arena.unpin(pinned))
 
-    def stats(self) -> StoreStats:
+    def stats(self, fold: bool = True) -> StoreStats:
+        """Counters now. ``fold=False`` reads them as they stand, without folding the
+        routing recorded since the last fire/step (no CUDA call, nothing changes: safe from
+        a metrics thread while an engine captures graphs); hit counts then lag one step."""
+        if not fold:
+            with self.lock:
+                self._check_open("stats")
+                engine_stats = self.engine.stats() if hasattr(self.engine, "stats") else None
+                return self.counters.snapshot(self._pool, self._arena, self.step_count,
+                                              engine_stats)
         self._journal.drain()
         with self.lock:
             self._check_open("stats")
