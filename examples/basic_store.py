@@ -21,7 +21,7 @@ import tempfile
 import torch
 
 import tierstore as ts
-from tierstore.testing.model import make_moe_model, write_model_packs
+from tierstore.compute.model import make_moe_model, write_model_packs
 from tierstore.compute.moe import BaseWeights, dense_moe
 
 
