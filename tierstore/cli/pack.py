@@ -7,11 +7,9 @@ Errors are tierstore exceptions; cli.py prints them as one line and exits 1.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
-import shutil
 import sys
 import time
 
@@ -115,44 +113,6 @@ def _layer_progress(label: str):
     return (lambda done, total: p.update(task, completed=done, total=total)), p.stop
 
 
-def _new_entries(out: str):
-    """What a fresh build may create: (target dir, entries there now, dirs to create)."""
-    target = os.path.dirname(os.path.abspath(out)) if out.endswith(".pack") else os.path.abspath(out)
-    missing, probe = [], target
-    while not os.path.exists(probe):
-        missing.append(probe)
-        probe = os.path.dirname(probe)
-    before = set(os.listdir(target)) if os.path.isdir(target) else set()
-    return target, before, missing
-
-
-def _remove_new(target: str, before: set, missing: list, tag: str) -> list[str]:
-    """Remove the files this build created (its pack, sidecar, lock, temps) and the
-    directories it made; returns what was removed."""
-    gone = []
-    if os.path.isdir(target):
-        for name in sorted(set(os.listdir(target)) - before):
-            if name.startswith((f"{tag}.", f".{tag}.")):
-                path = os.path.join(target, name)
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                    gone.append(path)
-    for d in missing:                     # deepest first
-        with contextlib.suppress(OSError):
-            os.rmdir(d)
-    return gone
-
-
-def _check_space(out: str, nbytes: int) -> None:
-    probe = os.path.abspath(out)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    free = shutil.disk_usage(probe).free
-    if nbytes > free:
-        raise ConfigError(f"{out}: the pack needs {nbytes / 1e9:.2f} GB, {probe} has "
-                          f"{free / 1e9:.2f} GB free; choose another place or a smaller pack")
-
-
 def _ckpt_id(text: str) -> str:
     """A checkpoint id: printable, non-empty (it is part of the identity and printed)."""
     if not text or not text.isprintable() or len(text) > 4096:
@@ -168,29 +128,26 @@ def cmd_build(args) -> int:
         # silently dropped, so the pack did not carry what the user asked for
         raise ConfigError("--ckpt-id applies to --from-safetensors only; a --synthetic "
                           "pack's checkpoint id is derived from --seed")
-    if args.synthetic:
-        L, E, slot = args.synthetic
-        _check_space(args.out, L * E * ((slot + 4095) // 4096 * 4096))
-    target, before, missing = _new_entries(args.out)
     on_layer, stop = _layer_progress(f"build {args.out}")
+    # The writer owns what it creates: failed or interrupted, it removes exactly that (a
+    # fresh pack, its sidecar, lock and new directories), never a file another build made
+    # or finished beside it meanwhile; a pack it resumed stays, plus the layers written.
+    # It also asks for the free space the layers still to write need, before writing.
+    owned = dict(on_layer=on_layer, discard_on_error=True, check_space=True)
     try:
         if args.synthetic:
             from tierstore.format.build import build_synthetic
+            L, E, slot = args.synthetic
             path, layout = build_synthetic(args.out, L, E, slot, tag=args.tag,
                                            fmt=args.format or "mxfp4", order=args.order,
-                                           seed=args.seed, on_layer=on_layer)
+                                           seed=args.seed, **owned)
         else:
             from tierstore.format.from_safetensors import build_from_safetensors
             path, layout = build_from_safetensors(args.out, args.from_safetensors, tag=args.tag,
                                                   fmt=args.format, order=args.order,
-                                                  ckpt_id=args.ckpt_id, on_layer=on_layer)
-    except BaseException:
+                                                  ckpt_id=args.ckpt_id, **owned)
+    finally:
         stop()
-        # Never leave a half-built pack behind: only what this run created goes (a pack
-        # that existed before, being resumed, stays as it was plus the layers written).
-        _remove_new(target, before, missing, args.tag)
-        raise
-    stop()
     with Pack.open(path) as p:
         print(f"{p.tag}: {p.n_layers} layers x {p.n_experts} experts x {p.slot_bytes} B, "
               f"layout {_layout_summary(p.layout)}", file=sys.stderr)

@@ -73,8 +73,11 @@ def synthetic_layer_rows(layout: RowLayout, n_experts: int, seed: int, layer: in
 
 def build_synthetic(out: str, n_layers: int, n_experts: int, slot_bytes: int, *,
                     tag: str = "fp4", fmt: str = "mxfp4", order: str = "linear", seed: int = 0,
-                    on_layer: Callable[[int, int], None] | None = None) -> tuple[str, RowLayout]:
-    """Write a pack of real quantised random weights. Returns (path, layout)."""
+                    on_layer: Callable[[int, int], None] | None = None,
+                    discard_on_error: bool = False,
+                    check_space: bool = False) -> tuple[str, RowLayout]:
+    """Write a pack of real quantised random weights. Returns (path, layout).
+    ``discard_on_error`` / ``check_space``: as PackWriter's."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: expected one of {FORMATS}")
     if min(n_layers, n_experts, slot_bytes) <= 0:
@@ -86,7 +89,8 @@ def build_synthetic(out: str, n_layers: int, n_experts: int, slot_bytes: int, *,
         abi = abi.replace("-v1", "-opaque-v1")
     with PackWriter(out, tag=tag, n_layers=n_layers, n_experts=n_experts, slot_bytes=slot_bytes,
                     ckpt_id=f"synthetic-t{SYNTHETIC_T_DF:g}-seed{seed}", quantizer_abi=abi,
-                    layout=layout) as w:
+                    layout=layout, discard_on_error=discard_on_error,
+                    check_space=check_space) as w:
         for layer in range(n_layers):
             if not w.is_written(layer):
                 data, used = synthetic_layer_rows(layout, n_experts, seed, layer, fmt)

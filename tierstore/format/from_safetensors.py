@@ -134,9 +134,12 @@ def checkpoint_id(src: str, files: list[str]) -> str:
 
 def build_from_safetensors(out: str, src: str, *, tag: str = "fp4", fmt: str | None = None,
                            order: str = "linear", ckpt_id: str | None = None,
-                           on_layer: Callable[[int, int], None] | None = None) -> tuple[str, object]:
+                           on_layer: Callable[[int, int], None] | None = None,
+                           discard_on_error: bool = False,
+                           check_space: bool = False) -> tuple[str, object]:
     """Quantise every expert into ``tag`` rows. ``fmt`` = the source number format
-    (None: detected; NVFP4 when weights are uint8). Returns (path, layout)."""
+    (None: detected; NVFP4 when weights are uint8). Returns (path, layout).
+    ``discard_on_error`` / ``check_space``: as PackWriter's."""
     found, files = _scan(src)
     ckpt_layers = sorted({l for l, _ in found})
     experts = {l: sorted(e for ll, e in found if ll == l) for l in ckpt_layers}
@@ -156,7 +159,8 @@ def build_from_safetensors(out: str, src: str, *, tag: str = "fp4", fmt: str | N
     slot = layout.sections[-1].offset + layout.sections[-1].bytes
     with PackWriter(out, tag=tag, n_layers=len(ckpt_layers), n_experts=E, slot_bytes=slot,
                     ckpt_id=ckpt_id or checkpoint_id(src, files),
-                    quantizer_abi=quantizer_abi(fmt, tag, order), layout=layout) as w:
+                    quantizer_abi=quantizer_abi(fmt, tag, order), layout=layout,
+                    discard_on_error=discard_on_error, check_space=check_space) as w:
         for li, l in enumerate(ckpt_layers):
             if w.is_written(li):
                 continue

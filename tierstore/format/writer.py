@@ -6,12 +6,19 @@ format/packlock.py); the empty sidecar is published first, then the full-size sp
 file appears by rename; each ``write_layer`` does pwrite + fdatasync, then
 republishes the sidecar (temp + fsync + rename + dir fsync) listing the layer.
 A crash at any point leaves a pack whose listed layers are fully written.
+
+A writer owns what it creates, and only that: with ``discard_on_error=True`` a writer
+whose ``with`` block fails (an interrupt included) removes the pack, sidecar, lock file
+and directories it made itself, while it still holds the lock; files it found (a pack it
+resumed, another writer's pack beside it) are never touched.
 """
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
 import os
+import shutil
 import stat
 
 import numpy as np
@@ -44,18 +51,31 @@ log = logging.getLogger("tierstore.format")
 class PackWriter(Closing):
     """Write (or resume writing) one pack. Not thread safe; one writer per pack file,
     enforced across processes by flock. ``out`` is a directory (the v2 name with key20
-    is chosen) or an explicit `.pack` path. Errors: ConfigError for bad arguments or an
-    identity that differs from an existing pack's, FormatError for a damaged existing
-    pack, PackBusyError, PackReplacedError, TierIOError for failed writes."""
+    is chosen) or an explicit `.pack` path. ``discard_on_error``: a ``with`` block (or
+    the constructor) that fails removes what this writer created and nothing else
+    (``discard``). ``check_space``: refuse up front (ConfigError) when the filesystem
+    lacks room for the layers still to write. Errors: ConfigError for bad arguments or
+    an identity that differs from an existing pack's, FormatError for a damaged existing
+    pack, PackBusyError (naming the holder's pid), LockFileError (a planted lock link),
+    PackReplacedError, TierIOError for failed writes."""
 
     def __init__(self, out: str | os.PathLike, *, tag: str, n_layers: int, n_experts: int,
                  slot_bytes: int, ckpt_id: str, zero_mode: str = "none",
                  quantizer_abi: str = DEFAULT_QUANTIZER_ABI, layout: RowLayout | None = None,
                  rank: int = 0, world: int = 1, pp: tuple[int, int] | None = None,
-                 checksum: str = DEFAULT_CHECKSUM):
+                 checksum: str = DEFAULT_CHECKSUM, discard_on_error: bool = False,
+                 check_space: bool = False):
         out = os.fspath(out)
         self._fd = self._lock_fd = -1
         self._closed = False
+        self.discard_on_error = bool(discard_on_error)
+        # What this writer created (discard() removes exactly these): directories,
+        # deepest first; the lock file; the sidecar; the pack file's (dev, inode).
+        self._made_dirs: list[str] = []
+        self._made_lock = self._made_sidecar = False
+        self._ident: tuple[int, int] | None = None
+        self._made_pack: tuple[int, int] | None = None
+        self._check_space = bool(check_space)
         sc = Sidecar(version=SIDECAR_VERSION, tag=tag, E=int(n_experts), n_layers=int(n_layers),
                      slot_bytes=int(slot_bytes), stride=round_up(int(slot_bytes)),
                      ckpt_id=ckpt_id, zero_mode=zero_mode, quantizer_abi=quantizer_abi,
@@ -68,21 +88,24 @@ class PackWriter(Closing):
             raise ConfigError(str(exc)) from None
         self.identity = sc.identity()
         self.key20 = key20_of(self.identity)
-        self.path = self._choose_path(out, PackName(tag, self.key20, rank, world, pp))
-        self.sidecar_path = sidecar_path_of(self.path)
-        self.lock_path = lock_path_of(self.path)
-        self._take_lock()
         try:
+            self.path = self._choose_path(out, PackName(tag, self.key20, rank, world, pp))
+            self.sidecar_path = sidecar_path_of(self.path)
+            self.lock_path = lock_path_of(self.path)
+            self._take_lock()
             self._remove_stale_temps()
             self._sidecar = self._open_or_create(sc)
         except BaseException:
-            self.close()
+            if self.discard_on_error:
+                self.discard()
+            else:
+                self.close()
             raise
 
     # -- setup -----------------------------------------------------------------------
     def _choose_path(self, out: str, name: PackName) -> str:
         if not out.endswith(".pack"):
-            _makedirs(out)
+            self._makedirs(out)
             return os.path.join(out, name.filename())
         given = PackName.parse(out)
         if given.tag != name.tag:
@@ -90,13 +113,22 @@ class PackWriter(Closing):
         if given.key20 is not None and given.key20 != name.key20:
             raise ConfigError(f"{out}: key20 in the name is {given.key20}, this identity "
                               f"hashes to {name.key20}")
-        _makedirs(os.path.dirname(os.path.abspath(out)))
+        self._makedirs(os.path.dirname(os.path.abspath(out)))
         return out
+
+    def _makedirs(self, directory: str) -> None:
+        """Create ``directory`` and its missing parents, remembering which were new."""
+        missing, probe = [], os.path.abspath(directory)
+        while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        _makedirs(directory)
+        self._made_dirs = missing        # deepest first
 
     def _take_lock(self) -> None:
         """LOCK_EX on the lock file: refused while another writer or a live store holds
         it (tierstore/format/packlock.py)."""
-        self._lock_fd = lock_for_writing(self.lock_path)
+        self._lock_fd, self._made_lock = lock_for_writing(self.lock_path)
 
     def _remove_stale_temps(self) -> None:
         """Temp files a killed writer left; safe to remove: we hold the lock."""
@@ -112,11 +144,15 @@ class PackWriter(Closing):
             if have_pack:
                 raise FormatError(f"{self.path}: pack exists without its sidecar "
                                   f"{os.path.basename(self.sidecar_path)}; refusing to overwrite")
+            self._require_space(size, whole=True)
+            self._made_sidecar = True    # before the write: an interrupt in it is ours too
             write_atomic(self.sidecar_path, encode_sidecar(fresh))
             self._create_sparse(size)
             return fresh
         old, _ = load_sidecar(self.sidecar_path, key20_in_name=True, partial_sums=True)
         self._check_resumable(old, fresh)
+        self._require_space((old.n_layers - len(old.layers)) * old.E * old.stride,
+                            whole=not old.layers)
         if not have_pack:
             if old.layers:
                 raise FormatError(f"{self.path}: pack file is missing but its sidecar lists "
@@ -189,7 +225,24 @@ class PackWriter(Closing):
     def _create_sparse(self, size: int) -> None:
         self._fd = create_sized_atomic(self.path, size)   # unwritten layers stay holes
         st = os.fstat(self._fd)
-        self._ident = (st.st_dev, st.st_ino)
+        self._ident = self._made_pack = (st.st_dev, st.st_ino)
+
+    def _require_space(self, need: int, whole: bool) -> None:
+        """With ``check_space``: ConfigError unless the filesystem has ``need`` bytes free
+        for the layers still to write. A resumed pack's written layers already hold their
+        blocks (the file is sparse), so it asks only for the rest, not the whole pack."""
+        if not self._check_space or need <= 0:
+            return
+        directory = os.path.dirname(os.path.abspath(self.path))
+        try:
+            free = shutil.disk_usage(directory).free
+        except OSError:
+            return   # cannot tell: the writes themselves will say ENOSPC, naming the offset
+        if need > free:
+            what = "the pack needs" if whole else "the layers still to write need"
+            raise ConfigError(f"{self.path}: {what} {need / 1e9:.2f} GB, {directory} has "
+                              f"{free / 1e9:.2f} GB free; choose another place or a smaller "
+                              f"pack")
 
     # -- writing ---------------------------------------------------------------------
     @property
@@ -197,7 +250,9 @@ class PackWriter(Closing):
         return tuple(self._sidecar.layers)
 
     def is_written(self, layer: int) -> bool:
-        return layer in self._sidecar.layers
+        layers = self._sidecar.layers            # sorted: a resume of 10^4 layers asks
+        i = bisect.bisect_left(layers, layer)    # this once per layer
+        return i < len(layers) and layers[i] == layer
 
     def _check_same_file(self, offset: int) -> None:
         try:
@@ -283,6 +338,52 @@ class PackWriter(Closing):
             os.close(self._lock_fd)   # closing the fd drops the flock
             self._lock_fd = -1
 
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and self.discard_on_error:
+            self.discard()
+        else:
+            self.close()
+
+    def discard(self) -> list[str]:
+        """Remove what this writer created -- its pack file (the same inode), sidecar,
+        lock file and directories -- and close. Files it found (a resumed pack, other
+        packs beside it) stay. Runs while the lock is still held, so no other writer of
+        this pack can be between our files; the lock file goes last. Returns the paths
+        removed. A killed process runs none of this: what it left is resumable."""
+        removed = []
+        if self._lock_fd >= 0:
+            if self._made_pack is not None and _same_file(self.path, self._made_pack):
+                removed += _unlink(self.path)
+            if self._made_sidecar:
+                removed += _unlink(self.sidecar_path)
+            if self._made_lock:
+                removed += _unlink(self.lock_path)   # holders of the old inode re-open
+        self.close()
+        for d in self._made_dirs:                    # deepest first; only if empty
+            try:
+                os.rmdir(d)
+                removed.append(d)
+            except OSError:
+                break
+        self._made_dirs = []
+        return removed
+
+
+
+def _same_file(path: str, ident: tuple[int, int]) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == ident
+
+
+def _unlink(path: str) -> list[str]:
+    try:
+        os.unlink(path)
+        return [path]
+    except OSError:
+        return []
 
 
 def _makedirs(directory: str) -> None:
