@@ -6,27 +6,104 @@ rename itself survives a crash. Any failure, an interrupt included (KeyboardInte
 SystemExit), closes and removes the temp file and leaves the target as it was: a reader
 sees the old file or the new one, never part of one. OSErrors become ``TierIOError``
 naming the target.
+
+A writer SIGKILLed mid-write cannot remove its temp file; the next atomic write to that
+directory does (``sweep_stale_temps``): only names of this module's own pattern, and
+only when their writer is provably gone (its pid, in our pid namespace and boot, is not
+running) or they have not been touched for ``STALE_TEMP_AGE_S``.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import errno
+import functools
 import glob
+import hashlib
 import os
+import re
 import secrets
+import stat
 import threading
+import time
 from typing import BinaryIO, Callable, Iterator
 
 from tierstore.errors import TierIOError
 
-TEMP_MARK = ".tmp-"   # temp names are ".<name>.tmp-<pid>-<random>" beside the target
+TEMP_MARK = ".tmp-"   # temp names are ".<name>.tmp-<pid>-<origin>-<random>" beside the target
+# <origin>: 8 hex digits naming this boot and pid namespace, so a sweeper judges a pid
+# only where it means the same process; older tierstores wrote ".<name>.tmp-<pid>-<random>".
+_TEMP_NAME = re.compile(r"\..+\.tmp-(?P<pid>[0-9]{1,10})-(?:(?P<origin>[0-9a-f]{8})-)?"
+                        r"[0-9a-f]{8}", re.DOTALL)
+STALE_TEMP_AGE_S = 24 * 3600.0   # untouched this long: stale whoever wrote it (a live
+                                 # writer's temp is written, fsynced, renamed in one go)
+
+
+@functools.lru_cache(maxsize=1)
+def _origin() -> str:
+    """This boot and pid namespace, as 8 hex digits (a pid means one process only there)."""
+    parts = []
+    for probe in (lambda: open("/proc/sys/kernel/random/boot_id").read().strip(),
+                  lambda: str(os.stat("/proc/self/ns/pid").st_ino)):
+        try:
+            parts.append(probe())
+        except OSError:
+            parts.append("?")
+    parts.append(os.uname().nodename)
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:8]
 
 
 def temp_path_for(path: str | os.PathLike) -> str:
     """A fresh temp name in the same directory as ``path`` (hidden, unique per call)."""
     head, tail = os.path.split(os.path.abspath(os.fspath(path)))
-    return os.path.join(head, f".{tail}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    return os.path.join(head, f".{tail}{TEMP_MARK}{os.getpid()}-{_origin()}-"
+                              f"{secrets.token_hex(4)}")
+
+
+def _pid_gone(pid: int) -> bool:
+    """True when no process ``pid`` runs here (a zombie's work is over too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False       # EPERM: it exists, another user's
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read(512).rsplit(b")", 1)[-1].split()[:1] == [b"Z"]
+    except OSError:
+        return False
+
+
+def sweep_stale_temps(directory: str | os.PathLike) -> list[str]:
+    """Remove the temp files a killed writer left in ``directory``; returns what went.
+    Only regular files named by ``temp_path_for``'s pattern; each only when its writer's
+    pid (recorded in our boot and pid namespace, not this process) is no longer running,
+    or when nobody touched it for STALE_TEMP_AGE_S. A live writer's temp is never
+    removed, nor anything else. Never raises: a sweep is housekeeping."""
+    removed, now = [], time.time()
+    try:
+        with os.scandir(os.fspath(directory) or ".") as entries:
+            for entry in entries:
+                m = _TEMP_NAME.fullmatch(entry.name) if TEMP_MARK in entry.name else None
+                if m is None:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                pid = int(m["pid"])
+                stale = now - st.st_mtime >= STALE_TEMP_AGE_S or (
+                    m["origin"] == _origin() and pid != os.getpid() and _pid_gone(pid))
+                if stale:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+                        removed.append(entry.path)
+    except OSError:
+        pass
+    return removed
 
 
 def stale_temps(path: str | os.PathLike) -> list[str]:
@@ -70,6 +147,7 @@ def atomic_output(path: str | os.PathLike, *, mode: int = 0o644) -> Iterator[Bin
     file had reached when it failed."""
     path = os.fspath(path)
     tmp = temp_path_for(path)
+    sweep_stale_temps(os.path.dirname(tmp))
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     except OSError as exc:
@@ -169,6 +247,7 @@ def create_sized_atomic(path: str | os.PathLike, size: int) -> int:
     then written in place with pwrite + fdatasync."""
     path = os.fspath(path)
     tmp = temp_path_for(path)
+    sweep_stale_temps(os.path.dirname(tmp))
     try:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except OSError as exc:
