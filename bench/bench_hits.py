@@ -1,7 +1,11 @@
 """Pool-hit sweep from a checked-in config (bench/configs/hits_*.json).
 
-    python bench/bench_hits.py bench/configs/hits_flame.json [--out bench/results]
-    python bench/bench_hits.py --speed      # replay speed, M accesses/s per policy
+    python bench/bench_hits.py bench/configs/hits_ds4.json [--out bench/results]
+    python bench/bench_hits.py bench/configs/hits_flame.json --trace PATH/flame_moe_290m_pretrain_2048tok.npy
+    python bench/bench_hits.py --speed [--trace FLAME.npy]   # replay speed, M accesses/s per policy
+
+A config names a synthetic trace (generated here) or a trace file by name; the file is
+not in the repository, so its path is given with ``--trace``.
 
 Writes <out>/hits_<name>.json (every Result) and <out>/hits_<name>.png (hit rate
 vs pool size per policy) and prints a markdown table with the gap to MIN and
@@ -22,10 +26,13 @@ from tierstore.cli.bench_hits_views import plot_views as plot_hits
 from tierstore.files.atomic import write_atomic_with
 
 
-def load(cfg: dict) -> traces.Trace:
-    if "trace" in cfg:
-        return traces.load_trace(cfg["trace"])
-    return synth.synthetic_trace(**cfg["synthetic"])
+def load(cfg: dict, config_path: str, trace_path: str | None) -> traces.Trace:
+    if "trace" not in cfg:
+        return synth.synthetic_trace(**cfg["synthetic"])
+    if trace_path is None:
+        raise SystemExit(f"{config_path} replays the trace file {cfg['trace']}: give its path "
+                         f"with --trace PATH (or run a synthetic config, bench/configs/hits_ds4.json)")
+    return traces.load_trace(trace_path)
 
 
 def markdown(results, trace) -> str:
@@ -41,26 +48,27 @@ def markdown(results, trace) -> str:
     return "\n".join(lines)
 
 
-SPEED_CASES = [  # (label, trace factory, granularity, slots)
+SPEED_CASES = [  # (label, trace factory, granularity, slots); FLAME's are added by --trace
     ("DS4 synthetic batch 1, 512 ticks", lambda: synth.synthetic_trace(
         512, seed=0, prefill_tokens=0), "tick", 512),
     ("DS4 synthetic batch 1, 512 ticks", lambda: synth.synthetic_trace(
         512, seed=0, prefill_tokens=0), "layer", 512),
     ("DS4 synthetic batch 16, 128 ticks", lambda: synth.synthetic_trace(
         128, seed=0, batch=16, prefill_tokens=0), "layer", 2048),
-    ("FLAME 2048 ticks", lambda: traces.load_trace(
-        "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"), "tick", 102),
-    ("FLAME 2048 ticks", lambda: traces.load_trace(
-        "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"), "layer", 102),
+
 ]
 
 
-def speed() -> int:
+def speed(trace_path: str | None) -> int:
     """Replay speed of each policy, best of 2 runs, as a markdown table."""
     names = ["lru", "heat", "hybrid", "reference", "belady"]
+    cases = list(SPEED_CASES)
+    if trace_path:
+        cases += [(f"{trace_path} ({gran})", lambda: traces.load_trace(trace_path), gran, 102)
+                  for gran in ("tick", "layer")]
     print("| trace | granularity | slots | " + " | ".join(names) + " |")
     print("|---|---|---:|" + "---:|" * len(names))
-    for label, make, gran, slots in SPEED_CASES:
+    for label, make, gran, slots in cases:
         prep = sim.Prepared(make())
         best = {n: 0.0 for n in names}
         for _ in range(2):
@@ -76,16 +84,19 @@ def main(argv=None) -> int:
     ap.add_argument("config", nargs="?")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--speed", action="store_true", help="measure replay speed instead")
+    ap.add_argument("--trace", default=None,
+                    help="the trace file a config names (e.g. hits_flame.json's FLAME-MoE-290M "
+                         "capture); with --speed, a real trace to time beside the synthetic ones")
     args = ap.parse_args(argv)
     if args.speed:
-        return speed()
+        return speed(args.trace)
     if not args.config:
         ap.error("a config file is required unless --speed")
     cfg = json.loads(Path(args.config).read_text())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    trace = load(cfg)
+    trace = load(cfg, args.config, args.trace)
     t_load = time.perf_counter() - t0
     results = sim.replay(trace, cfg["policies"], cfg["slots"], budget=cfg.get("budget", 8),
                          granularity=cfg.get("granularity", "layer"),

@@ -3,10 +3,10 @@
 the last for Belady's MIN and MIN that may skip, the ceilings; replay_prefetch /
 replay_prefetch_auto for ``<policy>+prefetch``, demand fill plus the prefetcher; replay_lazy
 for ``lazy`` / ``reference``; replay_predict for ``predict`` / ``prefetch``) against the
-Python loop (replay_demand_fill(native=False)), layer granularity, one thread, on the
-FLAME trace and a synthetic DeepSeek-V4-Flash-shaped one.
+Python loop (replay_demand_fill(native=False)), layer granularity, one thread, on a
+synthetic DeepSeek-V4-Flash-shaped trace and, with ``--flame``, the FLAME-MoE-290M trace.
 
-    PYTHONPATH=$PWD taskset -c 1 python3 bench/bench_replay.py [--flame PATH] [--out bench/results/replay]
+    taskset -c 1 python3 bench/bench_replay.py [--flame PATH] [--out bench/results/replay]
 
 Writes <out>.md and <out>.json. Accesses = token-weighted routing rows of the
 trace (the "M acc/s" of bench/results/hits_eval_*.md). Figures are CPU seconds of
@@ -99,7 +99,8 @@ def head(trace: Trace, n_ticks: int) -> Trace:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--flame", default="/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy")
+    ap.add_argument("--flame", default=None, help="the FLAME-MoE-290M routing trace (.npy), "
+                                                   "replayed before the synthetic one")
     ap.add_argument("--synth-ticks", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--auto-python-ticks", type=int, default=48)
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
     argv = list(argv) if argv is not None else __import__('sys').argv[1:]
     a = ap.parse_args(argv)
     traces = []
-    if Path(a.flame).exists():
+    if a.flame:
         traces.append(("flame", load_trace(a.flame)))
     traces.append((f"synthetic_ds4 ({a.synth_ticks} ticks, batch 1)",
                    synthetic_trace(a.synth_ticks, batch=1)))

@@ -2,7 +2,9 @@
 
 Hit rate (default; CPU, seconds): replay a routing trace through the policy
 classes the live store uses, one global pool over all (layer, expert) keys,
-every read counted, misses admitted (the setup of /work/shared/traces/README.md).
+every read counted, misses admitted. The trace is ``--trace T.npy`` (e.g. vLLM-Moet's
+FLAME-MoE-290M capture) or, by default, a synthetic one of the same shape (8 layers x 64
+experts, top-6, 2048 ticks; tierstore.sim.synth).
 The first ``--warmup`` ticks produce a poolmon snapshot (written and read back
 through the real warm-start file path against a real pack of the trace's
 geometry); then the next ``--steps`` ticks are replayed cold and warm-started.
@@ -32,14 +34,16 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-DEFAULT_TRACE = "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"
 
 
 # ------------------------------------------------------------------ trace replay
-def load_trace(path: str):
-    """(per-tick dense key arrays, n_layers, n_experts, Trace) via tierstore.traces."""
+def load_trace(path: str | None):
+    """(per-tick dense key arrays, n_layers, n_experts, Trace): the trace at ``path``, or
+    with None a synthetic one of FLAME-MoE-290M's shape."""
+    from tierstore.sim.synth import synthetic_trace
     from tierstore.sim.traces import load_trace as _load
-    trace = _load(path)
+    trace = _load(path) if path else synthetic_trace(2048, n_layers=8, n_experts=64, top_k=6,
+                                                     prefill_tokens=0)
     keys, starts = trace.keys, trace.tick_starts
     ticks = [keys[starts[i]:starts[i + 1]] for i in range(starts.size - 1)]
     return ticks, trace.n_layers, trace.n_experts, trace
@@ -170,7 +174,7 @@ def bench_hits(args) -> dict:
     n_keys = n_layers * n_experts
     warm_end = len(ticks) - args.steps if args.warmup is None else args.warmup
     if warm_end <= 0 or warm_end + args.steps > len(ticks):
-        raise SystemExit(f"{args.trace}: {len(ticks)} ticks, cannot take {args.steps} "
+        raise SystemExit(f"{args.trace or trace.name}: {len(ticks)} ticks, cannot take {args.steps} "
                          f"after a warm-up of {warm_end}")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -223,7 +227,7 @@ def bench_hits(args) -> dict:
                     pack, window_ticks, cap, args.policy, os.path.join(tmp, "poolmon.json"),
                     args.pool_fill), 4)
             results.append(row)
-    return {"bench": "warm_hits", "trace": args.trace, "policy": args.policy,
+    return {"bench": "warm_hits", "trace": args.trace or trace.name, "policy": args.policy,
             "warmup_ticks": warm_end, "steps": args.steps, "pool_fill": args.pool_fill,
             "n_layers": n_layers, "n_experts": n_experts, "results": results}
 
@@ -266,7 +270,8 @@ def bench_snapshot(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=DEFAULT_TRACE)
+    ap.add_argument("--trace", default=None,
+                    help="routing trace .npy (default: a synthetic one of FLAME-MoE-290M's shape)")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--warmup", type=int, default=None,
                     help="ticks before the measured window (default: all the rest)")

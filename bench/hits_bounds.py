@@ -1,8 +1,9 @@
-"""Bounds on what eviction/admission knowledge could add on a trace (issue 14's
-bandwidth goal): oracle variants that use FUTURE knowledge, for bounding only
-(never shipped), next to the online policy they extend.
+"""Bounds on what eviction/admission knowledge could add on a trace (the bandwidth
+view's goal): oracle variants that use FUTURE knowledge, for bounding only (never
+shipped), next to the online policy they extend.
 
-    PYTHONPATH=$PWD python3 bench/hits_bounds.py [--out bench/results] [--traces flame]
+    python3 bench/hits_bounds.py --flame PATH/flame_moe_290m_pretrain_2048tok.npy [--out bench/results]
+    python3 bench/hits_bounds.py --traces synthetic
 
 Rows, at 10 / 20 / 40 % pools, layer granularity, every miss read once:
 - ``blend(64)``: the online best fixed policy on FLAME (the base of the oracles);
@@ -34,7 +35,6 @@ from tierstore.policies.dense import DensePolicy
 from tierstore.policies.fill import plan_fill
 from tierstore.sim import synth, traces
 
-FLAME = Path("/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy")
 FUTURE = (16, 64, 256)
 
 
@@ -167,18 +167,24 @@ def markdown(blocks) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--traces", default="flame", help="flame and/or synthetic, comma-separated")
+    ap.add_argument("--flame", type=Path, default=None,
+                    help="the FLAME-MoE-290M routing trace (.npy) for the 'flame' bounds")
+    ap.add_argument("--traces", default=None, help="flame and/or synthetic, comma-separated "
+                                                   "(default: flame with --flame, else synthetic)")
     args = ap.parse_args(argv)
-    which = args.traces.split(",")
+    which = (args.traces or ("flame" if args.flame else "synthetic")).split(",")
+    if "flame" in which and args.flame is None:
+        ap.error("--traces flame needs --flame PATH (the FLAME-MoE-290M routing trace)")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     blocks = []
-    if "flame" in which and FLAME.exists():
-        blocks.append(bounds(traces.load_trace(FLAME)))
+    if "flame" in which:
+        blocks.append(bounds(traces.load_trace(args.flame)))
     if "synthetic" in which:
         blocks.append(bounds(synth.synthetic_trace(256, seed=0, prefill_tokens=256,
                                                    prefill_every=1024)))
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": "PYTHONPATH=$PWD python3 bench/hits_bounds.py " + " ".join(argv or sys.argv[1:]),
+            "command": "python3 bench/hits_bounds.py " + " ".join(argv or sys.argv[1:]),
             "seconds": time.perf_counter() - t0}
     tag = "_".join(which)
     body = json.dumps({**meta, "traces": blocks}, indent=1)

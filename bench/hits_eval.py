@@ -1,11 +1,13 @@
-"""Issue 14's evaluation: every model at 10/20/40% pools, both views, the share of
-the LRU -> MIN gap closed, the best fixed policy in hindsight, and hit rate
+"""The policies' hit-rate evaluation: every model at 10/20/40% pools, both views, the
+share of the LRU -> MIN gap closed, the best fixed policy in hindsight, and hit rate
 against reads for the prefetching models (a budget sweep).
 
-    PYTHONPATH=$PWD python3 bench/hits_eval.py [--out bench/results] [--ticks N] [--traces flame,synthetic,heldout]
+    python3 bench/hits_eval.py [--out bench/results] [--ticks N] [--traces synthetic,heldout]
+    python3 bench/hits_eval.py --flame PATH/flame_moe_290m_pretrain_2048tok.npy   # + FLAME
 
-Traces: the shared FLAME trace (skipped when absent) and the seeded DS4-shaped
-synthetic one (the two auto's design was measured on), and ``heldout``: synthetic
+Traces: a real routing trace given with ``--flame`` (vLLM-Moet's capture of
+FLAME-MoE-290M, int32 [tick, layer, expert] rows), the seeded DS4-shaped synthetic one
+(the two auto's design was measured on), and ``heldout``: synthetic
 traces of other seeds, shapes and generator settings (``HELDOUT``) that no constant
 was chosen on, run through the demand-fill models and the hindsight sweep only.
 Writes <out>/hits_eval_<traces>.json and .md, and <out>/hits_eval_<trace>.png.
@@ -25,7 +27,6 @@ from tierstore import sim
 from tierstore.files.atomic import write_atomic_with
 from tierstore.sim import synth, traces
 
-FLAME = Path("/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy")
 SWEEP = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0)
 FIXED = ("lru", "heat", "hybrid", "phase", "blend")
 MODELS = ("lru", "heat", "hybrid", "phase", "blend", "auto", "lazy", "reference", "belady",
@@ -161,16 +162,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--ticks", type=int, default=1024, help="synthetic trace ticks")
-    ap.add_argument("--traces", default="flame,synthetic", help="which traces, comma-separated")
+    ap.add_argument("--flame", type=Path, default=None,
+                    help="the FLAME-MoE-290M routing trace (.npy); runs 'flame' with the others")
+    ap.add_argument("--traces", default=None,
+                    help="which traces, comma-separated: flame, synthetic, heldout or a held-out "
+                         "label (default: flame,synthetic with --flame, else synthetic)")
     ap.add_argument("--budgets", default="2,8,32", help="prefetch budgets of the reads curve")
     args = ap.parse_args(argv)
-    which = args.traces.split(",")
+    which = (args.traces or ("flame,synthetic" if args.flame else "synthetic")).split(",")
+    if "flame" in which and args.flame is None:
+        ap.error("--traces flame needs --flame PATH (the FLAME-MoE-290M routing trace)")
     budgets = tuple(int(b) for b in args.budgets.split(","))
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     jobs = []
-    if FLAME.exists() and "flame" in which:
-        jobs.append(("flame", traces.load_trace(FLAME), budgets))
+    if "flame" in which:
+        jobs.append(("flame", traces.load_trace(args.flame), budgets))
     if "synthetic" in which:
         jobs.append(("synthetic", synth.synthetic_trace(args.ticks, seed=0, prefill_tokens=256,
                                                         prefill_every=1024), budgets))
@@ -188,7 +196,7 @@ def main(argv=None) -> int:
         print(f"{blk['trace']} done at {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     meta = {"machine": platform.platform(), "python": sys.version.split()[0],
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": "PYTHONPATH=$PWD python3 bench/hits_eval.py " + " ".join(argv or sys.argv[1:]),
+            "command": "python3 bench/hits_eval.py " + " ".join(argv or sys.argv[1:]),
             "seconds": time.perf_counter() - t0}
     tag = "_".join(which)
     body = json.dumps({**meta, "traces": blocks}, indent=1)

@@ -35,8 +35,8 @@ replay), pairs served at FP4 by a fired step's forward whose slot is gone at its
 wrong bytes, and the lazy (manager) promotions with the mapping changes they made.
 
 Runs: a seeded Zipf-like router with drifting hot experts (6 layers x 32 experts,
-top-4, 3 KiB slots, a 48-slot pool), and the FLAME-MoE trace in /work/shared/traces
-(8 layers x 64 experts, top-6, its own geometry, a 96-slot pool). The comparison gives
+top-4, 3 KiB slots, a 48-slot pool), and with ``--trace`` a real routing trace (the
+FLAME-MoE one: 8 layers x 64 experts, top-6, its own geometry, a 96-slot pool). The comparison gives
 totals, per-step equality and, for every event (a lazy pass, a fire round) that
 started from the same state in both arms (mapped set and the policy's scores) but
 ended differently, whether the two picks have the same multiset of policy scores (a
@@ -50,10 +50,11 @@ VLLM_MOE_W2_* values.
 
 How to run
 ----------
-    python3 bench/moet_side_by_side.py --json bench/results/moet_side_by_side.json
-    python3 bench/moet_side_by_side.py --moet-repo /path/to/vLLM-Moet --steps 200 --seed 0
-    python3 bench/moet_side_by_side.py --tierstore-commit 3f34b4e --tierstore-commit HEAD \
+    python3 bench/moet_side_by_side.py --moet-repo /path/to/vLLM-Moet --trace flame.npy \
         --json bench/results/moet_side_by_side.json
+    python3 bench/moet_side_by_side.py --moet-repo /path/to/vLLM-Moet --steps 200 --seed 0
+    python3 bench/moet_side_by_side.py --moet-repo /path/to/vLLM-Moet \
+        --tierstore-commit 3f34b4e --tierstore-commit HEAD --json out.json
 
 Without ``--tierstore-commit`` the installed tierstore runs. ``--tierstore-commit REV``
 runs tierstore as of REV of this repository (``git archive`` into the temp dir with the
@@ -136,8 +137,6 @@ import numpy as np
 import torch
 
 PATCH = "patch/vllm-moet-v0.24.0.patch"
-DEFAULT_REPO = "/work/.mirror/kacper-daftcode+vLLM-Moet/repo"
-DEFAULT_TRACE = "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"
 UTILS = "vllm/model_executor/layers/quantization/utils/"
 PKG = UTILS.replace("/", ".")
 THEIRS = ("moe_w2_planes", "moe_w2_planes_cache", "moe_w2_looka", "moe_w2_store",
@@ -1278,12 +1277,12 @@ def run_all(ctx, args) -> dict:
     routes, profile = zipf_router(syn, args.steps, rounds, args.seed)
     logits = gate_logits(args.steps, args.seed, 0.3)
     runs = {"synthetic": side_by_side(ctx, syn, routes, profile, logits, args.steps)}
-    if os.path.exists(args.trace):
+    if args.trace and os.path.exists(args.trace):
         geo, troutes, tprofile = trace_router(args.trace, args.steps, rounds, args.seed, 96)
         runs["trace"] = side_by_side(ctx, geo, troutes, tprofile, logits, args.steps)
         runs["trace"]["source"] = args.trace
     else:
-        runs["trace"] = {"skipped": f"{args.trace} not found"}
+        runs["trace"] = {"skipped": f"{args.trace} not found" if args.trace else "no --trace given"}
     hot = gate_logits(args.steps, args.seed + 1, 0.5)
     tight = Geometry("pressure", syn.layers, syn.experts, syn.top_k, slots=syn.fire_floor)
     div = {"1_pack_left_unfinished": scenario_packs(ctx, syn, routes, profile, logits),
@@ -1360,10 +1359,13 @@ def use_tierstore(src: str | None) -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--moet-repo", default=DEFAULT_REPO, help="fetched vLLM-Moet repository")
+    ap.add_argument("--moet-repo", required=True,
+                    help="a checkout of vLLM-Moet (its patch/ is read at run time)")
     ap.add_argument("--steps", type=int, default=200, help="decode steps per run (default 200)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--trace", default=DEFAULT_TRACE, help="[tick, layer, expert] int32 .npy")
+    ap.add_argument("--trace", default=None,
+                    help="a routing trace, [tick, layer, expert] int32 .npy, for the real-trace "
+                         "run (e.g. FLAME-MoE-290M; default: the synthetic run only)")
     ap.add_argument("--gpu-forward-ms", type=float, default=12.0,
                     help="forward time in scenario 2's modelled GPU order (default 12)")
     ap.add_argument("--tierstore-commit", metavar="REV", action="append",
@@ -1381,6 +1383,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--steps must be at least 10")
     if args.tierstore_commit and args.tierstore_src:
         ap.error("--tierstore-commit and --tierstore-src exclude each other")
+    if args.trace and not os.path.isfile(args.trace):
+        ap.error(f"--trace {args.trace}: no such file")
     return args
 
 
@@ -1392,8 +1396,9 @@ def run_each_commit(args) -> int:
         for i, rev in enumerate(args.tierstore_commit):
             out = os.path.join(tmp, f"{i}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "--moet-repo", args.moet_repo,
-                   "--steps", str(args.steps), "--seed", str(args.seed), "--trace", args.trace,
+                   "--steps", str(args.steps), "--seed", str(args.seed),
                    "--gpu-forward-ms", str(args.gpu_forward_ms), "--json", out]
+            cmd += ["--trace", args.trace] if args.trace else []
             cmd += [] if rev == "installed" else ["--tierstore-commit", rev]
             cmd += ["-v"] if args.verbose else []
             progress(f"tierstore {rev}: a child run")

@@ -1,4 +1,4 @@
-"""Bounds for the latency view's prefetch (issue 14): how much a prefetcher could gain
+"""Bounds for the latency view's prefetch: how much a prefetcher could gain
 with better prediction, under the same read budget and lead-time model.
 
 Two prefetchers that see what a real one cannot (so never registered as policies):
@@ -16,7 +16,8 @@ the same replay (tierstore.sim.prefetching). The generator bound re-runs the
 generator with a subclass that records its logits (it reads the router's
 internals: analysis code, not library code).
 
-    PYTHONPATH=$PWD python3 bench/prefetch_bound.py --trace flame|s0|s1|b4 --base auto
+    python3 bench/prefetch_bound.py --trace s0|s1|b4 --base auto
+    python3 bench/prefetch_bound.py --trace flame --flame PATH/flame.npy --kinds routes
 """
 from __future__ import annotations
 
@@ -33,8 +34,7 @@ from tierstore.sim.prefetch_bound import ToldPrefetcher, routes_table
 from tierstore.sim.prefetching import replay_prefetching
 from tierstore.sim.runner import compare
 
-FLAME = "/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy"
-SETTINGS = {  # the bench/results/hits_latency_* settings
+SETTINGS = {  # synthetic settings: DS4 seeds 0 and 1, and a batched 32 x 128 top-8 one
     "s0": dict(n_ticks=256, seed=0, prefill_tokens=256, prefill_every=1024),
     "s1": dict(n_ticks=256, seed=1, prefill_tokens=256, prefill_every=1024),
     "b4": dict(n_ticks=128, batch=4, seed=2, prefill_tokens=128, prefill_every=64,
@@ -93,9 +93,9 @@ def generator_table(setting: dict, samples: int = 128, seed: int = 12345) -> tup
     return trace, table
 
 
-def run(label: str, base: str, kinds: list[str], read_ratio: float = 1.0) -> list:
+def run(label: str, base: str, kinds: list[str], read_ratio: float = 1.0, flame=None) -> list:
     if label == "flame":
-        trace, gen = traces.load_trace(FLAME), None
+        trace, gen = traces.load_trace(flame), None
     else:
         trace, gen = (generator_table(SETTINGS[label]) if "generator" in kinds
                       else (synth.synthetic_trace(**SETTINGS[label]), None))
@@ -120,11 +120,15 @@ def run(label: str, base: str, kinds: list[str], read_ratio: float = 1.0) -> lis
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", choices=["flame", "s0", "s1", "b4"], required=True)
+    ap.add_argument("--flame", default=None,
+                    help="the FLAME-MoE-290M routing trace (.npy), for --trace flame")
     ap.add_argument("--base", default="auto")
     ap.add_argument("--kinds", default="routes,generator")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    res = run(a.trace, a.base, a.kinds.split(","))
+    if a.trace == "flame" and a.flame is None:
+        ap.error("--trace flame needs --flame PATH (the FLAME-MoE-290M routing trace)")
+    res = run(a.trace, a.base, a.kinds.split(","), flame=a.flame)
     if a.json:
         json.dump([r.as_dict() for r in res], sys.stdout, indent=1)
         return 0

@@ -216,7 +216,7 @@ def test_prefetch_model_in_the_simulator_reports_the_latency_view():
     assert r.prefetched > 0 and r.reads == r.demand_reads + r.prefetched
     # Budgeted against LRU's reads as they happen: a base policy's lead over LRU can
     # shrink after the credit was spent, so a short trace may end a little over
-    # (bench/results/hits_latency_*.md holds the strict comparison on long traces).
+    # (bench/hits_eval.py makes the strict comparison on long traces).
     assert r.reads <= 1.02 * lru.reads
     # Comparable in the latency view exactly when it read no more than LRU.
     assert (r.latency_gap_closed is not None) == (r.reads <= lru.reads)

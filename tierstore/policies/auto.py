@@ -32,42 +32,25 @@ disagree. Every expert must have a native core on the step clock.
 Cost: nine shadows make ``on_access`` ~10x a plain policy's; fine at the
 store's one fold per step, and the simulator's replay shows it (M acc/s).
 
-Measured with the two windows (2026-12-06, bench/results/auto_vs_hindsight.md):
-auto - best fixed in hindsight -0.0030..+0.0022 over its 24 points, sum -0.0098 (the
-one 128-step window: -0.0036..+0.0004, sum -0.0216); over the 39 points of
-bench/auto_seeds.py sum -0.0201 / -0.0214 (tune / held-out seeds; one window -0.0428).
-Measured with the one 128-step window, now auto+prefetch's (share of the LRU -> MIN gap closed, bandwidth view, 10 / 20 / 40 %
-pools; bench/results/auto_vs_hindsight.md, bench/auto_vs_hindsight.py, against the
-stored hindsight grid of bench/results/hits_eval_*.json): FLAME +0.130 / +0.206 /
-+0.255, synthetic DS4 seed 0 +0.092 / +0.205 / +0.290, held-out settings 0.08-0.77.
-auto - best fixed in hindsight (heat/hybrid/phase/blend at half-lives 2-2048, and
-lru): -0.0036..+0.0004 over the 24 (trace, pool) points, sum -0.022 (the previous
-list, phase(16) and heat(128) in place of phase(4) and phase(128): -0.0083..+0.0000,
-sum -0.034; its worst points were held-out settings whose best fixed policy was
-phase(4) / phase(128), seed 5 at 307 slots -0.0083 -> -0.0005, seed 2 at 4403
--0.0057 -> -0.0036). Still short of ">= best fixed": what is left is the early
-ticks spent finding the leader and leader switches. Also tried, not kept: eleven
-experts (both lists' phases and heat: sum -0.024, two more shadows); score
-half-lives 64 / 256 (sum -0.019 / -0.024, mixed per point: 128 kept); a leader change
-only past a 2 % / 5 % score margin (hits_bounds_flame.md: loses on seed 5).
-Earlier, tried and not kept: a next-tick use probability learned online (logistic
-regression over decayed rates at half-lives 1-256, phase's order over it):
-FLAME +0.127 / +0.198 / +0.233 but synthetic -0.13 / -0.07 / -0.10; counting a
-key once per tick in the heat (a prefill's tokens as one use): synthetic worse at
-20 / 40 % (a prompt's token counts carry topic popularity). Bounded, not built
-(bench/results/hits_bounds_flame.md, FLAME 51 slots): an eviction order that
-knows the rest of this token's routes (same-tick cross-layer, an oracle) gains
-+0.001 (a key is read once a tick, at its layer); blend(64) already equals the
-best static set in hindsight (0.138 vs 0.137); co-occurrence-weighted rates and
-OPTgen-learned per-key rates (prototypes) gain nothing; only future popularity
-(true counts of the next 256 ticks: +0.22 of the gap) would reach 0.20 there.
-
-Departures: no per-layer quota expert: with the best static per-layer split
-chosen in hindsight (each layer's hybrid(64) hits at every quota, split by
-greedy marginal gain) FLAME gains +0.126 / +0.215 / +0.246 of the LRU -> MIN gap
-at 10 / 20 / 40 % pools against global phase(64)'s +0.136 / +0.208 / +0.250, and
-the synthetic generator's layers are alike, so quotas buy nothing on the traces
-we have. Scores reward hits only (every demand policy reads each miss once).
+Why it is built this way (the figures behind each point are in bench/RESULTS.md, "Pool
+hits" and "Decisions"):
+- Shadows of whole policies rather than one tuned policy: the best fixed policy in
+  hindsight differs between traces and pool sizes (blend at one half-life on FLAME, phase
+  or another blend on synthetic settings), and auto lands within a few thousandths of
+  whichever it is, without a knob.
+- Two score windows whose rates are added: the short one follows a phase change, the long
+  one keeps a short run of luck from moving the leader. A regret choice between the two
+  windows, and a margin a challenger must pass, both did worse.
+- One slower window beside a prefetcher: the prefetcher's credit and holds are tuned
+  against that leader, and a faster one moves the eviction order under its pins.
+- Scores count hits only: every demand policy reads each miss once, so a hit is exactly
+  a read saved.
+- No per-layer quota expert: the best static per-layer split in hindsight gains nothing
+  over one global order on the traces measured (the synthetic generator's layers are
+  alike). Not kept either: more experts (cost without gain), an online-learned next-tick
+  use probability (better on FLAME, worse on synthetic), counting a key once per tick.
+  An eviction oracle that knows the rest of the token's routes gains about a thousandth,
+  so what is left to gain needs popularity predicted many ticks ahead.
 """
 from __future__ import annotations
 
@@ -94,27 +77,22 @@ EXPERTS = (("blend", 16.0), ("blend", 4.0), ("blend", 64.0), ("blend", 2.0), ("b
            ("phase", 4.0), ("phase", 128.0), ("hybrid", 512.0), ("lru", None))
 # The leader's score windows (steps over which an expert's past hits count half): a short
 # one, and a longer one whose per-step hit rate is added to the short one's when the leader
-# is chosen (AutoCore's long_decay; None: off). Measured 2026-12-06
-# (bench/results/auto_vs_hindsight_seeds.md, "Two-window grid"): 16 + 512 lifts auto - best
-# fixed in hindsight from sum -0.0428 / min -0.0066 / 5 of 39 points >= 0 (the one 128-step
-# window) to -0.0201 / -0.0053 / 12 on the tuned seeds and -0.0428 / -0.0070 / 3 to
-# -0.0214 / -0.0064 / 12 on held-out seeds; FLAME's bandwidth cells move by < 0.001
-# (-0.0015 / -0.0008 / +0.0004 -> -0.0013 / -0.0010 / -0.0003).
+# is chosen (AutoCore's long_decay; None: off). 16 + 512 halved auto's shortfall against the
+# best fixed policy in hindsight over the one 128-step window, on tuned and held-out
+# synthetic seeds alike, with FLAME unchanged (bench/RESULTS.md, "Decisions").
 SCORE_HALF_LIFE = 16.0
 LONG_SCORE_HALF_LIFE = 512.0
 # With the prefetcher beside it (``prefetching=True``: ``<policy>+prefetch``, the store's
 # ``prefetch=``) auto keeps the one slower window: the prefetcher's credit and holds were
-# tuned against that leader, and the faster one drops FLAME's auto+prefetch latency gap
-# closed at 51 slots from 0.3532 to 0.34 (below the 0.35 goal) for every two-window variant
-# measured. A slower leader also changes the eviction order less under the prefetcher's pins.
+# tuned against that leader, and every two-window variant measured lowered FLAME's
+# auto+prefetch latency figure below its goal. A slower leader also changes the eviction
+# order less under the prefetcher's pins.
 PREFETCH_SCORE_HALF_LIFE = 128.0
 PREFETCH_LONG_SCORE_HALF_LIFE = None
 # With a long window: True follows whichever window's own leader hit more (a regret choice
 # between the two windows, decayed over the long one; AutoCore's meta) instead of adding
-# the two windows' rates. Off: measured 2026-12-05 (bench/results/auto_vs_hindsight_seeds.md,
-# section META_LEADER) with SCORE_HALF_LIFE 8, LONG_SCORE_HALF_LIFE 128 and the 13 experts it is
-# worse than adding the rates (seeds 0-1 sum +0.0074 vs +0.0151) and costs FLAME more
-# (auto+prefetch latency gap 0.3011 at 51 slots, bandwidth -0.0044 vs shipped -0.0015).
+# the two windows' rates. Off: it did worse than adding the rates on the synthetic seeds and
+# cost FLAME more (bench/RESULTS.md, "Decisions").
 META_LEADER = False
 
 
@@ -138,7 +116,8 @@ class AutoPolicy(DensePolicy):
             raise ConfigError(f"policy 'auto': prefetching must be true or false, "
                               f"got {prefetching!r}")
         self.prefetching = bool(prefetching)
-        # Read here, not at import, so bench/auto_seeds_grid.py's variants take effect.
+        # Read here, not at import, so a caller that sets the module constants (an
+        # experiment with another variant) gets them without reloading the module.
         self.score_half_life, self.long_score_half_life = (
             (PREFETCH_SCORE_HALF_LIFE, PREFETCH_LONG_SCORE_HALF_LIFE) if self.prefetching
             else (SCORE_HALF_LIFE, LONG_SCORE_HALF_LIFE))

@@ -1,6 +1,6 @@
 """Digests of a replay's results and a policy's state: the one way the golden tests
-(tests/test_native_policies_golden.py) and the exactness check of a speed change
-(bench/replay_digests.py) tell that two builds replay a trace bit for bit alike."""
+(tests/test_native_policies_golden.py, tests/test_prefetch_native.py) tell that a
+change to a replay loop left its results bit for bit alike."""
 from __future__ import annotations
 
 import hashlib

@@ -2,7 +2,7 @@
 shows which pipe the per-element decode lands on (e.g. F2F vs HADD2.F32 for the
 fp16 -> fp32 widening) without hardware counters.
 
-    python bench/moe_sass_hist.py path/to/_C.so [kernel-substring ...]
+    python bench/device/sass_hist.py path/to/_C.so [kernel-substring ...]
 """
 from __future__ import annotations
 

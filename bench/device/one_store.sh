@@ -3,9 +3,9 @@
 # force_promote through the face against the store's fire on the same store, the store's
 # bookkeeping (bench_store) and `tierstore bench fire` (the store-level fire figures).
 # Usage (device tool, carry .whl: msgspec, hypothesis, sortedcontainers for py3.12):
-#   bash bench/device_one_store.sh          (QUICK=1: build, gpu tests, moet promote only)
+#   bash bench/device/one_store.sh          (QUICK=1: build, gpu tests, moet promote only)
 # Logs and JSON land in $OUT (default /tmp/out).
-STAMP=device; source bench/device_prelude.sh   # wheels, machine, sm_90 build, gpu tests
+STAMP=one_store; source "$(dirname "$0")/prelude.sh"   # wheels, machine, sm_90 build, gpu tests
 stamp "interrupt and face tests (Python 3.12 here)"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_store_interrupts.py \
   tests/test_adapter_moet_surface.py tests/test_adapter_moet_conformance.py \
