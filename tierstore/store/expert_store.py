@@ -323,7 +323,20 @@ class ExpertStore(BackgroundJobs, Lifecycle):
 
     def _fire(self, keys: np.ndarray, cap: int, stream, scan: bool, pipelined=False) -> FireResult:
         from tierstore.store.fire import counted_fire  # the fire's rounds, kept in their own module
+        self._pool.check_host_owned(f"{self.pack.path}: fire")
         return counted_fire(self, keys, cap, self._resolve_stream(stream), scan, pipelined)
+
+    # -- device-side residency ------------------------------------------------------------
+    def device_residency(self, *, max_ids: int, slots: int | None = None, gather_blocks: int = 0,
+                         chunk_bytes: int | None = None, heat: bool = True):
+        """Hand the pool to the device: a ``DeviceResidency`` (store/residency.py) whose
+        ``page_in(layer, topk_ids)`` makes a layer's routed experts resident on the current
+        stream with no host sync (capturable in a CUDA graph; on a CPU pool it runs at
+        once). Until its ``close()`` the store refuses fires, pool promotions and evictions.
+        ``max_ids``: most routed ids per page_in (T x top_k)."""
+        from tierstore.store.residency import DeviceResidency
+        return DeviceResidency(self, max_ids=max_ids, slots=slots, gather_blocks=gather_blocks,
+                               chunk_bytes=chunk_bytes, heat=heat)
 
     # -- promote / load_arena / evict -----------------------------------------------------
     def load_arena(self, keys) -> int:
@@ -420,7 +433,8 @@ class ExpertStore(BackgroundJobs, Lifecycle):
 
     def _queue_lazy(self, kind: str) -> None:
         """Queue this step's lazy promotions as a worker job of ``kind`` (lock held)."""
-        if not self.config.lazy_per_step or self._lazy_busy or not self.sized:
+        if not self.config.lazy_per_step or self._lazy_busy or not self.sized \
+                or self._pool.device_owner is not None:   # the device keeps the pool
             return
         from tierstore.store.fire import lazy_candidates
         keys, rejected = lazy_candidates(self, np.flatnonzero(self._seen))

@@ -27,7 +27,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tierstore.store.slots import RESIDENT, SlotStates
+from tierstore.errors import ConfigError
+from tierstore.store.slots import FREE, RESIDENT, SlotStates
 
 
 def new_slot_table(n_layers: int, n_experts: int, device) -> torch.Tensor:
@@ -65,6 +66,47 @@ class SlotPool(SlotStates):
         # Load batch id per slot, so a fire can find the batch loading a key.
         self.batch_of_slot = np.zeros(self.n_slots, dtype=np.int64)
         self.allocated = self.n_slots > 0
+        # A DeviceResidency (store/residency.py) keeps the slots while attached: the GPU
+        # decides and publishes, so every host-side reservation or eviction is refused.
+        self.device_owner = None
+
+    def check_host_owned(self, what: str) -> None:
+        """ConfigError while a device-side residency keeps the pool."""
+        if self.device_owner is not None:
+            raise ConfigError(f"{what}: the pool is kept by a device-side residency "
+                              f"(ExpertStore.device_residency); close it first")
+
+    def choose(self, keys, *, allow_evict, protect=None):
+        self.check_host_owned("pool reservation")
+        return super().choose(keys, allow_evict=allow_evict, protect=protect)
+
+    def evict(self, keys):
+        self.check_host_owned("evict")
+        return super().evict(keys)
+
+    def adopt_owners(self, owners: np.ndarray) -> None:
+        """Take the slot owners a device-side residency leaves (int [n_slots] dense keys,
+        -1 = free) as the RESIDENT / FREE states; the slot table on the device already says
+        the same. The pool was idle (RESIDENT or FREE slots only) when it was attached."""
+        owners = np.asarray(owners, dtype=np.int64)
+        old = self.owner[self.state == RESIDENT]
+        slots = np.flatnonzero(owners >= 0)
+        new = owners[slots]
+        gone, came = np.setdiff1d(old, new), np.setdiff1d(new, old)
+        if len(gone):
+            self.policy.on_evict(gone)
+        self.state[:] = FREE
+        self.owner[:] = -1
+        self.slot_of[:] = -1
+        self.resident_slot[:] = -1
+        self.state[slots] = RESIDENT
+        self.owner[slots] = new
+        self.slot_of[new] = slots
+        self.resident_slot[new] = slots.astype(np.int32)
+        if len(came):
+            self.policy.on_admit(came)
+        self.evictions += len(gone)
+        self.admissions += len(came)
 
     def allocate(self, n_slots: int, policy) -> None:
         """Size a deferred (0-slot) pool: the pool tensor is made here, once; the slot

@@ -27,7 +27,10 @@ namespace {
 }  // namespace
 
 void cuda_host_register(void* ptr, size_t nbytes) {
-  TS_CUDA_CHECK(cudaHostRegister(ptr, nbytes, cudaHostRegisterPortable), "cudaHostRegister");
+  // Mapped: kernels may read the buffer over UVA (device-side residency's page-in of
+  // arena rows, csrc/kernels/src/residency.cu); it costs nothing for the copy engine.
+  TS_CUDA_CHECK(cudaHostRegister(ptr, nbytes, cudaHostRegisterPortable | cudaHostRegisterMapped),
+                "cudaHostRegister");
 }
 
 void cuda_host_unregister(void* ptr) noexcept { (void)cudaHostUnregister(ptr); }
