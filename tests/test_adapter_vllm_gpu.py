@@ -36,7 +36,7 @@ def booted(tmp_path_factory):
     from tierstore.format import layouts
     model = make_moe_model(len(PREFIXES), E, H, I, seed=5)
     env = {"dir": None, "vram_gb": 24 * layouts.row_bytes("fp4", H, I) / 2**30, "ram_gb": 0.0,
-           "prefill_tokens": 16}
+           "prefill_tokens": 16, "mode": "tiered"}
     rt = vllm_quant.Runtime(pack_dir=str(tmp_path_factory.mktemp("packs")), ckpt_id="gpu-test",
                             n_layers=4, device="cuda", env=env)
     qc = vllm_quant.config_class()(None, rt)

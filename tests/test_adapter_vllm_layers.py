@@ -39,7 +39,7 @@ def model(vllm_present):
 def runtime(d, *, slots: int = 64, ckpt="ckpt-a", inner=None):
     from tierstore.format import layouts
     env = {"dir": None, "vram_gb": slots * layouts.row_bytes("fp4", H, I) / 2**30,
-           "ram_gb": 0.0, "prefill_tokens": 16}
+           "ram_gb": 0.0, "prefill_tokens": 16, "mode": "tiered"}
     rt = vllm_quant.Runtime(pack_dir=str(d), ckpt_id=ckpt, n_layers=4, device="cpu", env=env)
     return vllm_quant.config_class()(inner, rt), rt
 

@@ -1,19 +1,24 @@
-"""``--quantization tierstore`` for upstream vLLM 0.34: a registered QuantizationConfig
-that serves every routed-expert layer from tierstore and leaves everything else to the
-checkpoint's own quantization method (or to vLLM's unquantized one).
+"""``--quantization tierstore`` for upstream vLLM (0.32 to 0.34): a registered
+QuantizationConfig that serves every routed-expert layer from tierstore and leaves every
+other layer to the checkpoint's own quantization method (or vLLM's unquantized ones).
 
-    vllm serve MODEL --quantization tierstore \\
+    vllm serve MODEL --quantization tierstore                    # exact mode
+    TIERSTORE_VLLM_MODE=tiered vllm serve MODEL --quantization tierstore \\
         --worker-cls tierstore.adapters.vllm_worker.TierstoreWorker
 
-The entry point ``tierstore = tierstore.adapters.vllm_plugin:register`` in the
-``vllm.general_plugins`` group runs :func:`register` in every vLLM process before
-the model config is checked, so the name is known everywhere.
+Two modes (TIERSTORE_VLLM_MODE): ``exact`` (default; tierstore/adapters/vllm_exact.py):
+the checkpoint's own expert bytes, vLLM's own kernel, the stock model's output; and
+``tiered``: the vLLM-Moet recipe, a 2-bit base of every expert plus an FP4 pool.
 
-vLLM imports happen only inside :func:`config_class` / :func:`method_class`.
+The entry point ``tierstore = tierstore.adapters.vllm_quant:register`` in the
+``vllm.general_plugins`` group runs :func:`register` in every vLLM process before
+the model config is checked, so the name is known everywhere. The vLLM classes live in
+tierstore/adapters/vllm_config.py (module level, so vLLM can pickle the config).
 """
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 from typing import Any
@@ -26,6 +31,7 @@ from tierstore.adapters.vllm_pack import ExpertCapture, checkpoint_identity, suf
 from tierstore.errors import ConfigError
 
 NAME = "tierstore"
+log = logging.getLogger("vllm.tierstore")
 
 ENV = settings.EnvSpec("TIERSTORE_VLLM_", (
     settings.Var("TIERSTORE_VLLM_DIR", "dir", settings.optional_path, None,
@@ -35,8 +41,25 @@ ENV = settings.EnvSpec("TIERSTORE_VLLM_", (
     settings.Var("TIERSTORE_VLLM_RAM_GB", "ram_gb", settings.number(0.0), 0.0,
                  "GiB of the pinned RAM arena"),
     settings.Var("TIERSTORE_VLLM_PREFILL_TOKENS", "prefill_tokens", settings.integer(1), 16,
-                 "eager batches larger than this make their experts resident first"),
+                 "tiered mode: eager batches larger than this make their experts resident first"),
+    settings.Var("TIERSTORE_VLLM_MODE", "mode", settings.choice("exact", "tiered", what="mode"),
+                 "exact", "exact: the checkpoint's own experts and vLLM's kernel (stock "
+                 "output); tiered: 2-bit base + FP4 pool (needs --worker-cls)"),
+    settings.Var("TIERSTORE_VLLM_SLOTS", "slots", lambda v: slots_setting(v), "auto",
+                 "exact mode: pool size in experts: auto, all, floor (one layer's experts), "
+                 "N% of all, or a count"),
 ), family="TIERSTORE_VLLM_*")
+
+
+def slots_setting(value) -> str | int:
+    """auto | all | floor | N% (0 < N <= 100) | an int >= 1."""
+    text = str(value).strip().lower()
+    if text in ("auto", "all", "floor"):
+        return text
+    if text.endswith("%"):
+        pct = settings.number(0.0, 100.0, lo_open=True)(text[:-1])
+        return f"{pct}%"
+    return settings.integer(1)(text)
 
 # parameter names a checkpoint's method gives its experts; the placeholders for each
 # method are found by running it on a meta device (method_param_names); this is the
@@ -66,6 +89,10 @@ class Runtime:
         self.capture: ExpertCapture | None = None
         self.tier = None
         self.loaded: set[int] = set()     # MoE layers whose experts the pack already holds
+        self.mode = self.env.get("mode", "exact")
+        self.exact_packs = None           # exact mode: vllm_exact.ExactPacks
+        self.exact = None                 # exact mode: vllm_exact.ExactTier, at first forward
+        self.exact_layers: dict[int, tuple] = {}
         self._lock = threading.Lock()
 
     def moe_index(self, prefix: str) -> int:
@@ -85,6 +112,52 @@ class Runtime:
             self.n_layers = int(mc.hf_text_config.num_hidden_layers) if mc else 0
         if self.device is None:
             self.device = cfg.device_config.device or "cpu"
+
+    # -- exact mode (tierstore/adapters/vllm_exact.py) ----------------------------------
+    def _packs(self):
+        from tierstore.adapters.vllm_exact import ExactPacks
+        self._context()
+        with self._lock:
+            if self.exact_packs is None:
+                self.exact_packs = ExactPacks(self.pack_dir, ckpt_id=self.ckpt_id,
+                                              n_layers=self.n_layers)
+            return self.exact_packs
+
+    def exact_has_layer(self, layer: int, inner, dtype) -> bool:
+        return self._packs().has_layer(layer, inner, dtype)
+
+    def exact_write(self, layer: int, planes, where: str) -> None:
+        self._packs().write(layer, planes, where)
+
+    def exact_layout(self):
+        return self._packs().layout
+
+    def exact_tier(self):
+        """The model's ExactTier, opened at the first forward (after every layer was
+        loaded and written): pool sized, every layer's planes on the shared scratch."""
+        if self.exact is not None:
+            return self.exact
+        from tierstore.adapters.vllm_exact import ExactTier, pool_slots
+        packs = self._packs()
+        with self._lock:
+            if self.exact is None:
+                n_moe = len(self.indices)
+                path = packs.finish(n_moe)
+                from tierstore.format.pack import Pack
+                probe = Pack.open(path)
+                E, slot_bytes = int(probe.n_experts), int(probe.slot_bytes)
+                probe.close()
+                slots = pool_slots(self.env["slots"], n_moe_layers=n_moe, n_experts=E,
+                                   slot_bytes=slot_bytes, device=self.device)
+                tier = ExactTier(path, slots=slots, device=self.device, ram_gb=self.env["ram_gb"])
+                for layer, where in self.exact_layers.values():
+                    tier.adopt(layer, where)
+                how = (f"first boot wrote {len(packs.wrote)} MoE layers" if packs.wrote
+                       else "loader-skip: every MoE layer from the pack")
+                log.info("tierstore exact: %s; pack %s; pool %d of %d experts (%d B each) on %s",
+                         how, path, slots, n_moe * E, slot_bytes, self.device)
+                self.exact = tier
+            return self.exact
 
     def capture_for(self, layer, num_experts: int, H: int, I: int) -> ExpertCapture:
         self._context()
@@ -206,78 +279,10 @@ def method_class() -> type:
     return TierstoreVllmMoEMethod
 
 
-@functools.lru_cache(maxsize=1)
 def config_class() -> type:
+    """``TierstoreConfig`` (tierstore/adapters/vllm_config.py, imported here: vLLM needed)."""
     require_vllm("--quantization tierstore")
-    from vllm.model_executor.layers.quantization import get_quantization_config
-    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
-    routed_experts = vllm_names()["RoutedExperts"]
-
-    class TierstoreConfig(QuantizationConfig):
-        """Routed experts from tierstore; every other layer through ``inner`` (the
-        checkpoint's own config, or None for an unquantized checkpoint)."""
-
-        def __init__(self, inner: QuantizationConfig | None = None,
-                     runtime: Runtime | None = None):
-            super().__init__()
-            self.inner = inner
-            self.runtime = runtime or Runtime()
-            if inner is not None:
-                self.packed_modules_mapping = inner.packed_modules_mapping
-
-        def get_name(self):
-            return NAME
-
-        def get_supported_act_dtypes(self):
-            inner = self.inner.get_supported_act_dtypes() if self.inner else None
-            return inner or [torch.bfloat16, torch.float16, torch.float32]
-
-        @classmethod
-        def get_min_capability(cls) -> int:
-            return 0          # the compute path has a torch fallback everywhere
-
-        @staticmethod
-        def get_config_filenames() -> list[str]:
-            return []         # unquantized checkpoints: TierstoreConfig() with no inner
-
-        @classmethod
-        def from_config(cls, config: dict[str, Any]):
-            method = config.get("quant_method")
-            if not method or method == NAME:
-                return cls()
-            return cls(get_quantization_config(method).from_config(config))
-
-        @classmethod
-        def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
-            # a checkpoint that declares its own method is served when the user asks
-            return NAME if user_quant == NAME else None
-
-        def get_quant_method(self, layer, prefix: str):
-            if isinstance(layer, routed_experts):
-                moe = layer.moe_config
-                index = self.runtime.moe_index(prefix)
-                create = {"num_experts": moe.num_local_experts, "hidden_size": moe.hidden_dim,
-                          "intermediate_size_per_partition": moe.intermediate_size_per_partition,
-                          "params_dtype": layer.params_dtype}
-                names = method_param_names(self.inner, layer, prefix, create)
-                return method_class()(moe, self.runtime, index, names)
-            return self.inner.get_quant_method(layer, prefix) if self.inner else None
-
-        # the rest follows the checkpoint's own config
-        def get_cache_scale_mapper(self):
-            return self.inner.get_cache_scale_mapper() if self.inner else super().get_cache_scale_mapper()
-
-        def get_kv_cache_dtype(self, prefix: str):
-            return self.inner.get_kv_cache_dtype(prefix) if self.inner else None
-
-        def apply_vllm_mapper(self, hf_to_vllm_mapper):
-            if self.inner is not None:
-                self.inner.apply_vllm_mapper(hf_to_vllm_mapper)
-
-        def maybe_update_config(self, model_name, hf_config=None, revision=None):
-            if self.inner is not None:
-                self.inner.maybe_update_config(model_name, hf_config, revision)
-
+    from tierstore.adapters.vllm_config import TierstoreConfig
     return TierstoreConfig
 
 
