@@ -106,6 +106,7 @@ class Pack(Closing):
         self._sum_table: np.ndarray | None = None   # dense [n_layers * E], built on first use
         st = os.fstat(fd)
         self._opened_as = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        self.mtime_changes = 0   # touches taken as the new baseline (check_unchanged)
         self._sidecar_as = _file_id(self.sidecar_path)
 
     # -- opening ---------------------------------------------------------------------
@@ -259,10 +260,15 @@ class Pack(Closing):
             self._sum_table = table
         return self._sum_table[np.asarray(dense_ids, dtype=np.int64)]
 
-    def check_unchanged(self) -> None:
+    def check_unchanged(self, rows_hashed: bool = False) -> None:
         """FormatError unless the file at ``path`` is still the one this Pack validated:
-        same device and inode, same size and modification time. A reader that keeps
-        serving a replaced, resized or rewritten pack would serve wrong bytes."""
+        same device and inode, same size, same sidecar. A reader that keeps serving a
+        replaced, resized or rewritten pack would serve wrong bytes. A modification time
+        that moved while all of that stayed (``touch``, a backup tool) is taken as the
+        new baseline when the caller's rows were each hashed against the sidecar as they
+        were read (``rows_hashed``: a byte changed in place is caught there) and every
+        written layer has sums; it is counted in ``mtime_changes``. Otherwise nothing
+        could tell a touch from an in-place rewrite (``dd``), so it is refused."""
         try:
             now = os.stat(self.path)
             mine = os.fstat(self._fd)
@@ -273,7 +279,8 @@ class Pack(Closing):
         if (now.st_dev, now.st_ino) != (dev, ino):
             raise FormatError(f"{self.path}: pack file was replaced since Pack.open (inode "
                               f"{ino} -> {now.st_ino}); reopen it with Pack.open")
-        if (mine.st_size, mine.st_mtime_ns) != (size, mtime):
+        touched = mine.st_size == size and mine.st_mtime_ns != mtime
+        if mine.st_size != size or (touched and not (rows_hashed and self._sums_cover_all())):
             raise FormatError(f"{self.path}: pack file was modified since Pack.open (size "
                               f"{size} -> {mine.st_size}, mtime changed); reopen it with Pack.open")
         # A PackWriter publishes a new sidecar (a new inode) before and after every layer
@@ -281,6 +288,12 @@ class Pack(Closing):
         if _file_id(self.sidecar_path) != self._sidecar_as:
             raise FormatError(f"{self.path}: its sidecar was republished since Pack.open "
                               f"(a writer changed the pack); reopen it with Pack.open")
+        if touched:
+            self._opened_as = (dev, ino, size, mine.st_mtime_ns)
+            self.mtime_changes += 1
+
+    def _sums_cover_all(self) -> bool:
+        return self.checksum_algo is not None and all(l in self._checksums for l in self.layers)
 
     def row_checksum(self, layer: int, expert: int) -> int | None:
         """The recorded checksum of a written row, or None (old sidecar / unwritten layer)."""

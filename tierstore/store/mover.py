@@ -200,7 +200,9 @@ class Mover:
                 batch.offsets, lengths, batch.src, batch.dst,
                 dst_device=bool(batch.to_pool and self.pool.is_cuda), checksums=sums)
             batch.completion.wait()
-            self.pack.check_unchanged()   # a replaced or rewritten file: publish nothing
+            # a replaced or rewritten file: publish nothing (a touch: see check_unchanged)
+            self.pack.check_unchanged(self.verifier is not None and
+                                      self.verifier.hashes_every_read)
             if sums is not None:
                 self.verifier.passed(batch.keys, batch.offsets)
             steps = (self.pool_steps(batch, batch.pool_slots, batch.stream, batch.completion)

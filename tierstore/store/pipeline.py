@@ -161,7 +161,8 @@ class LayerLoad:
             if layer not in self.pending:   # another thread published it meanwhile
                 return self._wait_published(layer, stream)
             try:   # under the lock: whoever publishes the last layer (close()'s
-                mover.pack.check_unchanged()   # settle too) does so before the pack closes
+                mover.pack.check_unchanged(    # settle too) does so before the pack closes
+                    mover.verifier is not None and mover.verifier.hashes_every_read)
             except Exception as exc:  # noqa: BLE001 - a replaced file: publish nothing
                 changed = exc
             else:

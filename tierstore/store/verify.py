@@ -30,6 +30,13 @@ class RowVerifier:
         n_keys = int(pack.n_layers) * int(pack.n_experts)
         self._seen = np.zeros(n_keys, dtype=bool) if self.mode == "first" else None
 
+    @property
+    def hashes_every_read(self) -> bool:
+        """Every row read from the file is hashed before it is published: a pack whose
+        mtime moved (``touch``) with inode, size and sidecar unchanged may then keep
+        serving (``Pack.check_unchanged(rows_hashed=...)``)."""
+        return self.mode == "always"
+
     def checksums(self, keys: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
         """Expected sums for a batch (``keys`` dense ids, ``offsets`` -1 for arena rows), or
         None when nothing in it needs hashing."""
