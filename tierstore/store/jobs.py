@@ -58,7 +58,23 @@ class BackgroundJobs:
             try:
                 self.save_poolmon(job[1])
             except Exception as exc:  # noqa: BLE001 - a snapshot is a hint
-                log.warning("%s: poolmon snapshot failed: %s", job[1], exc)
+                self._snapshot_log.failed(job[1], exc)   # warned once a run, then counted
+            else:
+                self._snapshot_log.succeeded(job[1])
+
+    @property
+    def _snapshot_log(self):
+        failures = getattr(self, "_snapshot_failure_log", None)
+        if failures is None:   # made on first use (the worker's first snapshot)
+            from tierstore.warm.snapshot import FailureLog
+            failures = self._snapshot_failure_log = FailureLog(log, "poolmon snapshot")
+        return failures
+
+    @property
+    def snapshot_failures(self) -> int:
+        """Periodic poolmon snapshots (``snapshot=``) that failed so far; the first of
+        each run of failures was logged as a warning, the rest only counted."""
+        return self._snapshot_log.failures
 
     def _promote_now(self, keys: np.ndarray) -> int:
         with self.lock:

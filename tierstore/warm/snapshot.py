@@ -29,6 +29,32 @@ log = logging.getLogger("tierstore.warmstart")
 _COUNTER_NAMES = ("hits", "misses", "promotions", "evictions")
 
 
+class FailureLog:
+    """How a periodic writer reports failures: ONE warning for the first failure of a run
+    of failures (a full disk fails every 10 s for hours: one line, not thousands), the
+    rest counted (``failures``, total); the first success after a run says so once, at
+    info, with the run's length. Used by every periodic snapshot writer (the store's
+    ``snapshot=`` option, PeriodicSnapshot, async_snapshot_loop)."""
+
+    def __init__(self, logger: logging.Logger, what: str = "warm-start snapshot"):
+        self.logger, self.what = logger, what
+        self.failures = 0      # every failure so far
+        self._run = 0          # failures since the last success
+
+    def failed(self, path, exc: BaseException) -> None:
+        self.failures += 1
+        self._run += 1
+        if self._run == 1:
+            self.logger.warning("%s: %s failed: %s (further failures are counted, not "
+                                "logged, until one succeeds)", os.fspath(path), self.what, exc)
+
+    def succeeded(self, path) -> None:
+        if self._run:
+            self.logger.info("%s: %s written again after %d failed attempt(s)",
+                             os.fspath(path), self.what, self._run)
+            self._run = 0
+
+
 def _store_lock(store):
     # The store documents ``store.lock`` (an RLock the forward path also takes);
     # without one, the copies below are still each consistent on their own.
@@ -126,14 +152,18 @@ async def save_poolmon_async(store, path, fmt: str = "poolmon") -> WarmFile:
 
 
 async def async_snapshot_loop(store, path, every_s: float = 10.0, fmt: str = "poolmon") -> None:
-    """Snapshot every ``every_s`` seconds until cancelled; a failed write is
-    logged and retried at the next tick (a warm file is never worth a crash)."""
+    """Snapshot every ``every_s`` seconds until cancelled; a failed write is retried at
+    the next tick (a warm file is never worth a crash): the first failure of a run is
+    logged, the rest counted (FailureLog)."""
+    failures = FailureLog(log)
     while True:
         await asyncio.sleep(every_s)
         try:
             await save_poolmon_async(store, path, fmt)
         except Exception as exc:  # noqa: BLE001 - logged, the server goes on
-            log.warning("%s: warm-start snapshot failed: %s", os.fspath(path), exc)
+            failures.failed(path, exc)
+        else:
+            failures.succeeded(path)
 
 
 class PeriodicSnapshot:
@@ -141,8 +171,9 @@ class PeriodicSnapshot:
     ``every_steps`` store steps (whichever comes first; None disables one).
 
     Thread safety: start/stop/snapshot_now from any thread. Writes never run
-    under the store's lock. A failed write is logged (once per distinct error)
-    and the writer carries on. ``stop(final=True)`` writes one last snapshot.
+    under the store's lock. A failed write is logged once per run of failures and
+    counted (``failures``); the writer carries on. ``stop(final=True)`` writes one
+    last snapshot.
     """
 
     def __init__(self, store, path, every_s: Optional[float] = 10.0,
@@ -154,11 +185,16 @@ class PeriodicSnapshot:
             raise ConfigError(f"{os.fspath(path)}: fmt {fmt!r}, expected one of {sorted(_ENCODERS)}")
         self.store, self.path, self.fmt = store, os.fspath(path), fmt
         self.every_s, self.every_steps, self.poll_s = every_s, every_steps, poll_s
-        self.writes, self.failures = 0, 0
+        self.writes = 0
+        self._failures = FailureLog(log)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._write_lock = threading.Lock()
-        self._last_error = ""
+
+    @property
+    def failures(self) -> int:
+        """Failed writes so far (the first of each run of them was logged)."""
+        return self._failures.failures
 
     def snapshot_now(self) -> bool:
         """Write one snapshot now; True when it was written."""
@@ -166,11 +202,9 @@ class PeriodicSnapshot:
             try:
                 write_atomic(self.path, encode(_ENCODERS[self.fmt](snapshot(self.store))))
             except Exception as exc:  # noqa: BLE001 - a hint file never kills the server
-                self.failures += 1
-                if str(exc) != self._last_error:
-                    self._last_error = str(exc)
-                    log.warning("%s: warm-start snapshot failed: %s", self.path, exc)
+                self._failures.failed(self.path, exc)
                 return False
+            self._failures.succeeded(self.path)
             self.writes += 1
             return True
 
