@@ -45,8 +45,8 @@ exit status: 0 ok, 1 error, 2 bad arguments, 130/143 interrupted (SIGINT/SIGTERM
 _GROUPS = {
     "pack": ("Build, inspect and verify pack files", ["pack"]),
     "warm": ("Inspect, merge and convert warm-start files", ["warm"]),
-    "bench": ("Benchmarks: pool hits on traces, promote I/O, store fires",
-              ["bench_hits", "bench_io", "bench_fire"]),
+    "bench": ("Benchmarks: pool hits on traces, promote I/O, store fires, decode tokens/s",
+              ["bench_hits", "bench_io", "bench_fire", "bench_decode"]),
 }
 
 
