@@ -1,4 +1,4 @@
-"""Cost of checksums on load at the store's public API (issue 15).
+"""Cost of checksums on load at the store's public API.
 
     python3 bench/bench_verify.py --dir /tmp/benchverify [--device cuda] [--rows 64] [--json out.json]
     python3 bench/bench_verify.py --dir /tmp/benchverify --row-mib 40 --rows 24   # big rows

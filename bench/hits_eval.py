@@ -89,7 +89,7 @@ def _goal_row(blk, s) -> str:
 
 
 def markdown(blocks) -> str:
-    out = ["Issue 14's goals, bandwidth view (gap closed = share of the LRU -> MIN gap; goal >= 0.20, "
+    out = ["The goals, bandwidth view (gap closed = share of the LRU -> MIN gap; goal >= 0.20, "
            "and auto - best fixed in hindsight >= 0):", "",
            "| trace | slots | lru | MIN | best fixed | its hit | auto | auto gap closed | auto - best |",
            "|---|---:|---:|---:|---|---:|---:|---:|---:|"]

@@ -262,11 +262,11 @@ _non_negative = number(0.0)
 
 # The one default heat half-life, in decode steps (ticks), for the live store's
 # policies and for the simulator (policies.heat imports it). 256 steps is ~3.4 s
-# at 75 tok/s: the value the store always ran with, kept so issue 10 changes no
-# store behaviour; the simulator now replays the store as it ships instead of a
-# 375-step copy (5 s at 75 tok/s, the reference manager's halving, which stays
-# a separate constant of the reference model). On the FLAME trace the two agree
-# within 0.003 of hit rate at 10/20/40% pools (bench/results/hits.md).
+# at 75 tok/s: the value the store always ran with, kept so that sharing one constant
+# with the simulator changed no store behaviour; the simulator now replays the store
+# as it ships instead of a 375-step copy (5 s at 75 tok/s, the reference manager's
+# halving, which stays a separate constant of the reference model). On the FLAME trace
+# the two agree within 0.003 of hit rate at 10/20/40% pools (bench/results/hits.md).
 HEAT_HALF_LIFE_STEPS = 256.0
 
 # TIERSTORE_TEST_*: the test suite's own switches (.ci/run sets TIERSTORE_TEST_REQUIRE_VLLM=1);

@@ -3,7 +3,8 @@
 Replays a capture-format trace (``--trace T.npy``) or the seeded DS4-shaped
 synthetic one (``--synthetic``) through ``tierstore.sim`` at every pool size
 in ``--slots`` and prints a table (or ``--json``: a list of result objects).
-Both views of issue 14 are printed: bandwidth (every read and unserved miss
+Both views are printed (a pool saves reads, and it has a row ready when its layer
+reads; the two rank policies differently): bandwidth (every read and unserved miss
 counted) with the gap to the MIN that bounds each policy (``belady``, or
 ``belady_skip`` for policies that may skip a miss; blank when that ceiling did
 not run) and the share of the LRU -> MIN gap closed; latency (resident when the
@@ -11,7 +12,7 @@ layer reads, under the lead-time model stated with the table: ``--lead``, and
 ``--read-gbps``/``--layer-us`` for a timed one), compared with LRU only at no
 more reads (others marked not comparable). ``<policy>+prefetch`` models take
 ``--read-ratios`` (their read budget against LRU's) for hit-vs-reads curves.
-``--report PREFIX`` writes PREFIX.md, PREFIX.json and PREFIX.png. ``--policies
+``--report PREFIX`` writes ``<PREFIX>.md``, ``<PREFIX>.json`` and ``<PREFIX>.png``. ``--policies
 all`` runs every registered policy and simulator model.
 """
 from __future__ import annotations

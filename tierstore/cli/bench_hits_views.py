@@ -1,4 +1,4 @@
-"""``tierstore bench hits`` output: the two views of issue 14 as terminal tables,
+"""``tierstore bench hits`` output: the bandwidth and latency views as terminal tables,
 markdown, a JSON report and a PNG of hit rate against reads.
 
 - bandwidth view: ``1 - (reads + unserved) / accesses``, gap to the MIN that

@@ -2,7 +2,7 @@
 
 Engine.submit takes raw addresses (the store's hot path builds them with one numpy
 multiply), so on its own it cannot know how big the memory behind an address is:
-issue 15's "a 1 TiB length wrote 512 KiB past a 4 KiB buffer". Every engine therefore
+a 1 TiB length once wrote 512 KiB past a 4 KiB buffer. Every engine therefore
 keeps a native table of registered buffers (csrc/io/include/tierstore/io/buffer_table.hpp:
 sorted intervals, one binary search per pointer under a lock taken once per submit).
 ``Engine.alloc_host`` registers its own buffers; callers register theirs with

@@ -7,7 +7,7 @@ addresses) and returns a :class:`Completion`. Rows are read in parallel chunks
 with the GIL released; each chunk's copy (H2D on the copy stream, or memcpy into
 host memory) is issued as soon as that chunk's read lands.
 
-Row semantics (see docs/INTERNALS.md, ``tierstore.engine``):
+Row semantics (docs/INTERNALS.md has the engine's place among the layers):
 
 * ``file_offsets[i] >= 0``: read ``lengths[i]`` bytes there into ``src_ptrs[i]``;
   ``src_ptrs[i] == 0`` reads into ``dst_ptrs[i]`` when that is host memory, else

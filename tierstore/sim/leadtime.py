@@ -1,5 +1,5 @@
 """The latency view's lead-time model: when a read lands, so whether a row is
-resident when its layer reads (issue 14).
+resident when its layer reads (the latency view of ``tierstore bench hits``).
 
 Two rules, always:
 - a prefetch is issued after layer l has read the slot table and targets layer

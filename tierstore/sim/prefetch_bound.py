@@ -1,4 +1,4 @@
-"""Prefetch bounds (issue 14, latency view): a Prefetcher told its probabilities
+"""Prefetch bounds (latency view): a Prefetcher told its probabilities
 instead of predicting them, so a replay shows what better prediction could gain
 under the same budget, calibration, ranking, pins and lead-time model. It sees
 the future (``routes_table``: the true routes), so it is a bound, never a policy:

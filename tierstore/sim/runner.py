@@ -19,7 +19,7 @@ Models, by name (``available_models()``; ``"all"`` expands to every one):
   admission filter may reject a candidate, which is then read for this use only.
 - ``lazy``: the live store's ``step()`` path with no fires (``hybrid``, at most
   8 promotions a tick, each hotter than its victim); misses are unserved.
-- ``reference``: vLLM-Moet's background manager (COMPAT.md): misses are not
+- ``reference``: vLLM-Moet's background manager (docs/VLLM_MOET.md): misses are not
   promoted on demand; once per tick up to 8 of the hottest non-resident keys are
   promoted, ranked by decayed frequency halved every 5 s
   (``ticks_per_second``, default 75), into free slots, then over the coldest key

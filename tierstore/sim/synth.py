@@ -1,6 +1,6 @@
 """A seeded synthetic router shaped like DeepSeek-V4-Flash (43 MoE layers x 256
-routed experts, top-6), for benchmarks and the demo. Import it from
-``tierstore.traces``.
+routed experts, top-6), for benchmarks and the demo; ``tierstore.sim.traces``
+re-exports it.
 
 Generative model (each knob below says why it exists):
 - Popularity: each layer ranks its experts by a random permutation and gives

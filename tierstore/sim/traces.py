@@ -11,7 +11,7 @@ is accepted and ignored by the simulator.
 Curated traces fail fast: the first bad row is named with file, row and what
 was expected against what was found (``FormatError``).
 
-The synthetic DeepSeek-V4-Flash-shaped generator lives in ``tierstore.traces_synth``
+The synthetic DeepSeek-V4-Flash-shaped generator lives in ``tierstore.sim.synth``
 and is re-exported here (``SyntheticRouter``, ``synthetic_trace``).
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ pack's stride, a multiple of 4 KiB), so an O_DIRECT read of a pack row lands in
 an arena row in place, and an arena row is a zero-copy DMA source for the pool
 copy (``submit(file_offset=-1, src_ptr=row)``).
 
-Rows follow the slot state machine in ``tierstore.slots``. A row that is the
+Rows follow the slot state machine in ``tierstore.store.slots``. A row that is the
 source of a copy still in flight is pinned (its key's pin count), so eviction
 never overwrites bytes the copy engine is still reading. The arena has its own
 policy instance; nothing is shared with the pool's.

@@ -1,7 +1,7 @@
 """ExpertStore construction: options, policies per tier, sizing, engine, allocation.
 
 Every argument and option is validated once, here, and all bad values are
-reported together in one ConfigError. Sizing order (tierstore.sizing): resolve
+reported together in one ConfigError. Sizing order (tierstore.store.sizing): resolve
 the pool's slot count (an "auto" pool from free memory), check it fits, size the
 arena, and only then check the fire floor.
 

@@ -11,11 +11,11 @@ Calls and who makes them::
 Locking: ``store.lock`` (an RLock) guards the bookkeeping (slot state, the host mirror
 of the slot table, pins, policies, counters). It is held for array work only: slots are
 reserved under it, the reads happen with it released, and it is taken again to publish
-or roll back (``tierstore.store_io``). Nothing holding it reads the disk or waits.
+or roll back (``tierstore.store.mover``). Nothing holding it reads the disk or waits.
 
 Heat: ``record`` only queues the ids (store/recorder.py), folded at the next fire/step/stats.
 
-Errors: bad keys raise ConfigError / FormatError (tierstore.pack.check_keys); a failed
+Errors: bad keys raise ConfigError / FormatError (``tierstore.format.pack.Pack.check_keys``); a failed
 read raises TierIOError naming the file, offset, layer and expert, after every slot the
 batch took is back (nothing is published); use after close() raises ClosedError.
 """
@@ -56,7 +56,7 @@ class ExpertStore(BackgroundJobs, Lifecycle):
     vram_slots  pool slots; or vram_gb (GiB, or "auto" = free device memory minus
                 reserve_gb); neither = "auto". Sized before the fire floor is checked.
     ram_gb      pinned arena in GiB of stride-sized rows (0 = none, "auto" = 1/4 pack)
-    policy      pool policy name, or {"pool": spec, "arena": spec} (store_config.py)
+    policy      pool policy name, or {"pool": spec, "arena": spec} (store/config.py)
     device      "cuda"/"cuda:N" (real VRAM pool) or "cpu" (pool in host memory)
     max_promote default cap on new promotions per fire (TIERSTORE_MAX_PROMOTE)
     top_k, n_spec, max_seqs (+ option gate_fp_max): when top_k is given the pool must
@@ -234,7 +234,7 @@ class ExpertStore(BackgroundJobs, Lifecycle):
     # -- record ------------------------------------------------------------------------
     def record(self, layer: int, topk_ids) -> None:
         """Routing of one MoE layer was observed. Heat only: no I/O, no lock, no host
-        sync. See tierstore.store_record for what happens to the ids."""
+        sync. See ``tierstore.store.recorder`` for what happens to the ids."""
         if self._closed:
             raise ClosedError(f"{self.pack.path}: record() on a closed store")
         if self.prefetch is not None:  # prefetch=: record, then the hook (store/prefetch.py)
@@ -264,7 +264,7 @@ class ExpertStore(BackgroundJobs, Lifecycle):
 
     def _fold_records(self) -> None:
         """Fold queued routing into hit counters and both policies (caller holds the lock).
-        One native call gives the keys, counts and hit split (store_record.py); then
+        One native call gives the keys, counts and hit split (store/recorder.py); then
         each policy gets one on_access with the counts as weights."""
         taken = self._recorder.take(self._stream, self._pool.resident_slot,
                                     self._arena.resident_slot, self._seen)

@@ -11,7 +11,7 @@ allocated (all -1, or a table made earlier by ``new_slot_table`` and adopted);
 mirrors (``SlotStates``: state per slot, owner, pins, the published map) that the
 store consults without touching the device.
 
-Publish protocol (DESIGN.md): a key becomes visible in ``slot_table`` only after
+Publish protocol (docs/INTERNALS.md, "Protocols"): a key becomes visible in ``slot_table`` only after
 its bytes are in the pool, ordered on the consumer's stream: the caller makes the
 stream wait on the copy's completion, then ``publish`` enqueues the table write
 on that same stream (a non-blocking copy from a pinned host tensor, then an

@@ -146,7 +146,7 @@ class Counters:
     def add_tally(self, tally) -> None:
         """Add one fold's hit split: 8 ints, tokens then distinct keys per residency
         category (0 in neither tier, 1 arena only, 2 pool, 3 pool and arena), as
-        ``tierstore.store_record`` computes it."""
+        ``tierstore.store.recorder`` computes it."""
         t0, t1, t2, t3, d0, d1, d2, d3 = tally
         pool, arena = self.tier["pool"], self.tier["arena"]
         pool["hits"] += t2 + t3

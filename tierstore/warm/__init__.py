@@ -6,8 +6,8 @@ delegates here: ``store.save_poolmon(path)`` -> ``save_poolmon(store, path)``,
 ``store.preheat(src)`` / ``ExpertStore(..., warm_start=src)`` ->
 ``preheat(store, src, pool_fill=0.9)``.
 
-Formats (full spec with examples: docs/WARMSTART.md; enforced in warm_formats.py)
--------------------------------------------------------------------------------
+Formats (full spec with examples: docs/WARMSTART.md; enforced in warm/formats.py)
+---------------------------------------------------------------------------------
 All three are one-line UTF-8 JSON, written atomically (temp file in the same
 directory, fsync, rename, fsync of the directory), at most 64 MiB.
 
@@ -37,7 +37,7 @@ vLLM-Moet arena heat (``<pack path>.heat.json``)::
 
 Formats without scores are given rank heat ``(N - i) / N``.
 
-Reading is a hint (STYLE.md §5): size cap, parse, sniff, version, typed
+Reading is a hint, every file untrusted: size cap, parse, sniff, version, typed
 strict decode, then meaning against the pack (identity/geometry must match;
 pairs out of range, in unwritten layers, or repeated are dropped and counted).
 Any problem: one ``WarmStartWarning`` naming the file and the reason, and a

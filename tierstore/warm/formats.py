@@ -1,10 +1,10 @@
 """Warm-start file formats: tierstore poolmon, vLLM-Moet pool-heat-v1 and arena heat.
 
-The spec is in ``tierstore.warmstart``'s docstring and docs/WARMSTART.md; this
-module enforces it. Reading is untrusted-header style (STYLE.md §5): size cap,
+The spec is in ``tierstore.warm``'s docstring and docs/WARMSTART.md; this
+module enforces it. Every file is read as untrusted, in this order: size cap,
 JSON parse, sniff which format, version, typed strict decode (msgspec), then
 per-file meaning (non-negative pairs, finite heat). Matching against a pack
-(identity, geometry, range, duplicates) is ``warm_validate``'s job.
+(identity, geometry, range, duplicates) is ``tierstore.warm.validate``'s job.
 
 Every format is read into one in-memory shape, ``WarmFile``: per tier the
 owners hottest first as an int64 ``[N, 2]`` array plus float64 heat. Formats

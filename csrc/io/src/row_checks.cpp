@@ -1,5 +1,5 @@
-// Engine::submit's argument checks (issue 15: submit trusted raw lengths, and a
-// 1 TiB length wrote past a 4 KiB buffer). First each row's own arguments, then
+// Engine::submit's argument checks (submit once trusted raw lengths, and a 1 TiB
+// length wrote past a 4 KiB buffer). First each row's own arguments, then
 // every src/dst range against the registered buffers (BufferTable): nothing is
 // submitted unless every row passes.
 #include <algorithm>

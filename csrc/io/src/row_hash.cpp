@@ -1,6 +1,6 @@
-// Streaming verification of checksummed rows (issue 15): the segments of a row
-// are hashed in file order as they land and completed one by one; the last
-// one's digest decides whether the row failed. See detail/row_hash.hpp.
+// Streaming verification of checksummed rows (a row may be larger than one stage):
+// the segments of a row are hashed in file order as they land and completed one by
+// one; the last one's digest decides whether the row failed. See detail/row_hash.hpp.
 #include <cerrno>
 #include <cstdio>
 #include <mutex>

@@ -1,4 +1,4 @@
-// Streaming verification of rows larger than one stage (issue 15): the XXH3
+// Streaming verification of rows larger than one stage: the XXH3
 // streaming state equals the one-shot hash for any cut of a buffer, and the
 // engine hashes a row's segments in file order even when they land out of
 // order (a reader that holds back the row's first segment forces that), with

@@ -1,5 +1,5 @@
-// The memory an Engine may write into or read from (issue 15: submit trusted raw
-// pointers, and a 1 TiB length wrote 512 KiB past a 4 KiB buffer).
+// The memory an Engine may write into or read from (submit once trusted raw pointers,
+// and a 1 TiB length wrote 512 KiB past a 4 KiB buffer).
 //
 // Callers register every buffer (host or device) they hand to submit(); every
 // row's [ptr, ptr + length) must then lie inside one registered buffer on the

@@ -1,5 +1,5 @@
 // The self-tuning policy's rules (tierstore/policies/auto.py describes the algorithm),
-// written once (issue #14): the live store's AutoPolicy.on_access / decay and the native
+// written once: the live store's AutoPolicy.on_access / decay and the native
 // replay (auto_replay.cpp) both call this class, so the two cannot drift apart.
 //
 // Follow the leader over shadow experts. The expert list is data: one PolicyView per

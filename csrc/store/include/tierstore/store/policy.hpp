@@ -1,6 +1,6 @@
 // The per-access rules of the replacement policies lru / heat / hybrid / phase, written once
-// (issue #14): the state update of an access, the decay of time, the eviction order, the
-// promotion order and the admission filter. Callers: the demand replay (replay.cpp), the
+// for the store and the simulator alike: the state update of an access, the decay of time,
+// the eviction order, the promotion order and the admission filter. Callers: the demand replay (replay.cpp), the
 // self-tuning policy's shadow experts (auto_core.cpp) and the Python policy classes
 // (tierstore/policies/*.py, through csrc/python/bind_policy*.cpp).
 //

@@ -1,4 +1,4 @@
-// The prefetcher's rules (issue #14: cross-layer and next-token prefetch, budgeted in reads,
+// The prefetcher's rules (cross-layer and next-token prefetch, budgeted in reads,
 // learned online), written once: tierstore/policies/prefetch.py (the live store's hook,
 // tierstore/store/prefetch.py) and the simulator (tierstore/sim/prefetching.py) both drive
 // this core, through csrc/python/bind_prefetch.cpp. The Python faces' module docs explain

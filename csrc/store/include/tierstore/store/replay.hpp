@@ -1,5 +1,5 @@
 // Demand-fill replay of a routing trace through one policy (lru / heat / hybrid / phase),
-// in one native loop (issue #14: the Python loop ran 0.02-0.35 M accesses/s). No I/O.
+// in one native loop (the Python loop ran 0.02-0.35 M accesses/s). No I/O.
 //
 // The state is the caller's policy arrays (policy.hpp PolicyView), left as the Python
 // loop over the same policy would leave them (tests/test_native_policies.py compares
