@@ -1,4 +1,4 @@
-"""Stale temp files (issue 41): a writer SIGKILLed mid-write leaves its hidden temp file;
+"""Stale temp files: a writer SIGKILLed mid-write leaves its hidden temp file;
 the next atomic write to that directory removes it -- only files of tierstore's own
 temp naming, only when their writer is dead (or they are old) -- and never a live
 writer's. Real processes, each killed inside a real write (save_poolmon, `tierstore

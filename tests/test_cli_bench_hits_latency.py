@@ -1,4 +1,4 @@
-"""``tierstore bench hits``: the latency view (issue 14) end to end: both views
+"""``tierstore bench hits``: the latency view end to end: both views
 printed with the lead-time model stated, models reading more than LRU marked not
 comparable (never a gap share), read-ratio curves, the report files."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The command line refuses bad input like a well-kept tool: one line naming the thing
-and what to do, a non-zero exit, no traceback, nothing left behind (issue 16).
+and what to do, a non-zero exit, no traceback, nothing left behind.
 
 A hypothesis property drives ``tierstore.cli.main`` in-process with generated bad
 arguments and paths; a few cases run as real subprocesses, signals included."""

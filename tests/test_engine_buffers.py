@@ -1,5 +1,5 @@
-"""Engine.submit accepts only registered memory (issue 15: a 1 TiB length once wrote
-512 KiB past a 4 KiB buffer). Every src and dst range must lie inside one registered
+"""Engine.submit accepts only registered memory (a 1 TiB length once wrote 512 KiB
+past a 4 KiB buffer). Every src and dst range must lie inside one registered
 buffer on the right side of the bus; anything else is a BufferBoundsError naming the
 row, its offset and length and the buffer, and nothing is read or copied. The check is
 native (a sorted interval table) and costs well under a microsecond per 64-row batch."""

@@ -1,4 +1,4 @@
-"""Checksums on load (issue 15): Engine.submit(checksums=xxh3_64 per row) verifies each row
+"""Checksums on load: Engine.submit(checksums=xxh3_64 per row) verifies each row
 natively as it lands. An intact row passes, a row corrupted in place fails alone with
 EBADMSG at its offset, for every way a row can land (host dst, caller src, staging ring)."""
 from __future__ import annotations

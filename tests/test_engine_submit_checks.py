@@ -1,4 +1,4 @@
-"""Engine.submit refuses bad rows before anything is read (issue 15): every rejection
+"""Engine.submit refuses bad rows before anything is read: every rejection
 reason one line naming the path and the row; nothing is submitted."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The lazy promotion models natively (csrc/store/src/lazy_replay.cpp, issue #14): the
+"""The lazy promotion models natively (csrc/store/src/lazy_replay.cpp): the
 live store's step() path (``lazy``: this tick's misses, hotter than their victims) and
 vLLM-Moet's reference manager (``reference``: the hottest non-resident keys, never over a
 key the tick used), each equal to ``sim.demand.replay_lazy``'s Python loop, the oracle:

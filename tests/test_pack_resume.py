@@ -1,4 +1,4 @@
-"""Issue 41: a resumed build asks only for the space it still needs; a pack whose mtime
+"""A resumed build asks only for the space it still needs; a pack whose mtime
 changed but whose inode, size and sidecar did not (`touch`) keeps serving, its rows still
 checked against their sums; a changed one is still refused or caught."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Writers that share a directory (issue 41): a build owns what it creates and, failed or
+"""Writers that share a directory: a build owns what it creates and, failed or
 interrupted, removes only that; a second writer of the same pack is refused naming the
 holder's pid; nothing another process finished (or left resumable) is ever removed.
 Real processes: concurrent `tierstore pack build`s, SIGINT and SIGKILL mid-build, and

@@ -26,7 +26,7 @@ def test_json_lists_every_policy_and_slot_with_required_fields(capsys, tmp_path)
                 "wasted_prefetch"} <= set(r)
         assert 0.0 <= r["hit_rate"] <= 1.0
     belady = {r["slots"]: r["hit_rate"] for r in rows if r["policy"] == "belady"}
-    # Issue 14: gap_to_min only where MIN is the ceiling (forced-admission demand
+    # gap_to_min only where MIN is the ceiling (forced-admission demand
     # fill), in the bandwidth view; the filtering and lazy/prefetch models are
     # bounded by the MIN that may skip, which did not run here.
     bw = {r["slots"]: r["bandwidth_hit_rate"] for r in rows if r["policy"] == "belady"}

@@ -1,7 +1,7 @@
 """The live store replayed as a policy: a CPU-pool ExpertStore over a real pack and
 ``tierstore.sim`` give identical hits, misses and reads on the same trace, because
-both decide through ``tierstore.policies.fill`` (issue 10; issue 14's exact
-agreement)."""
+both decide through ``tierstore.policies.fill`` (exact agreement, so the simulator's
+hit rates are the store's)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -190,7 +190,7 @@ def test_policy_per_tier_and_no_knob_leaks_across_tiers(pack):
         assert s.pool_policy.name == "heat" and s.arena_policy.name == "hybrid"
         assert s.pool_policy.half_life == 10 and s.arena_policy.half_life != 10
         assert s.pool_policy is not s.arena_policy
-    # a half-life the pool policy cannot use is an error, not silently dropped (issue 15)
+    # a half-life the pool policy cannot use is an error, not silently dropped
     with pytest.raises(ConfigError, match="half_life=3 given, but the pool policy 'lru' has no"):
         ts.ExpertStore(pack, vram_slots=8, device="cpu", policy="lru", half_life=3)
 

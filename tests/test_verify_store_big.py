@@ -1,4 +1,4 @@
-"""Checksums on load for rows bigger than one stage buffer (issue 15), through the store's
+"""Checksums on load for rows bigger than one stage buffer, through the store's
 public API: rows of 17 MiB + 1234 B (two 16 MiB segments, the second ragged) are verified
 under verify="always" / "first" / "off", a corrupted segment (first or last) fails the
 fire with a TierIOError naming the file, layer, expert and offset, and nothing of that

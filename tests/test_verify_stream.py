@@ -1,4 +1,4 @@
-"""Streaming verification (issue 15): a checksummed row of any size is hashed segment by
+"""Streaming verification: a checksummed row of any size is hashed segment by
 segment (stage_bytes each) as it lands, in file order, and fails as a whole when its
 digest differs. Rows of 17 MiB, 40 MiB and a size that is no multiple of 4096, at an
 aligned and an unaligned offset, through every way a row lands (host dst, caller src,

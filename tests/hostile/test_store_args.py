@@ -1,6 +1,6 @@
 """Policy knobs given to ExpertStore: a knob the chosen policy cannot use, or a value
 that is not a positive finite number, is a ConfigError naming it, never silently
-dropped or turned into the default (issue 15: ``policy="lru", half_life=5``)."""
+dropped or turned into the default (as ``policy="lru", half_life=5`` once was)."""
 from __future__ import annotations
 
 import math
