@@ -18,11 +18,10 @@ The rules run natively (kind 4 of csrc/store/include/tierstore/store/policy.hpp,
 policies/native.py): the long heat is a second raw array on the same clock, with its
 own renormalisation. On the wall clock both heats share one start time.
 
-Measured (as a fixed policy, bandwidth view, share of the LRU -> MIN gap closed,
-10 / 20 / 40 % pools): the synthetic DS4 trace (seed 0, 256 ticks) +0.09 / +0.21 /
-+0.29 at h = 2 and +0.10 / +0.20 / +0.29 at h = 4, where the best heat / hybrid /
-phase half-life (2 to 2048) closes at most +0.05 / +0.09 / +0.22; FLAME +0.136 /
-+0.209 / +0.253 at h = 64 (phase(64): +0.136 / +0.208 / +0.250).
+Where it stands: on FLAME and on the synthetic DS4 trace the best fixed policy in
+hindsight is a blend (64 steps on FLAME, 2-4 on DS4; a phase on some held-out synthetic
+settings), which is why five of auto's nine experts are blends (``bench/hits_eval.py``,
+bench/RESULTS.md).
 """
 from __future__ import annotations
 

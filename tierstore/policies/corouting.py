@@ -14,9 +14,8 @@ global gain as in heat.py, so a tick costs O(1) and not O(counts)):
 - the two mix with weights learned online, Bayesian model averaging with
   forgetting: each one's weight is exp of its decayed log-likelihood of what was
   then actually routed, so a predictor that is consistently worse gets no say
-  (on FLAME the next-token one, near chance, diluted the cross-layer one:
-  0.31 / 0.41 / 0.51 of the latency gap mixed by mean probability mass against
-  0.33 / 0.45 / 0.50 cross-layer alone).
+  (a fixed mix let a near-chance next-token predictor dilute a good cross-layer
+  one on FLAME).
 - a read group of T tokens (a prefill, a batch) is one observation of weight
   1/T: its pairs did not all share a token, so it says little about what one
   token routes next. ``present`` turns the per-token estimate into the chance
