@@ -24,6 +24,7 @@ from tierstore.adapters.vllm_quant import NAME, Runtime, method_class, method_pa
 from tierstore.errors import ConfigError
 
 log = logging.getLogger("vllm.tierstore")
+vllm_exact.routed_experts_op()     # registered at import: never created under tracing
 
 
 def inner_moe_method(inner: QuantizationConfig | None, layer, prefix: str):
@@ -124,7 +125,7 @@ class TierstoreExactMoEMethod(FusedMoEMethodBase):
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None,
               shared_experts_input=None):
-        return vllm_exact.routed_experts_op()(x, topk_weights, topk_ids, self.key)
+        return torch.ops.tierstore.routed_experts(x, topk_weights, topk_ids, self.key)
 
 
 def _drop(param=None, loaded_weight=None, weight_name=None, shard_id=None, expert_id=None,

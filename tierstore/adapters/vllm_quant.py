@@ -59,7 +59,11 @@ def slots_setting(value) -> str | int:
     if text.endswith("%"):
         pct = settings.number(0.0, 100.0, lo_open=True)(text[:-1])
         return f"{pct}%"
-    return settings.integer(1)(text)
+    try:
+        return settings.integer(1)(text)
+    except ValueError:
+        raise ValueError("expected auto, all, floor, N% (0 < N <= 100) or an integer "
+                         ">= 1") from None
 
 # parameter names a checkpoint's method gives its experts; the placeholders for each
 # method are found by running it on a meta device (method_param_names); this is the
@@ -193,8 +197,19 @@ class Runtime:
                                   f"the checkpoint did not deliver every routed expert")
             packs = cap.paths()
             cap.close()
+            self._check_worker()
             self.tier = ServingTier(packs, device=self.device, **self.store_options())
             return self.tier
+
+    def _check_worker(self) -> None:
+        """Tiered mode lives on per-step hooks only the worker class gives; inside an
+        engine without it the pool would never fill (a silent 2-bit model): refused."""
+        from tierstore.adapters import vllm_worker
+        from vllm.config import get_current_vllm_config
+        if get_current_vllm_config().model_config is not None and not vllm_worker.HOOKED:
+            raise ConfigError("TIERSTORE_VLLM_MODE=tiered needs the per-step hooks of "
+                              "--worker-cls tierstore.adapters.vllm_worker.TierstoreWorker "
+                              "(or use the default exact mode, which needs none)")
 
     def store_options(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ram_gb": self.env["ram_gb"]}
@@ -286,9 +301,34 @@ def config_class() -> type:
     return TierstoreConfig
 
 
+def check_settings(environ=None) -> None:
+    """Refuse bad TIERSTORE_VLLM_* settings before vLLM boots anything: one line on
+    stderr and a non-zero exit (SystemExit), never a traceback from inside an engine.
+    Checked only when one is set (whoever sets none is not asking for tierstore here):
+    every value, and a pack directory that is read-only and holds no pack to serve."""
+    environ = os.environ if environ is None else environ
+    if not any(k.startswith("TIERSTORE_VLLM_") for k in environ):
+        return
+    try:
+        env = ENV.parse(environ)
+    except ConfigError as exc:
+        raise SystemExit(f"tierstore: {exc}") from None
+    d = env["dir"] or default_pack_dir()
+    probe = d
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK):
+        has_pack = os.path.isdir(d) and any(n.endswith(".pack") for n in os.listdir(d))
+        if not has_pack:
+            raise SystemExit(f"tierstore: TIERSTORE_VLLM_DIR={d}: not writable and holds no "
+                             "pack; the first boot writes the packs there: give a writable "
+                             "directory (later boots may then use it read-only)")
+
+
 def register() -> type:
     """Register ``tierstore`` with vLLM's quantization registry (idempotent)."""
     from vllm.model_executor.layers.quantization import register_quantization_config
+    check_settings()
     cls = config_class()
     register_quantization_config(NAME)(cls)
     return cls

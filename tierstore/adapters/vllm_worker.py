@@ -1,5 +1,6 @@
-"""``--worker-cls tierstore.adapters.vllm_worker.TierstoreWorker``: vLLM 0.34 has no
-per-step callback, so a Worker subclass supplies the three moments tierstore needs.
+"""``--worker-cls tierstore.adapters.vllm_worker.TierstoreWorker`` (tiered mode only;
+exact mode needs no worker): vLLM has no per-step callback, so a subclass of the
+platform's worker (CPU or GPU) supplies the three moments the tiered tier needs.
 
 * ``initialize_from_config`` (KV cache allocated, nothing real captured yet): every
   serving tier of the model is finalized: the ExpertStore opens and sizes its pool
@@ -20,6 +21,8 @@ from __future__ import annotations
 import functools
 
 from tierstore.adapters.vllm import require_vllm
+
+HOOKED = False     # a TierstoreWorker was built in this process (tiered mode checks it)
 
 
 def model_tiers(model) -> list:
@@ -64,9 +67,18 @@ def _quiet_all(tiers):
 @functools.lru_cache(maxsize=1)
 def worker_class() -> type:
     require_vllm("--worker-cls tierstore.adapters.vllm_worker.TierstoreWorker")
-    from vllm.v1.worker.gpu_worker import Worker
+    from vllm.platforms import current_platform
+    if current_platform.is_cpu():          # vLLM's CPU platform has its own worker
+        from vllm.v1.worker.cpu_worker import CPUWorker as Worker
+    else:
+        from vllm.v1.worker.gpu_worker import Worker
 
     class TierstoreWorker(TierHooks, Worker):
+        def __init__(self, *args, **kwargs):
+            global HOOKED
+            HOOKED = True
+            super().__init__(*args, **kwargs)
+
         def determine_available_memory(self) -> int:
             with _quiet_all(self.tiers()):
                 return super().determine_available_memory()
