@@ -2,8 +2,8 @@
 
 Read from the source, nothing imported but the command's parser and the native module:
 - every ``tierstore.x.y`` dotted name (and ``module:attr`` entry point) in docs/*.md, the
-  README, bench/*.md and the docstrings of every module under tierstore/ resolves to a
-  module, or a top-level name (or a class member) of one;
+  README, bench/*.md, and the docstrings and error / warning messages of every module
+  under tierstore/ resolves to a module, or a top-level name (or a class member) of one;
 - every ``tierstore <command> [<subcommand>] [--flag ...]`` written as code resolves in the
   real argparse tree, flags included;
 - every repository path (``tierstore/compute/moe.py``, ``bench/device/``, ``results/x.json``,
@@ -80,6 +80,20 @@ def _docstrings(rel: str):
                 yield (node.body[0].lineno, doc)
 
 
+def _messages(rel: str):
+    """(line, text) of the error and warning messages a module raises: the string parts
+    of every ``raise`` and ``warnings.warn(...)``."""
+    tree = ast.parse((ROOT / rel).read_text(), filename=rel)
+    for node in ast.walk(tree):
+        is_warn = isinstance(node, ast.Call) and (
+            getattr(node.func, "attr", None) == "warn" or getattr(node.func, "id", None) == "warn")
+        if isinstance(node, ast.Raise) or is_warn:
+            parts = [n.value for n in ast.walk(node)
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            if parts:
+                yield node.lineno, "".join(parts)
+
+
 def _texts():
     """(where, text, is_markdown) of every checked text."""
     for rel in _markdown_sources():
@@ -87,6 +101,8 @@ def _texts():
     for rel in _python_sources():
         for line, doc in _docstrings(rel):
             yield f"{rel}:{line}", doc, False
+        for line, msg in _messages(rel):
+            yield f"{rel}:{line}", msg, False
 
 
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
