@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from tierstore import sim
-from tierstore.sim import synth, traces
 from tierstore.cli.bench_hits_views import plot_views as plot_hits
 from tierstore.files.atomic import write_atomic_with
+from tierstore.sim import synth, traces
 
 
 def load(cfg: dict, config_path: str, trace_path: str | None) -> traces.Trace:

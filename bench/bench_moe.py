@@ -24,11 +24,9 @@ import time
 
 import torch
 
-from tierstore.format import fp4
-
+from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe_reference
 from tierstore.format import layouts
 from tierstore.testing.model import make_moe_model, pool_benefit, random_expert_rows
-from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe_reference
 
 
 def _routings(R, T, E, k, seed, device):
@@ -119,8 +117,9 @@ def _bf16_gemm_floor(x, w, ids, W13, W2, iters=5) -> float:
 
 
 def bench_gpu(args) -> list[dict]:
-    from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode, fused_moe_mma, mma_workspace
     import importlib.util
+
+    from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode, fused_moe_mma, mma_workspace
     H, I, E, k = args.H, args.I, args.E, args.k
     pool = StaticPool(random_expert_rows(E, "fp4", H, I, 0, "cuda").reshape(1, E, -1), E, "cuda")
     base = BaseWeights(random_expert_rows(E, "base", H, I, 1, "cuda").reshape(1, E, -1), H, I, "cuda")

@@ -79,6 +79,7 @@ def bench_write_verify(d: str, total_mib: int, slot: int) -> dict:
 
 def bench_open_ds4(d: str) -> dict:
     import json
+
     from tierstore.format.sidecar import PackName, key20_of
     L, E, slot = 43, 256, 13_369_344
     rng = np.random.default_rng(1)

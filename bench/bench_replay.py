@@ -33,9 +33,14 @@ from tierstore.sim.belady import BeladyPolicy, BeladySkipPolicy
 from tierstore.sim.counting import Prepared
 from tierstore.sim.demand import replay_demand_fill, replay_lazy
 from tierstore.sim.predict import replay_predict
-from tierstore.sim.runner import (DEFAULT_TICKS_PER_SECOND, LAZY_PER_TICK, LAZY_POLICY,
-                                  REFERENCE_HALF_LIFE_S, REFERENCE_PROMOTE_PER_TICK)
 from tierstore.sim.prefetching import replay_with_prefetch
+from tierstore.sim.runner import (
+    DEFAULT_TICKS_PER_SECOND,
+    LAZY_PER_TICK,
+    LAZY_POLICY,
+    REFERENCE_HALF_LIFE_S,
+    REFERENCE_PROMOTE_PER_TICK,
+)
 from tierstore.sim.synth import synthetic_trace
 from tierstore.sim.traces import Trace, load_trace
 

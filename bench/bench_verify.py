@@ -27,6 +27,7 @@ import torch
 import tierstore as ts
 from tierstore.testing.packs import make_random_pack, random_layer_rows
 
+
 def _sync(device):
     if device == "cuda":
         torch.cuda.synchronize()

@@ -168,8 +168,8 @@ def live_store_replay(pack, ticks, cap: int, policy: str, warm_src=None,
 
 
 def bench_hits(args) -> dict:
-    from tierstore.testing.packs import make_random_pack
     from tierstore import sim
+    from tierstore.testing.packs import make_random_pack
     ticks, n_layers, n_experts, trace = load_trace(args.trace)
     n_keys = n_layers * n_experts
     warm_end = len(ticks) - args.steps if args.warmup is None else args.warmup

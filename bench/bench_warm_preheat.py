@@ -58,7 +58,6 @@ def _fill_cache(path: str) -> float:
 
 def _engine_ceiling(pack, keys: np.ndarray, pool, device: str) -> float:
     """GB/s of the bare engine moving the rows ``keys`` into ``pool`` slots 0..N-1."""
-    import torch
     from tierstore.io.engine import Engine
     n = len(keys)
     offsets = np.array([pack.row_offset(int(l), int(e)) for l, e in keys], dtype=np.int64)
@@ -115,6 +114,7 @@ def _timed_preheat(pack, poolmon: str, args) -> dict:
 
 def bench_preheat(args) -> dict:
     import torch
+
     from tierstore import warm as ws
     warnings.simplefilter("default")
     slot_bytes = int(args.slot_bytes)

@@ -4,7 +4,6 @@ read bound (_C.measure_read_bound) reads what it says."""
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest

@@ -9,7 +9,6 @@ import os
 import tempfile
 
 import pytest
-
 from conftest import private_temp_root
 
 from tierstore.cli import main

@@ -92,6 +92,7 @@ def _progress(text: str) -> None:
 
 def run(args, res: dict) -> dict:
     import torch
+
     import tierstore as ts
     from tierstore import cuda_available
     from tierstore.format.pack import Pack
