@@ -55,6 +55,8 @@ class MoetEnv(msgspec.Struct, frozen=True, kw_only=True):
     promo_hyst: float = 0.0          # PROMO_HYST: >1 = displacement bar into a full pool
     split: bool = False              # DELTA_SPLIT
     count_seen: bool = False         # DELTA_TRACE > 0 or DELTA_CAPTURE set: seen is int32
+    capture: str = ""                # DELTA_CAPTURE: routing trace (.npy) path, "" = none
+    capture_ticks: int = 20000       # DELTA_CAPTURE_TICKS: steps a capture keeps
     base_cache_gb: float = 0.0       # BASE_CACHE_GB: > 0 = vLLM-Moet's base tier exists
     force_pool: bool = False         # FORCE_POOL as parsed (the module rereads it at the check)
     fire_timing: bool = False        # GATE_FIRE_TIMING
@@ -165,7 +167,10 @@ SPEC = settings.EnvSpec(PREFIX, (
     _v("PROMO_HYST", "promo_hyst", _float, 0.0, "> 1: displacement bar into a full pool"),
     _v("DELTA_SPLIT", "split", _switch, False, "quintal slots"),
     _v("DELTA_TRACE", "trace", _count, 0, "> 0 also makes seen int32 counts"),
-    _v("DELTA_CAPTURE", "capture", str, "", "non-empty also makes seen int32 counts"),
+    _v("DELTA_CAPTURE", "capture", lambda v: str(v).strip(), "",
+       "routing capture path; non-empty also makes seen int32 counts"),
+    _v("DELTA_CAPTURE_TICKS", "capture_ticks", _at_least(_int, 1), 20000,
+       "steps a routing capture keeps"),
     _v("BASE_CACHE_GB", "base_cache_gb", _float, 0.0, "> 0: vLLM-Moet's base-cache tier"),
     _v("FORCE_POOL", "force_pool", _switch, False, "serve under the fire floor (a warning)"),
     _v("GATE_FIRE_TIMING", "fire_timing", _switch, False, "fill LAST_FORCE_TIMING"),
@@ -204,7 +209,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> MoetEnv:
     v = SPEC.parse(env, warn=False)
     gb = v.pop("delta_gb_raw")
     auto = gb in AUTO_VALUES
-    trace, capture, tick_ms = v.pop("trace"), v.pop("capture"), v.pop("tick_ms")
+    trace, capture, tick_ms = v.pop("trace"), v["capture"], v.pop("tick_ms")
     return MoetEnv(**v, delta_gb_raw=gb, delta_auto=auto, delta_gb=0.0 if auto else float(gb),
                    delta_gb_explicit=PREFIX + "DELTA_GB" in env,
                    policy_explicit=PREFIX + "DELTA_POLICY" in env,

@@ -67,6 +67,11 @@ class TierstoreDeltaTier:
         self._deferred_floor = None       # set by check_pool_floor while auto is pending
         self._win_active = 0.0
         self._kpi_unfixed = self._kpi_deferred = 0
+        # Routing capture (DELTA_CAPTURE, vLLM-Moet's variable, or TIERSTORE_CAPTURE): the
+        # seen table of every step, bounded, written atomically (tierstore/sim/capture.py)
+        self._capture = _routing_capture(env, tag, self.n_layers, self.E)
+        self._capture_fired = None        # a fired step's routing, read before force_promote
+        self._metrics = None              # tierstore.metrics handle of the open store
         if self._auto_pending:
             log.info("moet tier [%s]: auto pool deferred until after the KV cache (slot %.2f MiB)",
                      tag, self.slot_bytes / 2**20)
@@ -134,6 +139,7 @@ class TierstoreDeltaTier:
                          slot_table=self.slot_table,
                          reserve_gb=env.reserve_gb, max_gb=env.max_gb)
         self.expert_store = es
+        self._metrics = _register_metrics(es, self._tag, self.dev)
         if not self._auto_pending:
             es.finalize(self._want_slots)
             log.info("moet tier [%s]: %d slots x %.2f MiB over %s", self._tag, es.n_slots,
@@ -193,6 +199,9 @@ class TierstoreDeltaTier:
         """(dense keys routed since the last step end, their counts), from ``seen`` as the
         forward left it (one host sync); ``zero`` clears ``seen`` (and ``seen_w``)."""
         counts = self.seen.to("cpu").numpy().reshape(-1).astype(np.int64)
+        if self._capture is not None and self._capture_fired is None:
+            # force_promote clears seen: the step's forward routing is captured from here
+            self._capture_fired = counts.reshape(self.n_layers, self.E)
         if zero:
             self.seen.zero_()
             self.seen_w.zero_()
@@ -286,7 +295,8 @@ class TierstoreDeltaTier:
             event.record()
         self.seen.zero_()
         self._fold_pending()                        # the previous step's copy: long done
-        self._pending = (host, event)
+        fired, self._capture_fired = self._capture_fired, None
+        self._pending = (host, event, fired)
         publish = es.publish_pending
         if publish or not self._cuda:
             self._fold_pending()                    # this step's: waited for when publishing
@@ -298,12 +308,15 @@ class TierstoreDeltaTier:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        host, event = pending
+        host, event, fired = pending
         if event is not None and not event.query():
             event.synchronize()
         counts = host.numpy()
         self._win_active += float(counts.sum())
         self.expert_store.record_counts(counts)
+        if self._capture is not None:   # a fired step: its forward's routing, not the replay's
+            self._capture.record_counts(counts if fired is None else fired)
+            self._capture.step()
 
     def _release_fires(self) -> None:
         fires, self._step_fires = self._step_fires, []
@@ -332,17 +345,52 @@ class TierstoreDeltaTier:
     def _close_store(self) -> None:
         es, self.expert_store = self.expert_store, None
         self._step_fires = []
+        handle, self._metrics = self._metrics, None
+        if handle is not None:
+            handle.close()         # its last values written first (multiprocess mode)
         if es is not None:
             es.close()
 
     def close(self) -> None:
         """Close the store (its worker, engine and pack lock), then the pack writer; a
-        process-private pack is removed."""
+        process-private pack is removed; a routing capture is written."""
         self._closed = True
         try:
             self._close_store()
         finally:
             self._store.release()
+            capture, self._capture = self._capture, None
+            if capture is not None:
+                try:
+                    path = capture.close()
+                    if path is not None:
+                        log.info("moet tier [%s]: routing capture written to %s", self._tag, path)
+                except Exception as exc:   # noqa: BLE001 - a diagnostic must not fail shutdown
+                    log.warning("moet tier [%s]: routing capture not written: %s", self._tag, exc)
+
+
+def _register_metrics(store, tag: str, dev):
+    """The store on the engine's /metrics (docs/METRICS.md); a refusal (labels taken by
+    another open store of this process) is logged: metrics must not stop serving."""
+    from tierstore import metrics
+    from tierstore.errors import ConfigError
+    try:
+        return metrics.register_store(store, {"tag": tag, "device": str(dev)})
+    except ConfigError as exc:
+        log.warning("moet tier [%s]: no metrics for this store: %s", tag, exc)
+        return None
+
+
+def _routing_capture(env: MoetEnv, tag: str, n_layers: int, n_experts: int):
+    """The tier's RoutingCapture, or None: DELTA_CAPTURE (bounded by DELTA_CAPTURE_TICKS
+    steps) or else the TIERSTORE_CAPTURE setting."""
+    from tierstore.sim.capture import RoutingCapture
+    meta = {"num_experts": int(n_experts), "engine": "vLLM-Moet (tierstore face)",
+            "tier": tag, "slot_table_rows": int(n_layers),
+            "weights": "token counts" if env.count_seen else "one row per routed expert a step"}
+    if env.capture:
+        return RoutingCapture(env.capture, max_steps=env.capture_ticks, meta=meta)
+    return RoutingCapture.from_settings(meta)
 
 
 def _capturing(cuda: bool) -> bool:
