@@ -67,11 +67,13 @@ def test_all_resident_bound_and_all_miss_run(decode_run):
     allres = res["all_resident"]
     assert allres["counters_timed"]["misses"] == 0 and allres["counters_timed"]["bytes"] == 0
     assert allres["counters_timed"]["decides"] == 0     # attention + MoE only: no residency
-    # the pools read more than the bound (nothing); timing on 2 shared cores is loose
+    # The bound does the least work: it reads nothing, a cold pool reads. (Its tokens/s are
+    # not compared here: steps of a few ms on 2 shared cores vary 100-fold under load.)
     for row in res["pools"]:
-        for m in row["modes"].values():
-            assert m["counters_timed"]["bytes"] >= 0 and m["tok_s"] > 0
-            assert allres["tok_s"] >= 0.25 * m["tok_s"]
+        for mode, m in row["modes"].items():
+            assert m["tok_s"] > 0 and m["counters_run"]["bytes"] >= 0
+            if mode != "uva_static" and not m["warm"]:   # a cold pool (uva: preloaded)
+                assert m["counters_run"]["bytes"] > 0, (row["pct"], mode)
     am = res["all_miss"]["modes"]["device"]
     assert am["miss_rate"] == 1.0 and am["counters_timed"]["hits"] == 0
     assert res["all_miss"]["modes"]["host_planned"]["counters_run"] == am["counters_run"]
@@ -101,8 +103,13 @@ def test_gate_reruns_are_counted(tmp_path):
     assert m["counters_timed"]["decides"] == 2 * (8 + m["reruns"])
 
 
+def test_pack_source_is_required(capsys):
+    assert main(["bench", "decode", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--dir" in err[0] and "--pack" in err[0]
+
+
 @pytest.mark.parametrize("argv, text", [
-    (["--device", "cpu"], "give --dir"),
     (["--dir", "D", "--hidden", "48", "--device", "cpu"], "multiples of 32"),
     (["--dir", "D", "--top-k", "9", "--experts", "8", "--layers", "1", "--hidden", "64",
       "--inter", "32", "--device", "cpu"], "--top-k 9"),

@@ -37,9 +37,10 @@ GOAL_MISS_RATES = (0.10, 0.20)
 def register(sub) -> None:
     p = sub.add_parser("decode", help="Decode tokens/s: device-side residency vs baselines and bounds",
                        description=__doc__.splitlines()[0])
-    p.add_argument("--dir", help="directory of the bench pack (created once, reused); or --pack")
-    p.add_argument("--pack", type=existing_path("pack"),
-                   help="an fp4 pack with a row layout (H, I) to use instead of the bench pack")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dir", help="directory of the bench pack (created once, reused)")
+    src.add_argument("--pack", type=existing_path("pack"),
+                     help="an fp4 pack with a row layout (H, I) to use instead of the bench pack")
     p.add_argument("--layers", type=int_in(1, 4096), default=43, help="MoE layers (bench pack)")
     p.add_argument("--experts", type=int_in(1, 4096), default=256, help="experts per layer (bench pack)")
     p.add_argument("--hidden", type=int_in(32, 1 << 16), default=4096,
@@ -49,7 +50,7 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int_in(1, 64), default=6, help="routed experts per token")
     p.add_argument("--batch", type=int_in(1, 16), default=1, help="decode batch (tokens per step)")
     p.add_argument("--trace", type=existing_file("routing trace"),
-                   help="replay this capture-format trace (.npy) instead of a synthetic router")
+                   help="replay this capture-format trace (.npy) (default: --router)")
     p.add_argument("--router", choices=["synthetic", "cyclic"], default="synthetic",
                    help="routing without --trace: the synthetic router, or cyclic (every expert misses)")
     p.add_argument("--seed", type=int_in(0), default=0, help="synthetic router and gate seed")
@@ -74,8 +75,8 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int_in(1, 512), default=16, help="store engine reader threads")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="pool device; auto = cuda when present")
-    p.add_argument("--out", type=output_file(), help="write the JSON results here, atomically")
-    p.add_argument("--png", type=output_file(), help="write the PNG plot here, atomically")
+    p.add_argument("--out", type=output_file(), help="write the JSON results here, atomically (default: none)")
+    p.add_argument("--png", type=output_file(), help="write the PNG plot here, atomically (default: none)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.set_defaults(func=main)
 
@@ -280,8 +281,6 @@ def run(args, res: dict) -> dict:
     from tierstore.sim.traces import load_trace
     if args.device == "cuda":
         check_cuda()
-    if not args.pack and not args.dir:
-        raise ConfigError("bench decode: give --dir (the bench pack is written there) or --pack")
     if args.hidden % 32 or args.inter % 32:
         raise ConfigError(f"--hidden {args.hidden} / --inter {args.inter}: both must be multiples of 32")
     device = args.device if args.device != "auto" else ("cuda" if cuda_available() else "cpu")
