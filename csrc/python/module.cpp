@@ -15,6 +15,7 @@ void bind_policy(nb::module_& m);         // bind_policy.cpp: the policies' rule
 void bind_policy_replay(nb::module_& m);  // bind_policy_replay.cpp: native demand replay
 void bind_policy_auto(nb::module_& m);    // bind_policy_auto.cpp: auto's core and replay
 void bind_prefetch(nb::module_& m);       // bind_prefetch.cpp: the prefetcher and its model
+void bind_residency(nb::module_& m);      // bind_residency.cpp: device-side residency
 }  // namespace tierstore::python
 
 NB_MODULE(_C, m) {
@@ -33,4 +34,5 @@ NB_MODULE(_C, m) {
   tierstore::python::bind_policy_replay(m);
   tierstore::python::bind_policy_auto(m);
   tierstore::python::bind_prefetch(m);
+  tierstore::python::bind_residency(m);
 }
