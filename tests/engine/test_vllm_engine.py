@@ -179,3 +179,51 @@ def test_bad_settings_are_one_line_and_a_nonzero_exit(checkpoints_dir, env, says
     lines = [l for l in p.stderr.strip().splitlines() if l.startswith("tierstore")]
     assert len(lines) == 1 and says in lines[0], p.stderr[-2000:]
     assert "Traceback" not in p.stderr
+
+
+@pytest.fixture
+def read_only_view(tmp_path):
+    """A read-only bind mount of a fresh directory: (writable source, read-only view)."""
+    src, view = tmp_path / "packs", tmp_path / "ro"
+    src.mkdir()
+    view.mkdir()
+    if subprocess.run(["mount", "--bind", str(src), str(view)], capture_output=True).returncode:
+        pytest.skip("cannot bind-mount here (needs CAP_SYS_ADMIN)")
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(view)],
+                          capture_output=True).returncode:
+            pytest.skip("cannot remount read-only here")
+        yield src, view
+    finally:
+        subprocess.run(["umount", str(view)], capture_output=True)
+
+
+def test_read_only_pack_dir_serves_two_engines_at_once_and_refuses_when_empty(
+        checkpoints_dir, read_only_view):
+    src, view = read_only_view
+    model = str(checkpoints_dir / "qwen3_moe")
+    p = run_py(["run_engine.py", model, json.dumps([{"name": "x", "quantization": "tierstore"}])],
+               env={"TIERSTORE_VLLM_DIR": str(view)}, check=False, timeout=300)
+    assert p.returncode != 0
+    line = [l for l in p.stderr.splitlines() if l.startswith("tierstore")]
+    assert len(line) == 1 and "not writable and holds no pack" in line[0], p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+
+    got = engines(model, [{"name": "stock"}, {"name": "write", "quantization": "tierstore",
+                                              "env": {"TIERSTORE_VLLM_DIR": str(src)}}])
+    assert got["write"]["tokens"] == got["stock"]["tokens"]
+    before = sorted(os.listdir(view))
+    runs = json.dumps([{"name": "ro", "quantization": "tierstore",
+                        "env": {"TIERSTORE_VLLM_DIR": str(view), "TIERSTORE_VLLM_SLOTS": "floor"}}])
+    full = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "OMP_NUM_THREADS": "1"}
+    two = [subprocess.Popen([engine_python(), "run_engine.py", model, runs], cwd=HERE, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for _ in range(2)]
+    for proc in two:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        r = [json.loads(l[7:]) for l in out.splitlines() if l.startswith("RESULT ")]
+        assert r[0]["tokens"] == got["stock"]["tokens"]
+        assert "loader-skip" in out + err
+    assert sorted(os.listdir(view)) == before

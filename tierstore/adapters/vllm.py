@@ -1,8 +1,9 @@
-"""Hook for upstream vLLM's fused-MoE layer: route its experts through the pool.
+"""Tiered mode's hook for upstream vLLM's fused-MoE layer: route its experts through
+the pool (exact mode is tierstore/adapters/vllm_config.py + vllm_exact.py).
 
-Every vLLM import of tierstore lives in this module, and only inside functions:
-``import tierstore.adapters.vllm`` works without vLLM; using a vLLM-backed name
-without vLLM raises one ConfigError saying what to install.
+vLLM is imported here only inside functions: ``import tierstore.adapters.vllm`` works
+without vLLM; using a vLLM-backed name without vLLM raises one ConfigError saying what
+to install. (vllm_config.py imports vLLM at the top: only register() imports it.)
 
 Target: vLLM ``VLLM_VERSION`` (0.34.0). What we rely on (checked by
 tests/test_adapter_vllm_contract.py; CI installs vLLM, so an upgrade that moves

@@ -95,12 +95,16 @@ class TierstoreExactMoEMethod(FusedMoEMethodBase):
         # loader-skip: a 1-expert placeholder the loader never fills; the kernel is built
         # over it and the parameters are pointed at the shared scratch when serving starts
         self.n_created = 1 if skip else num_experts
+        before = {n for n, _ in layer.named_parameters(recurse=False)}
         self.inner.create_weights(layer, self.n_created, hidden_size,
                                   intermediate_size_per_partition, params_dtype,
                                   **extra_weight_attrs)
+        # the method's own parameters; others on the layer (a router's
+        # e_score_correction_bias) are not expert weights and load as stock
+        self.own = {n for n, _ in layer.named_parameters(recurse=False)} - before
         if skip:
-            for _, param in layer.named_parameters(recurse=False):
-                param.weight_loader = _drop
+            for name in self.own:
+                getattr(layer, name).weight_loader = _drop
         layer.tierstore_layer_index = self.layer_index
         vllm_exact.register_call(self.key, self._call(layer))
 
@@ -114,7 +118,7 @@ class TierstoreExactMoEMethod(FusedMoEMethodBase):
         self.inner.process_weights_after_loading(layer)
         where = f"vLLM MoE layer {self.prefix} (tierstore row {self.layer_index})"
         if self.n_created > 1:       # first boot: the processed bytes go to the pack
-            planes = vllm_exact.expert_planes(layer, self.n_created, where)
+            planes = vllm_exact.expert_planes(layer, self.n_created, where, self.own)
             self.runtime.exact_write(self.layer_index, planes, where)
             self.written = True
         else:

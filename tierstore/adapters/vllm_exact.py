@@ -57,11 +57,16 @@ class Plane(NamedTuple):
     shape: tuple
 
 
-def expert_planes(layer: torch.nn.Module, n_experts: int, where: str) -> list[tuple[str, torch.Tensor]]:
-    """The layer's parameters whose first dimension is ``n_experts``, by name. Anything
-    else that holds data would not survive a later boot: refused, naming it."""
+def expert_planes(layer: torch.nn.Module, n_experts: int, where: str,
+                  own: set[str] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """The MoE method's parameters (``own``: the names its create_weights registered; a
+    processing step may replace a parameter under the same name) whose first dimension
+    is ``n_experts``, by name. Any other of its parameters that holds data would not
+    survive a later boot: refused, naming it."""
     planes = []
     for name, p in sorted(layer.named_parameters(recurse=False)):
+        if own is not None and name not in own:
+            continue
         if p.dim() >= 1 and p.shape[0] == n_experts and p.numel():
             if p.dtype not in DTYPE_NAMES:
                 raise ConfigError(f"{where}: expert parameter {name} has dtype {p.dtype}, which "

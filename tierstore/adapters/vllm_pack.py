@@ -35,11 +35,38 @@ _SHARDS = ("w1", "w3", "w2")
 FP8_BLOCK = 128
 
 
+SAMPLES = 16              # evenly spaced 64 KiB samples of each large weight file
+SAMPLE_BYTES = 64 << 10
+WHOLE_BELOW = 64 << 20    # files up to this size are hashed whole
+
+
+def _file_fingerprint(h, path: str) -> None:
+    """Name, size, modification time, and the contents: whole up to WHOLE_BELOW, else
+    the safetensors header (every tensor's name, dtype, shape, offsets) and SAMPLES
+    slices spread over the file (~1 MiB of reads per file on every boot). Weights
+    replaced in place at the same sizes change the mtime and the samples."""
+    st = os.stat(path)
+    size = st.st_size
+    h.update(f"{os.path.basename(path)}\0{size}\0{st.st_mtime_ns}\0".encode())
+    with open(path, "rb") as f:
+        if size <= WHOLE_BELOW:
+            h.update(f.read())
+            return
+        if path.endswith(".safetensors") and size >= 8:
+            n = int.from_bytes(f.read(8), "little")
+            if 0 < n <= min(size - 8, 100 << 20):
+                h.update(f.read(n))
+        for i in range(SAMPLES):
+            f.seek(max(0, (size - SAMPLE_BYTES) * i // max(1, SAMPLES - 1)))
+            h.update(f.read(SAMPLE_BYTES))
+
+
 def checkpoint_identity(model: str, revision: str | None = None) -> str:
     """Identity of a checkpoint, cheap enough for every boot: xxh3_128 over the model
-    name, revision, ``config.json`` bytes and every weight file's name and size (a
-    local directory; a hub name is identified by name and revision). Hashing every
-    byte, as ``tierstore pack`` does, would cost minutes per boot on large models."""
+    name, revision, ``config.json`` bytes and each weight file's fingerprint (name,
+    size, mtime, contents or header + 16 spread samples) for a local directory; a hub
+    name is identified by name and revision. Hashing every byte, as ``tierstore pack``
+    does, would cost minutes per boot on large models."""
     h = xxhash.xxh3_128()
     h.update(f"{model}\0{revision or ''}\0".encode())
     if os.path.isdir(model):
@@ -49,7 +76,7 @@ def checkpoint_identity(model: str, revision: str | None = None) -> str:
                 with open(path, "rb") as f:
                     h.update(f.read(1 << 20))
             elif name.endswith((".safetensors", ".bin", ".pt")):
-                h.update(f"{name}\0{os.path.getsize(path)}\0".encode())
+                _file_fingerprint(h, path)
     return f"vllm-ckpt-xxh3_128:{h.hexdigest()}"
 
 
