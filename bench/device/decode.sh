@@ -15,7 +15,8 @@ TEST_TIMEOUT=${TEST_TIMEOUT:-150}
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 stamp "bench decode"
 timeout "${DECODE_TIMEOUT:-420}" python3 -m tierstore bench decode --dir /tmp/benchdecode --device cuda \
-  --layers 43 --experts 32 --pools 100,60,50,20,10 --out "$OUT/decode.json" --png "$OUT/decode.png" \
+  --layers 43 --experts 32 --pools 100,60,50,20,10 --steps 48 --warmup 12 \
+  --modes device,host_planned,uva_static,device_hits_first --out "$OUT/decode.json" --png "$OUT/decode.png" \
   ${DECODE_ARGS:-} > "$OUT/decode.log" 2> "$OUT/decode.err"
 echo "bench decode rc=$?"; cat "$OUT/decode.log"; tail -30 "$OUT/decode.err"
 stamp done

@@ -29,7 +29,8 @@ from tierstore.cli.args import (check_cuda, existing_file, existing_path, float_
                                 int_list_of, names_of, non_negative_float, output_file, say)
 from tierstore.errors import ConfigError, TierIOError
 
-MODES = ("device", "host_planned", "uva_static")
+MODES = ("device", "host_planned", "uva_static", "device_hits_first")
+DEFAULT_MODES = ("device", "host_planned", "uva_static")
 SKIPPABLE = ("all_resident", "all_miss", "ceilings")
 GOAL_MISS_RATES = (0.10, 0.20)
 
@@ -64,7 +65,7 @@ def register(sub) -> None:
                    help="attention stand-in per layer, microseconds of GPU time")
     p.add_argument("--gate-rate", type=float_in(0.0, 1.0), default=0.0,
                    help="share of steps the replayed gate fires (each fired step runs again)")
-    p.add_argument("--modes", type=names_of(MODES, "mode"), default=list(MODES),
+    p.add_argument("--modes", type=names_of(MODES, "mode"), default=list(DEFAULT_MODES),
                    help=f"residency modes, comma-separated: {','.join(MODES)}")
     p.add_argument("--skip", type=names_of(SKIPPABLE, "section"), default=[],
                    help=f"sections to leave out: {','.join(SKIPPABLE)}")
@@ -181,13 +182,13 @@ def _timed(ctx, step_fn, counters, fold) -> dict:
 
 
 def run_residency(ctx, mode: str, slots: int) -> dict:
-    """One run of ``device``, ``uva_static`` or ``all_resident`` at ``slots`` slots."""
+    """One run of ``device``, ``device_hits_first``, ``uva_static`` or ``all_resident``."""
     torch, store, dec = ctx.torch, ctx.store, ctx.dec
     kw = dict(max_ids=ctx.P, slots=slots, gather_blocks=ctx.gather["gather_blocks"],
               chunk_bytes=ctx.gather["chunk_bytes"])
     with dl.attached(store, **kw) as res:
         info = {"slots": slots, "warm": False}
-        if mode == "device" and slots >= len(ctx.keys):   # every routed key fits: warm pool
+        if mode.startswith("device") and slots >= len(ctx.keys):   # every key fits: warm pool
             _preload(torch, res.page_in, ctx.keys, dec.E, res.max_ids, res.state.device)
             info["warm"] = True
         if mode in ("uva_static", "all_resident"):
@@ -198,8 +199,12 @@ def run_residency(ctx, mode: str, slots: int) -> dict:
                 info["static_keys"] = int(res.lock_keys(np.stack([hot // dec.E, hot % dec.E], 1))
                                           if len(hot) else 0)
                 info["scratch_slots"] = scratch
-        body = (lambda: dl.resident_step(dec)) if mode == "all_resident" else \
-            (lambda: dl.residency_step(dec, res))
+        if mode == "all_resident":
+            body = lambda: dl.resident_step(dec)          # noqa: E731
+        elif mode == "device_hits_first":
+            body = dl.HitsFirst(dec, res).step
+        else:
+            body = lambda: dl.residency_step(dec, res)    # noqa: E731
         step_fn = dl.capture(torch, body).replay if ctx.cuda else body
 
         def fold():
@@ -374,7 +379,7 @@ def _measure(ctx, res, pool_slots, routed_keys, L, E, T, k, n_total) -> None:
         ctx.dec.routing_dev.copy_(torch.from_numpy(cyc))
         try:
             row = {"pct": min(pool_slots), "slots": slots, "routing": "cyclic", "modes": {}}
-            for mode in [m for m in args.modes if m in ("device", "host_planned")]:
+            for mode in [m for m in args.modes if m != "uva_static"]:
                 row["modes"][mode] = (run_host_planned(ctx, slots) if mode == "host_planned"
                                       else run_residency(ctx, mode, slots))
                 _progress(f"all-miss {mode}: {row['modes'][mode]['tok_s']:.2f} tok/s, miss rate "
@@ -404,7 +409,7 @@ def _bounds(res: dict) -> None:
                 m["serial_bound_tok_s"] = bound
         modes = row["modes"]
         if "device" in modes:
-            for base in ("host_planned", "uva_static"):
+            for base in ("host_planned", "uva_static", "device_hits_first"):
                 if base in modes:
                     row[f"device_vs_{base}"] = modes["device"]["tok_s"] / modes[base]["tok_s"]
     goals = {}
@@ -445,16 +450,16 @@ def report(res: dict) -> str:
     if "all_resident" in res:
         a = res["all_resident"]
         lines.append(f"all-resident: {a['tok_s']:.2f} tok/s ({a['ms_per_step']:.3f} ms/step)")
-    lines.append(f"{'pool':>6}{'slots':>7}{'miss':>7}  {'mode':<13}{'tok/s':>9}{'ms/step':>9}"
+    lines.append(f"{'pool':>6}{'slots':>7}{'miss':>7}  {'mode':<18}{'tok/s':>9}{'ms/step':>9}"
                  f"{'I/O bound':>11}{'/bound':>8}{'/all-res':>9}")
     rows = list(res["pools"]) + ([res["all_miss"]] if "all_miss" in res else [])
     for row in rows:
         tag = f"{row['pct']}%" + ("*" if row.get("routing") == "cyclic" else "")
         for mode, m in row["modes"].items():
-            lines.append(f"{tag:>6}{row['slots']:>7}{m['miss_rate']:>7.3f}  {mode:<13}{m['tok_s']:>9.2f}"
+            lines.append(f"{tag:>6}{row['slots']:>7}{m['miss_rate']:>7.3f}  {mode:<18}{m['tok_s']:>9.2f}"
                          f"{m['ms_per_step']:>9.3f}{_f(m.get('io_bound_tok_s')):>11}"
                          f"{_f(m.get('vs_io_bound')):>8}{_f(m.get('vs_all_resident')):>9}")
-        for base in ("host_planned", "uva_static"):
+        for base in ("host_planned", "uva_static", "device_hits_first"):
             if f"device_vs_{base}" in row:
                 lines.append(f"{'':>22}device / {base}: {row[f'device_vs_{base}']:.2f}x")
     if "all_miss" in res:
@@ -474,7 +479,8 @@ def plot(res: dict, path: str) -> None:
     from tierstore.files.atomic import write_atomic
     fig, ax = plt.subplots(figsize=(7, 4.2))
     pcts = [r["pct"] for r in res["pools"]]
-    for mode, style in (("device", "o-"), ("host_planned", "s--"), ("uva_static", "^:")):
+    for mode, style in (("device", "o-"), ("host_planned", "s--"), ("uva_static", "^:"),
+                        ("device_hits_first", "d-.")):
         ys = [r["modes"][mode]["tok_s"] if mode in r["modes"] else np.nan for r in res["pools"]]
         if not all(np.isnan(ys)):
             ax.plot(pcts, ys, style, label=mode)

@@ -13,6 +13,8 @@ Modes (the same routing, the same pool of ``slots`` slots, the same CLOCK rule):
 - ``host_planned``: per layer the routed ids are read to the host (a sync), the same
   decide runs on a host mirror, the planned rows are copied by the copy engine and the
   slot table uploaded, then the layer's MoE graph runs.
+- ``device_hits_first``: ``device`` with a layer's resident experts computed while its
+  misses load (on a side stream), then the misses.
 - ``uva_static``: decide on the GPU over a static hot set (the trace's hottest keys,
   locked in the pool) and a scratch of the most ids one layer routes: every other expert
   is streamed from pinned host memory by the SMs each time it is routed.
@@ -268,6 +270,43 @@ def residency_step(dec: Decoder, res) -> None:
         res.page_in(layer, dec.ids[layer])
         dec.moe(layer)
     dec.gate_op()
+
+
+class HitsFirst:
+    """The ``device_hits_first`` step: a layer's decide, then its resident experts' MoE on
+    the compute stream while the page-in of its misses runs on a side stream, then the
+    misses' MoE; the two partial outputs are summed (bf16: one more rounding than one
+    MoE over all pairs). Fork and join are events, so the whole step is still one graph."""
+
+    def __init__(self, dec: Decoder, res):
+        torch = dec.torch
+        self.dec, self.res = dec, res
+        self.out_m = torch.empty_like(dec.out)
+        self.side = torch.cuda.Stream() if dec.cuda else None
+
+    def step(self) -> None:
+        dec, res, torch = self.dec, self.res, self.dec.torch
+        from tierstore.compute import fused_moe
+        for layer in range(dec.L):
+            dec.attn()
+            ids = dec.ids[layer]
+            res.page_in(layer, ids, gather=False)     # misses planned, not yet published
+            hit = dec.store.slot_table[layer][ids.long()] >= 0
+            none = torch.full_like(ids, -1)
+            ids_h, ids_m = torch.where(hit, ids, none), torch.where(hit, none, ids)
+            if self.side is not None:
+                main = torch.cuda.current_stream()
+                self.side.wait_stream(main)
+                with torch.cuda.stream(self.side):
+                    res.gather()
+                fused_moe(dec.x, dec.w[layer], ids_h, layer, dec.store, dec.base, out=dec.out)
+                main.wait_stream(self.side)
+            else:
+                res.gather()
+                fused_moe(dec.x, dec.w[layer], ids_h, layer, dec.store, dec.base, out=dec.out)
+            fused_moe(dec.x, dec.w[layer], ids_m, layer, dec.store, dec.base, out=self.out_m)
+            dec.out.add_(self.out_m)
+        dec.gate_op()
 
 
 def resident_step(dec: Decoder) -> None:
