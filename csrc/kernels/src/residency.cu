@@ -36,8 +36,7 @@ __global__ void __launch_bounds__(32) decide_kernel(ResidencyView v, int layer, 
                                                     int64_t n) {
   const int lane = threadIdx.x;
   int64_t* c = v.ctrl;
-  int64_t e64 = c[kCtrlEpoch] + 1;
-  if (static_cast<uint32_t>(e64) == kResidencyLocked) ++e64;
+  const int64_t e64 = residency_next_epoch(c[kCtrlEpoch]);
   const uint32_t epoch = static_cast<uint32_t>(e64);
   const int E = v.n_experts;
   const int64_t key0 = static_cast<int64_t>(layer) * E;
@@ -52,7 +51,8 @@ __global__ void __launch_bounds__(32) decide_kernel(ResidencyView v, int layer, 
     if (e >= 0 && e < E) atomicMin(&v.first[e], static_cast<int>(i));
   }
   __syncwarp();
-  int64_t plan_len = 0, routed = 0, hits = 0;
+  ResidencyTally t;   // warp-uniform: every lane counts the same
+  int64_t& plan_len = t.plan_len;
   for (int64_t base = 0; base < n; base += 32) {    // 2. hits stamped, misses listed in order
     const int64_t i = base + lane;
     const int32_t e = i < n ? ids[i] : -1;
@@ -73,19 +73,18 @@ __global__ void __launch_bounds__(32) decide_kernel(ResidencyView v, int layer, 
       v.plan[2 * pos + 1] = -1;
     }
     plan_len += __popc(mm);
-    routed += __popc(__ballot_sync(kFull, valid));
-    hits += __popc(__ballot_sync(kFull, hit));
+    t.routed += __popc(__ballot_sync(kFull, valid));
+    t.hits += __popc(__ballot_sync(kFull, hit));
   }
   __syncwarp();
   const int64_t ns = v.n_slots;
   const int w = ns < 32 ? static_cast<int>(ns) : 32;
   const int64_t limit = 2 * ns + 32;
   int64_t hand = c[kCtrlHand];
-  int64_t placed = 0, no_arena = 0, no_slot = 0, evicted = 0;
   for (int64_t j = 0; j < plan_len; ++j) {          // 3. a victim per miss
     const int32_t key = v.plan[2 * j];
     if (v.arena_row[key] < 0) {
-      ++no_arena;
+      ++t.no_arena;
       continue;
     }
     int64_t chosen = -1;
@@ -109,7 +108,7 @@ __global__ void __launch_bounds__(32) decide_kernel(ResidencyView v, int layer, 
       __syncwarp();
     }
     if (chosen < 0) {
-      ++no_slot;
+      ++t.no_slot;
       continue;
     }
     hand = (chosen + 1) % ns;
@@ -123,23 +122,14 @@ __global__ void __launch_bounds__(32) decide_kernel(ResidencyView v, int layer, 
       v.plan[2 * j + 1] = static_cast<int32_t>(chosen);
     }
     __syncwarp();
-    if (victim >= 0) ++evicted;
-    ++placed;
+    if (victim >= 0) ++t.evicted;
+    ++t.placed;
   }
   if (lane == 0) {
     c[kCtrlHand] = hand;
     c[kCtrlEpoch] = e64;
-    c[kCtrlPlanLen] = plan_len;
     c[kCtrlTicket] = 0;
-    c[kCtrlDecides] += 1;
-    c[kCtrlRouted] += routed;
-    c[kCtrlHits] += hits;
-    c[kCtrlMisses] += plan_len;
-    c[kCtrlPlaced] += placed;
-    c[kCtrlNoArena] += no_arena;
-    c[kCtrlNoSlot] += no_slot;
-    c[kCtrlEvicted] += evicted;
-    c[kCtrlBytes] += placed * v.slot_bytes;
+    residency_count(c, t, v.slot_bytes);
   }
 }
 

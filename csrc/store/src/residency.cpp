@@ -13,13 +13,6 @@ namespace tierstore {
 
 namespace {
 
-uint32_t next_epoch(int64_t* ctrl) {
-  int64_t e = ctrl[kCtrlEpoch] + 1;
-  if (static_cast<uint32_t>(e) == kResidencyLocked) ++e;   // never equal to the lock mark
-  ctrl[kCtrlEpoch] = e;
-  return static_cast<uint32_t>(e);
-}
-
 // The CLOCK sweep of residency.hpp step 3: the victim slot, or -1 (hand unchanged).
 int64_t sweep(const ResidencyView& v, uint32_t epoch) {
   const int64_t n = v.n_slots;
@@ -62,7 +55,8 @@ void residency_check(const ResidencyView& v, int layer, int64_t n_ids) {
 void residency_decide_host(const ResidencyView& v, int layer, const int32_t* ids, int64_t n) {
   residency_check(v, layer, n);
   int64_t* c = v.ctrl;
-  const uint32_t epoch = next_epoch(c);
+  c[kCtrlEpoch] = residency_next_epoch(c[kCtrlEpoch]);
+  const uint32_t epoch = static_cast<uint32_t>(c[kCtrlEpoch]);
   const int32_t E = v.n_experts;
   const int64_t key0 = static_cast<int64_t>(layer) * E;
   int32_t* row = v.table + key0;
@@ -70,57 +64,48 @@ void residency_decide_host(const ResidencyView& v, int layer, const int32_t* ids
     if (ids[i] >= 0 && ids[i] < E) v.first[ids[i]] = INT32_MAX;
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] >= 0 && ids[i] < E && v.first[ids[i]] > i) v.first[ids[i]] = static_cast<int32_t>(i);
-  int64_t plan_len = 0, routed = 0, hits = 0;
+  ResidencyTally t;
+  int64_t& plan_len = t.plan_len;
   for (int64_t i = 0; i < n; ++i) {        // 2. hits stamped, misses listed in order
     const int32_t e = ids[i];
     if (e < 0 || e >= E) continue;
-    ++routed;
+    ++t.routed;
     if (v.heat) ++v.heat[key0 + e];
     if (v.first[e] != i) continue;
     const int32_t slot = row[e];
     if (slot >= 0 && slot < v.n_slots) {   // an entry past the pool counts as not resident
       v.stamp[slot] = epoch;
       v.ref[slot] = 1;
-      ++hits;
+      ++t.hits;
     } else {
       v.plan[2 * plan_len] = static_cast<int32_t>(key0 + e);
       v.plan[2 * plan_len + 1] = -1;
       ++plan_len;
     }
   }
-  int64_t placed = 0, no_arena = 0, no_slot = 0, evicted = 0;
   for (int64_t j = 0; j < plan_len; ++j) {   // 3. a victim per miss
     const int32_t key = v.plan[2 * j];
     if (v.arena_row[key] < 0) {
-      ++no_arena;
+      ++t.no_arena;
       continue;
     }
     const int64_t slot = sweep(v, epoch);
     if (slot < 0) {
-      ++no_slot;
+      ++t.no_slot;
       continue;
     }
     const int32_t victim = v.owner[slot];
     if (victim >= 0) {
       v.table[victim] = -1;   // unpublished now; its bytes are overwritten by the page-in
-      ++evicted;
+      ++t.evicted;
     }
     v.owner[slot] = key;
     v.stamp[slot] = epoch;
     v.ref[slot] = 1;
     v.plan[2 * j + 1] = static_cast<int32_t>(slot);
-    ++placed;
+    ++t.placed;
   }
-  c[kCtrlPlanLen] = plan_len;
-  c[kCtrlDecides] += 1;
-  c[kCtrlRouted] += routed;
-  c[kCtrlHits] += hits;
-  c[kCtrlMisses] += plan_len;
-  c[kCtrlPlaced] += placed;
-  c[kCtrlNoArena] += no_arena;
-  c[kCtrlNoSlot] += no_slot;
-  c[kCtrlEvicted] += evicted;
-  c[kCtrlBytes] += placed * v.slot_bytes;
+  residency_count(c, t, v.slot_bytes);
 }
 
 void residency_gather_host(const ResidencyView& v) {

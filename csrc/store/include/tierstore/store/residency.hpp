@@ -74,6 +74,37 @@ struct ResidencyView {
   int64_t arena_rows = 0, arena_stride = 0;
 };
 
+#if defined(__CUDACC__)
+#define TS_RESIDENCY_HD __host__ __device__
+#else
+#define TS_RESIDENCY_HD
+#endif
+
+// The epoch after `epoch` (never the lock mark), for both spellings of the decide.
+TS_RESIDENCY_HD inline int64_t residency_next_epoch(int64_t epoch) {
+  ++epoch;
+  if (static_cast<uint32_t>(epoch) == kResidencyLocked) ++epoch;
+  return epoch;
+}
+
+// What one decide adds to the counters (both spellings end with this).
+struct ResidencyTally {
+  int64_t plan_len = 0, routed = 0, hits = 0, placed = 0, no_arena = 0, no_slot = 0, evicted = 0;
+};
+
+TS_RESIDENCY_HD inline void residency_count(int64_t* c, const ResidencyTally& t, int64_t slot_bytes) {
+  c[kCtrlPlanLen] = t.plan_len;
+  c[kCtrlDecides] += 1;
+  c[kCtrlRouted] += t.routed;
+  c[kCtrlHits] += t.hits;
+  c[kCtrlMisses] += t.plan_len;
+  c[kCtrlPlaced] += t.placed;
+  c[kCtrlNoArena] += t.no_arena;
+  c[kCtrlNoSlot] += t.no_slot;
+  c[kCtrlEvicted] += t.evicted;
+  c[kCtrlBytes] += t.placed * slot_bytes;
+}
+
 // Validates the view and the call (std::invalid_argument naming what is wrong).
 void residency_check(const ResidencyView& v, int layer, int64_t n_ids);
 
