@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import stat
+from typing import NamedTuple
 
 import numpy as np
 
@@ -78,12 +79,14 @@ def read_capped(path: str | os.PathLike, cap: int, what: str = "file") -> bytes:
         if size > cap:
             raise FormatError(f"{path}: {what} is {size} bytes, larger than the {cap}-byte cap")
         chunks, got = [], 0
-        while got <= cap:
-            piece = os.read(fd, min(cap + 1 - got, 1 << 20))
+        step = size + 1          # the whole file in one read (one buffer, no join copy);
+        while got <= cap:        # the extra byte tells a file that grew meanwhile
+            piece = os.read(fd, min(cap + 1 - got, max(step, 1 << 20)))
             if not piece:
                 break
             chunks.append(piece)
             got += len(piece)
+            step = 0
     except OSError as exc:
         if isinstance(exc, FormatError):
             raise
@@ -92,26 +95,30 @@ def read_capped(path: str | os.PathLike, cap: int, what: str = "file") -> bytes:
         os.close(fd)
     if got > cap:
         raise FormatError(f"{path}: {what} grew larger than the {cap}-byte cap while being read")
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 _SCAN_CHUNK = 1 << 18   # bytes per vectorised step: ~40 bytes of scratch per byte
 
 
-def json_shape(raw: bytes, stop_depth: int | None = None,
-               stop_string: int | None = None) -> tuple[int, int]:
-    """(deepest ``[`` / ``{`` nesting, longest string in bytes) of a JSON text.
+class _Chunk(NamedTuple):
+    start: int             # offset of the chunk in the text
+    b: np.ndarray          # its bytes
+    quote: np.ndarray      # True at a quote that opens or closes a string
+    outside: np.ndarray    # True at a byte outside every string (quotes excluded)
+    levels: np.ndarray     # nesting depth after each byte
+    depth: int             # nesting depth before the chunk
 
-    Linear time and bounded memory: the text is scanned in chunks of _SCAN_CHUNK bytes
-    (a state of four numbers is carried across), so a 64 MiB file costs ~10 MiB of
-    scratch, not 40 bytes per input byte. A quote is a string boundary unless an odd
-    run of backslashes precedes it; brackets count only outside strings. The scan
-    stops early once ``stop_depth`` or ``stop_string`` is exceeded (a hostile file is
-    refused after its first bad chunk, not after all of it)."""
-    n = len(raw)
-    depth = deepest = longest = 0
+
+def _scan_chunks(raw):
+    """The JSON text ``raw`` (any buffer) in chunks of _SCAN_CHUNK bytes, each with its
+    string and nesting state, vectorised: a quote is a string boundary unless an odd
+    run of backslashes precedes it; brackets count only outside strings. Carries four
+    numbers across chunks, so scratch stays ~40 bytes per chunk byte whatever the size."""
+    n = len(raw) if not isinstance(raw, memoryview) else raw.nbytes
+    depth = 0
     bs_run = 0                   # backslashes just before the chunk
-    str_start = -1               # offset of the open quote when inside a string
+    in_str = False
     for start in range(0, n, _SCAN_CHUNK):
         b = np.frombuffer(raw, dtype=np.uint8, count=min(_SCAN_CHUNK, n - start), offset=start)
         m = b.size
@@ -121,15 +128,47 @@ def json_shape(raw: bytes, stop_depth: int | None = None,
         run_before[0] = bs_run
         run_before[1:] = np.where(last[:-1] >= 0, idx[:-1] - last[:-1], idx[1:] + bs_run)
         quote = (b == 0x22) & (run_before % 2 == 0)
-        in_str = str_start >= 0
-        inside = ((np.cumsum(quote) + in_str) % 2).astype(bool) | quote
-        step = (((b == 0x5B) | (b == 0x7B)) & ~inside).astype(np.int64) \
-            - (((b == 0x5D) | (b == 0x7D)) & ~inside)
+        parity = np.cumsum(quote) + in_str
+        outside = ~(((parity % 2).astype(bool)) | quote)
+        step = (((b == 0x5B) | (b == 0x7B)) & outside).astype(np.int64) \
+            - (((b == 0x5D) | (b == 0x7D)) & outside)
         levels = np.cumsum(step) + depth
-        deepest = max(deepest, int(levels.max(initial=depth)))
+        yield _Chunk(start, b, quote, outside, levels, depth)
         depth = int(levels[-1])
-        bounds = np.flatnonzero(quote) + start
-        if in_str:
+        in_str = bool(int(parity[-1]) % 2)
+        bs_run = bs_run + m if last[-1] < 0 else m - 1 - int(last[-1])
+
+
+class JsonCensus(NamedTuple):
+    """What a JSON text holds, counted without parsing it (``json_census``)."""
+    depth: int          # deepest ``[`` / ``{`` nesting
+    longest: int        # longest string, in bytes
+    items: int          # commas, colons and opening brackets outside strings: about one
+                        # per value, key and container json.loads would make an object of
+    containers: int     # opening brackets outside strings
+
+
+class JsonBudget(NamedTuple):
+    """How much a JSON text may hold before it is parsed: ``items`` and ``containers``
+    as ``json_census`` counts them; ``why`` says what the limits follow from (for the
+    error: "... more than 4,200 items, all a sidecar of 2 layers x 3 experts holds")."""
+    items: int
+    containers: int
+    why: str
+
+
+def json_census(raw, stop_depth: int | None = None, stop_string: int | None = None,
+                budget: JsonBudget | None = None) -> JsonCensus:
+    """Nesting, longest string and how many items and containers a JSON text holds, in
+    one linear scan with bounded scratch (``_scan_chunks``). The scan stops early once a
+    limit is exceeded (a hostile file is refused after its first bad chunk)."""
+    deepest = longest = items = containers = 0
+    str_start = -1               # offset of the open quote when inside a string
+    for c in _scan_chunks(raw):
+        start, m = c.start, c.b.size
+        deepest = max(deepest, int(c.levels.max(initial=c.depth)))
+        bounds = np.flatnonzero(c.quote) + start
+        if str_start >= 0:
             bounds = np.concatenate([[str_start], bounds])
         pairs = bounds.size // 2
         if pairs:
@@ -137,11 +176,59 @@ def json_shape(raw: bytes, stop_depth: int | None = None,
         str_start = int(bounds[-1]) if bounds.size % 2 else -1
         if str_start >= 0:
             longest = max(longest, start + m - str_start - 1)   # a string still open
-        bs_run = bs_run + m if last[-1] < 0 else m - 1 - int(last[-1])
+        if budget is not None:
+            opens = int(np.count_nonzero(((c.b == 0x5B) | (c.b == 0x7B)) & c.outside))
+            containers += opens
+            items += opens + int(np.count_nonzero(((c.b == 0x2C) | (c.b == 0x3A)) & c.outside))
         if (stop_depth is not None and deepest > stop_depth) or \
-                (stop_string is not None and longest > stop_string):
+                (stop_string is not None and longest > stop_string) or \
+                (budget is not None and (items > budget.items or
+                                         containers > budget.containers)):
             break
-    return deepest, longest
+    return JsonCensus(deepest, longest, items, containers)
+
+
+def json_shape(raw: bytes, stop_depth: int | None = None,
+               stop_string: int | None = None) -> tuple[int, int]:
+    """(deepest ``[`` / ``{`` nesting, longest string in bytes) of a JSON text, in
+    linear time and bounded memory (``json_census``): a 64 MiB file costs ~10 MiB of
+    scratch. Stops early once ``stop_depth`` or ``stop_string`` is exceeded."""
+    return tuple(json_census(raw, stop_depth, stop_string)[:2])
+
+
+def json_array_runs(raw, per_run: int) -> tuple[int, list[tuple[int, int]]]:
+    """For ``raw``, the text of one valid JSON array (a decoder has checked it): how many
+    elements it holds, and byte ranges ``[start, end)`` that each hold at most
+    ``per_run`` whole elements (commas between them, no brackets around), covering them
+    all in order. One linear scan, bounded scratch: a caller decodes a huge array run
+    by run instead of all at once."""
+    first = last = -1
+    count = solid = 0            # separators; non-blank bytes inside (the "[" included)
+    cut = []
+    for c in _scan_chunks(raw):
+        inner = c.levels >= 1
+        if first < 0:
+            opened = np.flatnonzero(inner)
+            if opened.size:
+                first = c.start + int(opened[0]) + 1
+        blank = (c.b == 0x20) | (c.b == 0x09) | (c.b == 0x0A) | (c.b == 0x0D)
+        solid += int(np.count_nonzero(inner & ~blank))
+        seps = np.flatnonzero(c.outside & (c.levels == 1) & (c.b == 0x2C)) + c.start
+        if seps.size:
+            k = np.arange(count + 1, count + 1 + seps.size)
+            cut.extend(int(x) for x in seps[k % per_run == 0])
+            count += int(seps.size)
+        closed = np.flatnonzero(c.outside & (c.b == 0x5D) & (c.levels == 0))
+        if closed.size:
+            last = c.start + int(closed[-1])
+    if first < 0 or last < first or solid <= 1:
+        return 0, []
+    runs, begin = [], first
+    for x in cut:
+        runs.append((begin, x))
+        begin = x + 1
+    runs.append((begin, last))
+    return count + 1, runs
 
 
 def json_nesting_depth(raw: bytes) -> int:
@@ -164,17 +251,27 @@ def _reject_constant(name):
 
 
 def loads_strict(raw: bytes, path: str, what: str = "JSON file",
-                 max_depth: int = DEFAULT_MAX_DEPTH, max_string: int = DEFAULT_MAX_STRING):
-    """Parse untrusted JSON bytes: depth and string lengths first (one linear scan),
-    then strict json (duplicate keys and NaN / Infinity refused). FormatError naming
-    ``path`` and ``what``."""
-    deepest, longest = json_shape(raw, max_depth, max_string)
+                 max_depth: int = DEFAULT_MAX_DEPTH, max_string: int = DEFAULT_MAX_STRING,
+                 budget: JsonBudget | None = None):
+    """Parse untrusted JSON bytes: depth, string lengths and (with ``budget``) how many
+    items and containers it holds first (one linear scan), then strict json (duplicate
+    keys and NaN / Infinity refused). The budget keeps the parse's memory in proportion
+    to what the file describes: json.loads spends ~50-90 bytes per item, so a 64 MiB
+    text of ``[],[],...`` would cost 1.5 GB. FormatError naming ``path`` and ``what``."""
+    deepest, longest, items, containers = json_census(raw, max_depth, max_string, budget)
     if deepest > max_depth:
         raise FormatError(f"{path}: {what} JSON is nested too deeply "
                           f"(more than {max_depth} levels)")
     if longest > max_string:
         raise FormatError(f"{path}: {what} JSON holds a string of more than {max_string} "
                           f"bytes (no field is that long)")
+    if budget is not None and (items > budget.items or containers > budget.containers):
+        count, limit, kind = ((containers, budget.containers, "arrays/objects")
+                              if containers > budget.containers else
+                              (items, budget.items, "values"))
+        raise FormatError(f"{path}: {what} JSON holds more than {limit:,} {kind} ({count:,} "
+                          f"counted before stopping), more than {budget.why}; refused "
+                          f"before parsing")
     try:
         return json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys,
                           parse_constant=_reject_constant)
@@ -188,7 +285,12 @@ def loads_strict(raw: bytes, path: str, what: str = "JSON file",
 
 
 def read_json(path: str | os.PathLike, cap: int, what: str = "JSON file",
-              max_depth: int = DEFAULT_MAX_DEPTH, max_string: int = DEFAULT_MAX_STRING):
-    """``read_capped`` then ``loads_strict``."""
+              max_depth: int = DEFAULT_MAX_DEPTH, max_string: int = DEFAULT_MAX_STRING,
+              budget=None):
+    """``read_capped`` then ``loads_strict``. ``budget``: a JsonBudget, or a function
+    of the raw bytes returning one (the limits may follow from what the file says)."""
     path = os.fspath(path)
-    return loads_strict(read_capped(path, cap, what), path, what, max_depth, max_string)
+    raw = read_capped(path, cap, what)
+    if callable(budget):
+        budget = budget(raw)
+    return loads_strict(raw, path, what, max_depth, max_string, budget)

@@ -21,7 +21,8 @@ from tierstore.format.sidecar import (DEFAULT_CHECKSUM, PackName, RowLayout, Row
 
 __all__ = ["RowLayout", "RowSection", "find_pack", "VerifyReport"]
 
-_VERIFY_CHUNK = 64 << 20  # bytes read per pread during verify
+_VERIFY_CHUNK = 64 << 20  # bytes read per pread during verify: its whole buffer, whatever
+                          # the row size (a row larger than this is hashed piece by piece)
 
 
 def find_pack(directory: str, *, tag: str | None = None, rank: int = 0, world: int = 1,
@@ -309,7 +310,8 @@ class Pack(Closing):
         if self.checksum_algo is None:
             # old sidecar: nothing recorded; still prove every written row is readable
             for layer in self.layers:
-                self._read_layer_chunks(layer, lambda e, row: None)
+                for _ in self._row_digests(layer, hashing=False):
+                    pass
             return VerifyReport(0, 0, rows_total)
         if self.checksum_algo != DEFAULT_CHECKSUM:  # validated at open; defensive
             raise FormatError(f"{self.sidecar_path}: cannot verify checksum {self.checksum_algo!r}")
@@ -318,33 +320,46 @@ class Pack(Closing):
         try:
             for layer in self.layers:
                 expected = self._checksums[layer]
-
-                def check(e: int, row: memoryview, layer=layer, expected=expected) -> None:
-                    found = xxhash.xxh3_64_intdigest(row)
+                for e, found in self._row_digests(layer):
                     if found != int(expected[e]):
                         off = (layer * self.n_experts + e) * self.stride
                         raise FormatError(
                             f"{self.path}: layer {layer} expert {e} at offset {off:#x}: "
                             f"{self.checksum_algo} {found:#018x}, expected {int(expected[e]):#018x}")
-
-                self._read_layer_chunks(layer, check)
                 done += self.n_experts
                 bar(done)
         finally:
             bar(None)
         return VerifyReport(rows_total, rows_total * self.slot_bytes, 0)
 
-    def _read_layer_chunks(self, layer: int, on_row: Callable[[int, memoryview], None]) -> None:
-        rows_per_read = max(1, _VERIFY_CHUNK // self.stride)
-        buf = np.empty(min(rows_per_read, self.n_experts) * self.stride, dtype=np.uint8)
-        view = memoryview(buf)
-        for e0 in range(0, self.n_experts, rows_per_read):
-            n = min(rows_per_read, self.n_experts - e0)
-            # the last row's padding may be skipped: read exactly up to its slot end
-            length = (n - 1) * self.stride + self.slot_bytes
-            self._pread_into(view[:length], (layer * self.n_experts + e0) * self.stride)
-            for i in range(n):
-                on_row(e0 + i, view[i * self.stride: i * self.stride + self.slot_bytes])
+    def _row_digests(self, layer: int, hashing: bool = True):
+        """(expert, xxh3-64 of its row) for every row of ``layer``, read in preads of at
+        most _VERIFY_CHUNK bytes into one buffer of that size: several small rows per
+        read, or one large row (up to the 64 GiB slot cap) in pieces fed to a streaming
+        hash. ``hashing=False`` only proves the rows readable (digests are 0)."""
+        if self.slot_bytes <= _VERIFY_CHUNK:
+            rows_per_read = max(1, _VERIFY_CHUNK // self.stride)
+            buf = np.empty(min(rows_per_read, self.n_experts) * self.stride, dtype=np.uint8)
+            view = memoryview(buf)
+            for e0 in range(0, self.n_experts, rows_per_read):
+                n = min(rows_per_read, self.n_experts - e0)
+                # the last row's padding may be skipped: read exactly up to its slot end
+                length = (n - 1) * self.stride + self.slot_bytes
+                self._pread_into(view[:length], (layer * self.n_experts + e0) * self.stride)
+                for i in range(n):
+                    row = view[i * self.stride: i * self.stride + self.slot_bytes]
+                    yield e0 + i, xxhash.xxh3_64_intdigest(row) if hashing else 0
+            return
+        view = memoryview(np.empty(_VERIFY_CHUNK, dtype=np.uint8))
+        for e in range(self.n_experts):
+            h = xxhash.xxh3_64()
+            base = (layer * self.n_experts + e) * self.stride
+            for off in range(0, self.slot_bytes, _VERIFY_CHUNK):
+                piece = view[:min(_VERIFY_CHUNK, self.slot_bytes - off)]
+                self._pread_into(piece, base + off)
+                if hashing:
+                    h.update(piece)
+            yield e, h.intdigest() if hashing else 0
 
 
 def _file_id(path: str) -> tuple | None:

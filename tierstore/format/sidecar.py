@@ -18,7 +18,7 @@ from typing import Literal
 import msgspec
 
 from tierstore.errors import FormatError
-from tierstore.files.untrusted import read_json
+from tierstore.files.untrusted import JsonBudget, read_json
 
 PAGE = 4096
 SIDECAR_VERSION = 2
@@ -136,16 +136,46 @@ def lock_path_of(pack_path: str) -> str:
 
 
 SIDECAR_MAX_DEPTH = 16   # a valid sidecar nests 5 levels (layout.sections[i].shape)
+# Beyond its per-layer and per-row entries a sidecar holds a few fields and a layout of a
+# handful of sections (~15 items each): these leave room for ~250 sections.
+SIDECAR_FIXED_ITEMS = 4096
+SIDECAR_FIXED_CONTAINERS = 1024
+
+
+class _Geometry(msgspec.Struct):
+    """The two numbers a sidecar's size follows from; every other field is skipped
+    unparsed (msgspec allocates nothing for it)."""
+    n_layers: int = 0
+    E: int = 0
+
+
+def sidecar_budget(raw: bytes) -> JsonBudget:
+    """How many JSON items and containers the sidecar ``raw`` may hold, from the
+    geometry it declares (capped at the format's limits): ``layers`` (L), ``checksums``
+    (L lists of E sums) and a few fixed fields. A 64 MiB sidecar of 2 layers x 3 experts
+    is refused before json.loads spends gigabytes on it; undeclared geometry (not an
+    object, fields missing or not integers) leaves only the fixed part, enough for the
+    strict parse to name what is wrong in a small file."""
+    try:
+        g = msgspec.json.decode(raw, type=_Geometry)
+        L, E = min(max(g.n_layers, 0), MAX_LAYERS), min(max(g.E, 0), MAX_EXPERTS)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        L = E = 0           # the strict parse names the problem (nesting first)
+    keys = min(L * E, MAX_KEYS)
+    return JsonBudget(keys + 3 * L + SIDECAR_FIXED_ITEMS, L + SIDECAR_FIXED_CONTAINERS,
+                      f"all a sidecar of {L} layers x {E} experts holds")
 
 
 def load_sidecar(path: str, *, key20_in_name: bool,
                  partial_sums: bool = False) -> tuple[Sidecar, list[str]]:
     """Read and validate a sidecar file. Returns the sidecar and the names of unknown
     vLLM-Moet keys that were tolerated (see FORMAT.md, "Unknown fields")."""
-    # 1. a regular file, its size against a cap, 2. nesting depth (a linear scan), then
-    #    strict JSON (no NaN/Infinity, no duplicate keys): tierstore.files.untrusted
+    # 1. a regular file, its size against a cap, 2. nesting depth and how many items it
+    #    holds against what its geometry describes (a linear scan), then strict JSON (no
+    #    NaN/Infinity, no duplicate keys): tierstore.files.untrusted
     try:
-        obj = read_json(path, SIDECAR_MAX_BYTES, "sidecar", SIDECAR_MAX_DEPTH)
+        obj = read_json(path, SIDECAR_MAX_BYTES, "sidecar", SIDECAR_MAX_DEPTH,
+                        budget=sidecar_budget)
     except FileNotFoundError:
         raise FormatError(f"{path}: sidecar is missing") from None
     if not isinstance(obj, dict):

@@ -10,10 +10,17 @@ Every format is read into one in-memory shape, ``WarmFile``: per tier the
 owners hottest first as an int64 ``[N, 2]`` array plus float64 heat. Formats
 without scores (pool-heat, arena heat) get rank-based heat ``(N - i) / N`` and
 ``ranked=True``.
+
+Memory follows what a file describes, not its size: the owner lists (the only part
+that grows) are cut out of the text and decoded run by run straight into those arrays
+(24 bytes an entry, never a Python object per entry), after their length is checked
+against the keys of the pack the file names (a tier names each key at most once); the
+rest of the file is held to a few thousand JSON items before it is parsed.
 """
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -21,10 +28,19 @@ import msgspec
 import numpy as np
 
 from tierstore.errors import FormatError
-from tierstore.files.untrusted import loads_strict, read_capped
+from tierstore.format.sidecar import MAX_KEYS
+from tierstore.files.untrusted import (DEFAULT_MAX_STRING, JsonBudget, json_array_runs,
+                                       json_census, loads_strict, read_capped)
 
 MAX_WARM_FILE_BYTES = 64 << 20  # a DS4 poolmon is ~0.5 MB; anything near this is hostile
 MAX_WARM_DEPTH = 16             # a valid warm file nests 4 levels (tiers.pool.owners[i])
+# Everything but the owner lists: a valid file holds a few dozen JSON items (a foreign
+# pool-heat file may carry a few more keys).
+WARM_SKELETON = JsonBudget(4096, 256, "all a warm-start file holds besides its owner lists")
+WARM_SKELETON_BYTES = 1 << 20  # ... and in bytes (a valid one: a few hundred)
+_SMALL = 1 << 20               # a file this small is parsed whole when it is not valid JSON,
+                               # so the error is json's own (line, column, "truncated")
+_RUN = 1 << 16                 # owner entries decoded per step
 
 POOLMON_VERSION = "tierstore-poolmon-v1"
 POOL_HEAT_VERSION = "pool-heat-v1"
@@ -162,11 +178,15 @@ def _check_geometry(ident: "PackIdentity", path: str, where: str) -> None:
 
 
 def _pairs(rows, path: str, where: str) -> np.ndarray:
-    try:
-        keys = np.asarray(rows, dtype=np.int64).reshape(-1, 2) if rows else np.zeros((0, 2), np.int64)
-    except OverflowError:
-        raise FormatError(f"{path}: {where}: a layer or expert number is out of the int64 "
-                          f"range") from None
+    if isinstance(rows, np.ndarray):
+        keys = rows
+    else:
+        try:
+            keys = (np.asarray(rows, dtype=np.int64).reshape(-1, 2) if rows
+                    else np.zeros((0, 2), np.int64))
+        except OverflowError:
+            raise FormatError(f"{path}: {where}: a layer or expert number is out of the "
+                              f"int64 range") from None
     bad = np.flatnonzero((keys < 0).any(axis=1))
     if bad.size:
         i = int(bad[0])
@@ -175,9 +195,13 @@ def _pairs(rows, path: str, where: str) -> np.ndarray:
     return keys
 
 
-def _tier_from_owners(t: TierOwners, path: str, where: str) -> WarmTier:
-    keys = _pairs([o[:2] for o in t.owners], path, where)
-    heat = np.asarray([o[2] for o in t.owners], dtype=np.float64)
+def _tier_from_owners(t: TierOwners, path: str, where: str, bulk=None) -> WarmTier:
+    """``bulk``: (keys, heat) arrays decoded from the cut-out owner list, if it was cut."""
+    if bulk is not None:
+        keys, heat = _pairs(bulk[0], path, where), bulk[1]
+    else:
+        keys = _pairs([o[:2] for o in t.owners], path, where)
+        heat = np.asarray([o[2] for o in t.owners], dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(heat) | (heat < 0))
     if bad.size:
         raise FormatError(f"{path}: {where}[{int(bad[0])}]: heat {float(heat[bad[0]])!r} is not a "
@@ -191,6 +215,125 @@ def _tier_from_owners(t: TierOwners, path: str, where: str) -> WarmTier:
 def _ranked_tier(rows, path: str, where: str) -> WarmTier:
     keys = _pairs(rows, path, where)
     return WarmTier(keys, rank_heat(len(keys)), None, ranked=True)
+
+
+# ---------------------------------------------------------------- bulk owner lists
+class _Tier(msgspec.Struct):        # locating only: every other field skipped unparsed
+    owners: msgspec.Raw = msgspec.Raw()
+
+
+class _Tiers(msgspec.Struct):
+    pool: msgspec.Raw = msgspec.Raw()
+    arena: msgspec.Raw = msgspec.Raw()
+
+
+class _Top(msgspec.Struct):
+    tiers: msgspec.Raw = msgspec.Raw()
+    owners: msgspec.Raw = msgspec.Raw()
+    keys: msgspec.Raw = msgspec.Raw()
+
+
+_ROW_DECODERS = {2: msgspec.json.Decoder(list[tuple[int, int]]),
+                 3: msgspec.json.Decoder(list[tuple[int, int, float]])}
+_ROW_DTYPES = {2: np.dtype([("l", "<i8"), ("e", "<i8")]),
+               3: np.dtype([("l", "<i8"), ("e", "<i8"), ("h", "<f8")])}
+
+
+def _locate_owner_lists(data: bytes) -> dict[str, tuple[int, int]]:
+    """Byte ranges of the owner lists (``tiers.pool.owners``, ``tiers.arena.owners``,
+    ``owners``, ``keys``) that are JSON arrays, found by a typed msgspec pass that skips
+    everything else unparsed. Raises msgspec.DecodeError when the text is not valid
+    JSON; {} when it is not an object of that shape (the strict parse then says why)."""
+    base = np.frombuffer(data, np.uint8).ctypes.data if data else 0
+    found = {}
+
+    def add(where: str, raw) -> None:
+        if len(raw) and bytes(memoryview(raw)[:1]) == b"[":
+            off = np.frombuffer(raw, np.uint8).ctypes.data - base   # a view into data
+            if 0 <= off and off + len(raw) <= len(data):
+                found[where] = (off, off + len(raw))
+
+    def sub(raw, kind):
+        return msgspec.json.decode(raw, type=kind) if bytes(memoryview(raw)[:1]) == b"{" else None
+
+    try:
+        top = msgspec.json.decode(data, type=_Top)
+        add("owners", top.owners)
+        add("keys", top.keys)
+        tiers = sub(top.tiers, _Tiers) if len(top.tiers) else None
+        for name in ("pool", "arena"):
+            raw = getattr(tiers, name) if tiers is not None else msgspec.Raw()
+            tier = sub(raw, _Tier) if len(raw) else None
+            if tier is not None:
+                add(f"tiers.{name}.owners", tier.owners)
+    except msgspec.ValidationError:
+        pass
+    return found
+
+
+def _cut(data: bytes, spans: dict[str, tuple[int, int]]) -> bytes:
+    """``data`` with every span replaced by ``[]``: what remains is a few fields."""
+    out, at = [], 0
+    for a, b in sorted(spans.values()):
+        out += [data[at:a], b"[]"]
+        at = b
+    out.append(data[at:])
+    return b"".join(out)
+
+
+def _owner_arrays(data: bytes, span: tuple[int, int], arity: int, limit: int, why: str,
+                  path: str, kind: str, where: str):
+    """(keys int64 [N, 2], heat float64 [N] or None) of the owner list at ``span``,
+    decoded run by run (bounded scratch) after its length N is checked against
+    ``limit``. Type errors name the entry as a whole-file decode would
+    (``$.tiers.pool.owners[123][0]``)."""
+    view = memoryview(data)[span[0]:span[1]]
+    n, runs = json_array_runs(view, _RUN)
+    if n > limit:
+        raise FormatError(f"{path}: {where} lists {n:,} entries, more than the {limit:,} "
+                          f"{why} (each is named at most once)")
+    keys = np.empty((n, 2), np.int64)
+    heat = np.empty(n, np.float64) if arity == 3 else None
+    done = 0
+    for a, b in runs:
+        try:
+            rows = _ROW_DECODERS[arity].decode(b"[" + bytes(view[a:b]) + b"]")
+        except msgspec.ValidationError as exc:
+            text = re.sub(r"`\$\[(\d+)\]", lambda m: f"`$.{where}[{done + int(m[1])}]", str(exc))
+            raise FormatError(f"{path}: {kind}: {text}") from None
+        try:
+            arr = np.array(rows, dtype=_ROW_DTYPES[arity])
+        except OverflowError:
+            raise FormatError(f"{path}: {where}: a layer or expert number is out of the "
+                              f"int64 range") from None
+        keys[done:done + len(arr), 0] = arr["l"]
+        keys[done:done + len(arr), 1] = arr["e"]
+        if heat is not None:
+            heat[done:done + len(arr)] = arr["h"]
+        done += len(arr)
+    return keys[:done], None if heat is None else heat[:done]
+
+
+def _parse_skeleton(data: bytes, path: str):
+    """(the file's JSON with its owner lists as ``[]``, their spans): nesting and string
+    lengths of the whole text first (one linear scan), then the strict parse of all but
+    the owner lists, held to WARM_SKELETON items."""
+    what = "warm-start file"
+    deepest, longest, _, _ = json_census(data, MAX_WARM_DEPTH, DEFAULT_MAX_STRING)
+    if deepest > MAX_WARM_DEPTH or longest > DEFAULT_MAX_STRING:
+        return loads_strict(data, path, what, MAX_WARM_DEPTH), {}   # raises, naming which
+    try:
+        spans = _locate_owner_lists(data)
+    except msgspec.DecodeError as exc:
+        if len(data) <= _SMALL:        # json's own words: line, column, "truncated"
+            return loads_strict(data, path, what, MAX_WARM_DEPTH), {}
+        raise FormatError(f"{path}: {what} is not valid JSON: {exc}") from None
+    rest = len(data) - sum(b - a for a, b in spans.values())
+    if rest > WARM_SKELETON_BYTES:      # refused before a copy of it is made
+        raise FormatError(f"{path}: {what} holds {rest:,} bytes besides its owner lists, "
+                          f"more than the {WARM_SKELETON_BYTES:,} any valid one needs")
+    skeleton = _cut(data, spans) if spans else data
+    return loads_strict(skeleton, path, what, MAX_WARM_DEPTH, budget=WARM_SKELETON), spans
 
 
 def sniff_kind(obj) -> Optional[str]:
@@ -210,14 +353,27 @@ def sniff_kind(obj) -> Optional[str]:
 
 
 def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
-    """Decode one warm file (any of the three formats). Raises FormatError."""
+    """Decode one warm file (any of the three formats). Raises FormatError. Memory
+    follows the entries the file lists, bounded by the keys of the pack it names."""
     if not data.strip():
         raise FormatError(f"{path}: empty file, expected warm-start JSON")
-    obj = loads_strict(data, path, "warm-start file", MAX_WARM_DEPTH)
+    obj, spans = _parse_skeleton(data, path)
     kind = sniff_kind(obj)
     if kind is None:
         raise FormatError(f"{path}: not a warm-start file (expected a poolmon, "
                           f"pool-heat-v1 or arena heat JSON object)")
+
+    def owners(where: str, arity: int, ident: Optional[PackIdentity]):
+        """The cut-out list ``where`` as arrays, or None when it was not cut out."""
+        if where not in spans:
+            return None
+        if ident is None:
+            limit, why = MAX_KEYS, "keys a pack may have"
+        else:
+            limit = ident.n_layers * ident.n_experts
+            why = f"keys of the {ident.n_layers} x {ident.n_experts} pack it names"
+        return _owner_arrays(data, spans[where], arity, limit, why, path, kind, where)
+
     try:
         if kind == "poolmon":
             if obj.get("version") != POOLMON_VERSION:
@@ -226,8 +382,12 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
             pm = msgspec.convert(obj, Poolmon, strict=True)
             _check_wall_time(pm.wall_time, path)
             _check_geometry(pm.pack, path, "pack")
-            pool = _tier_from_owners(pm.tiers.pool, path, "tiers.pool.owners")
-            arena = _tier_from_owners(pm.tiers.arena, path, "tiers.arena.owners")
+            _check_listed(pm.tiers.pool.owners, pm.pack, path, "tiers.pool.owners")
+            _check_listed(pm.tiers.arena.owners, pm.pack, path, "tiers.arena.owners")
+            pool = _tier_from_owners(pm.tiers.pool, path, "tiers.pool.owners",
+                                     owners("tiers.pool.owners", 3, pm.pack))
+            arena = _tier_from_owners(pm.tiers.arena, path, "tiers.arena.owners",
+                                      owners("tiers.arena.owners", 3, pm.pack))
             return WarmFile(path, kind, pm.pack, pool, arena,
                             pm.counters, pm.wall_time, pm.steps, pm.policy)
         if kind == "pool-heat":
@@ -241,16 +401,33 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
             ident = PackIdentity(tag=m.tag, n_layers=m.n_layers, n_experts=m.E,
                                  slot_bytes=m.slot_bytes)
             _check_geometry(ident, path, "meta")
-            return WarmFile(path, kind, ident, _ranked_tier(ph.owners, path, "owners"),
+            _check_listed(ph.owners, ident, path, "owners")
+            bulk = owners("owners", 2, ident)
+            return WarmFile(path, kind, ident,
+                            _ranked_tier(ph.owners if bulk is None else bulk[0], path, "owners"),
                             WarmTier.empty(), wall_time=mtime)
         if obj.get("version") != ARENA_HEAT_VERSION or isinstance(obj.get("version"), bool):
             raise FormatError(f"{path}: arena heat version {obj.get('version')!r}, "
                               f"expected {ARENA_HEAT_VERSION}")
         ah = msgspec.convert(obj, ArenaHeat, strict=True)
+        _check_listed(ah.keys, None, path, "keys")
+        bulk = owners("keys", 2, None)
         return WarmFile(path, kind, None, WarmTier.empty(),
-                        _ranked_tier(ah.keys, path, "keys"), wall_time=mtime)
+                        _ranked_tier(ah.keys if bulk is None else bulk[0], path, "keys"),
+                        wall_time=mtime)
     except msgspec.ValidationError as exc:
         raise FormatError(f"{path}: {kind}: {exc}") from exc
+
+
+def _check_listed(rows: list, ident: Optional[PackIdentity], path: str, where: str) -> None:
+    """A list parsed whole (a small file) follows the cut-out lists' rule: no more
+    entries than the keys of the pack the file names."""
+    limit = MAX_KEYS if ident is None else ident.n_layers * ident.n_experts
+    if len(rows) > limit:
+        what = ("keys a pack may have" if ident is None else
+                f"keys of the {ident.n_layers} x {ident.n_experts} pack it names")
+        raise FormatError(f"{path}: {where} lists {len(rows):,} entries, more than the "
+                          f"{limit:,} {what} (each is named at most once)")
 
 
 def read_warm_file(path: str | os.PathLike) -> WarmFile:
