@@ -36,6 +36,7 @@ examples:
   tierstore pack build --synthetic 4,16,65536 out/
   tierstore pack verify out/
   tierstore bench hits --synthetic --slots 51,102,205
+  tierstore plan --config config.json --card-gb 95.59 --context 32768 --trace routing.npy
   tierstore warm inspect out/poolmon.json
 
 exit status: 0 ok, 1 error, 2 bad arguments, 130/143 interrupted (SIGINT/SIGTERM)
@@ -66,6 +67,7 @@ def build_parser() -> Parser:
         for mod in modules:
             importlib.import_module(f"tierstore.cli.{mod}").register(sub)
     importlib.import_module("tierstore.cli.demo").register(groups)
+    importlib.import_module("tierstore.cli.plan").register(groups)
     return parser
 
 
