@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 
 from tierstore.errors import (BufferBoundsError, CapacityError, ClosedError, ConfigError,
-                              FormatError, TierIOError, TierstoreError)
+                              FormatError, ForkedError, TierIOError, TierstoreError)
 
 __version__ = "0.1.0"
 
@@ -58,5 +58,5 @@ def cuda_available() -> bool:
 
 __all__ = sorted(_LAZY) + [
     "TierstoreError", "FormatError", "ConfigError", "CapacityError", "TierIOError",
-    "ClosedError", "BufferBoundsError", "cuda_available", "built_with_cuda", "__version__",
+    "ClosedError", "ForkedError", "BufferBoundsError", "cuda_available", "built_with_cuda", "__version__",
 ]

@@ -61,3 +61,9 @@ class TierIOError(TierstoreError, OSError):
 
 class ClosedError(TierstoreError, RuntimeError):
     """The store or engine was used after close()."""
+
+
+class ForkedError(ClosedError):
+    """A store, engine, promotion ticket or read batch of the parent process was used in a
+    fork()ed child: the threads that run it stayed in the parent. Open a new store in the
+    child (tierstore/process.py)."""

@@ -1,5 +1,6 @@
 // Binding of engine.hpp / host_buffer.hpp: releases the GIL around every call
-// that reads, waits or joins; turns IoError into tierstore._C.NativeIOError
+// that reads, waits or joins (gil.hpp: a wait that ends while the interpreter exits
+// parks its thread instead of aborting the process); turns IoError into tierstore._C.NativeIOError
 // (an OSError: errno, strerror = message, filename = path, offset) that tierstore/engine.py
 // maps onto tierstore.errors.TierIOError, and BoundsError into NativeBoundsError (a
 // ValueError) that it maps onto BufferBoundsError. No logic lives here.
@@ -14,6 +15,7 @@
 #include "tierstore/io/engine.hpp"
 #include "tierstore/io/error.hpp"
 #include "tierstore/io/host_buffer.hpp"
+#include "gil.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -106,7 +108,7 @@ void bind_engine(nb::module_& m) {
         "Page-aligned host buffer -> (numpy uint8 array owning it, pinned: bool).");
 
   nb::class_<Batch>(m, "NativeBatch")
-      .def("wait", &Batch::wait, "timeout_s"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("wait", &Batch::wait, "timeout_s"_a, nb::call_guard<GilRelease>())
       .def("done", &Batch::done)
       .def("cancel", &Batch::cancel)
       .def_prop_ro("err", &Batch::err)
@@ -116,8 +118,8 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("err_message", &Batch::err_message)
       .def_prop_ro("path", &Batch::path)
       .def("failed_rows", &Batch::failed_rows)
-      .def("stream_wait", &Batch::stream_wait, "stream"_a, nb::call_guard<nb::gil_scoped_release>())
-      .def("synchronize", &Batch::synchronize, nb::call_guard<nb::gil_scoped_release>());
+      .def("stream_wait", &Batch::stream_wait, "stream"_a, nb::call_guard<GilRelease>())
+      .def("synchronize", &Batch::synchronize, nb::call_guard<GilRelease>());
 
   nb::class_<Engine>(m, "NativeEngine")
       .def("__init__",
@@ -147,7 +149,7 @@ void bind_engine(nb::module_& m) {
                throw std::invalid_argument("submit: file_offsets, lengths, src_ptrs, dst_ptrs "
                                            "(and checksums) must have the same length");
              const uint64_t* sums = checksums ? checksums->data() : nullptr;
-             nb::gil_scoped_release release;
+             GilRelease release;
              return e.submit(offsets.data(), lengths.data(), src.data(), dst.data(), n, dst_device,
                              sums);
            },
@@ -172,7 +174,7 @@ void bind_engine(nb::module_& m) {
                                       dst_device, reps);
            },
            "file_offsets"_a, "lengths"_a, "src_ptrs"_a, "dst_ptrs"_a, "dst_device"_a, "reps"_a)
-      .def("close", &Engine::close, nb::call_guard<nb::gil_scoped_release>())
+      .def("close", &Engine::close, nb::call_guard<GilRelease>())
       .def_prop_ro("closed", &Engine::closed)
       .def_prop_ro("direct_active", &Engine::direct_active)
       .def_prop_ro("fallback_reason", &Engine::fallback_reason)

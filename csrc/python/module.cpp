@@ -2,9 +2,11 @@
 // file; this file only assembles them.
 #include <nanobind/nanobind.h>
 
+#include "gil.hpp"
 #include "tierstore/io/runtime.hpp"
 
 namespace nb = nanobind;
+using namespace nb::literals;
 
 namespace tierstore::python {
 void bind_engine(nb::module_& m);  // bind_engine.cpp: readers, host buffers, copy pipeline
@@ -26,6 +28,14 @@ NB_MODULE(_C, m) {
         "CUDA devices visible to the driver (0 without a driver or device).");
   m.def("cuda_runtime_version", &tierstore::cuda_runtime_version,
         "CUDA runtime version compiled in (e.g. 13000), 0 when built without CUDA.");
+  // A fork()ed child inherits a store or engine without the threads that drive it:
+  // freeing it there would join threads that do not exist and destroy condition
+  // variables their waiters never left (both block forever). tierstore/process.py
+  // keeps such objects alive for the child's lifetime with one reference never given back.
+  m.def("keep_forever", [](nb::handle obj) { obj.inc_ref(); }, "obj"_a,
+        "Take one reference to obj that is never released (fork()ed children only).");
+  m.def("mark_exit_thread", &tierstore::python::mark_exit_thread,
+        "Record the calling thread as the one running interpreter exit (gil.hpp).");
   tierstore::python::bind_engine(m);
   tierstore::python::bind_moe(m);
   tierstore::python::bind_fold(m);

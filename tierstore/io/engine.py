@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tierstore import _C
+from tierstore import _C, process
 from tierstore.files.untrusted import open_regular
 from tierstore.errors import BufferBoundsError, ClosedError, ConfigError, TierIOError
 from tierstore.io.buffers import BufferTable
@@ -81,12 +81,19 @@ def xxh3_64(data) -> int:
 class Completion:
     """One submitted batch. Thread safe; hold it until you no longer need the bytes' status."""
 
-    __slots__ = ("_native", "sources", "n_rows")
+    __slots__ = ("_native", "sources", "n_rows", "_born")
 
     def __init__(self, native, n_rows: int, sources: Sequence[str] | None):
         self._native = native
         self.n_rows = n_rows
         self.sources = sources  # the caller's own per-row labels, passed through untouched
+        self._born = process.generation()   # a fork()ed child must not wait on it
+
+    def _check_process(self, what: str) -> None:
+        """In a fork()ed child a batch of the parent's engine never completes (its reader
+        threads stayed there): ForkedError, unless it had finished before the fork."""
+        if self._born != process.generation() and not self._native.done():
+            raise process.forked_error(what, self._born, "read batch", self._native.path)
 
     def wait(self, timeout: float | None = None) -> bool:
         """True when every row is read and its copy issued (host copies: done).
@@ -98,7 +105,9 @@ class Completion:
         """
         if timeout is not None and timeout < 0:
             raise ConfigError(f"wait: timeout must be >= 0 or None, got {timeout}")
-        if not self._native.wait(-1.0 if timeout is None else float(timeout)):
+        if self._born != process.generation():
+            self._check_process("wait()")      # finished before the fork: its result stands
+        elif not self._native.wait(-1.0 if timeout is None else float(timeout)):
             return False
         nb = self._native
         if nb.err:
@@ -124,6 +133,7 @@ class Completion:
 
         Waits on the host for the reads first (wait()), never for the copies.
         """
+        self._check_process("stream_wait()")
         self.wait()
         if stream is None:
             import torch
@@ -136,6 +146,7 @@ class Completion:
 
     def synchronize(self) -> None:
         """Host waits until the batch's copies have completed, too (then raises like wait())."""
+        self._check_process("synchronize()")
         rc = self._native.synchronize()
         self.wait()
         if rc:
@@ -204,6 +215,7 @@ class Engine:
         except _C.NativeIOError as exc:
             raise _from_native(exc) from None
         self._buffers = BufferTable(self._native)
+        process.track_engine(self)   # closed at exit, refused in a fork()ed child
         reason = self._native.fallback_reason
         if reason and self.path not in _fallback_logged:
             _fallback_logged.add(self.path)

@@ -30,6 +30,7 @@ import weakref
 import numpy as np
 import torch
 
+from tierstore import process
 from tierstore.errors import ClosedError, ConfigError
 from tierstore.format.pack import Pack
 from tierstore.format.packlock import lock_for_reading
@@ -112,6 +113,7 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         self._staged: list = []          # publish="step": key arrays read into arena rows
         self._pending_sources: list = []  # publish="step": batches whose sources step() frees
         self._warm_pending = warm_start if cfg.deferred else None
+        process.track_store(self)   # closed at interpreter exit, refused in a fork()ed child
         if warm_start is not None and not cfg.deferred:
             self.preheat(warm_start)
 

@@ -23,7 +23,7 @@ class BackgroundJobs:
         Ticket. Bad keys raise here; I/O errors surface at ``ticket.wait()``."""
         dense = self._dense(keys)
         self._check_open("promote")
-        ticket = Ticket(len(dense))
+        ticket = Ticket(len(dense), self.pack.path)
         # publish="step": read into arena rows now (the ticket is done then), published at
         # the next step()
         kind = "stage" if self.config.publish == "step" else "promote"

@@ -51,6 +51,15 @@ class Lifecycle(Closing):
         self._drop_pack()
         self._close_done = True
 
+    def _after_fork_in_child(self) -> None:
+        """tierstore/process.py, in a fork()ed child, before the store is made inert: the
+        child lets go of its copy of the reader lock's fd (the parent's lock must not
+        outlive the parent through a child) and counts the store closed."""
+        self._closed = self._close_done = True
+        fd, self._pack_lock = self._pack_lock, -1
+        if fd >= 0:
+            os.close(fd)
+
     def _drop_pack(self) -> None:
         """Release the reader lock (writers may start) and close a pack we opened."""
         fd, self._pack_lock = self._pack_lock, -1

@@ -7,6 +7,8 @@ import queue
 import threading
 import weakref
 
+from tierstore import process
+
 
 class Worker:
     """One daemon thread that runs an owner's jobs in order: ``owner._run_job(job)``.
@@ -67,11 +69,12 @@ def _loop(owner_ref, worker: Worker) -> None:
 class Ticket:
     """Handle of an asynchronous promotion. ``wait`` re-raises the promotion's error."""
 
-    def __init__(self, requested: int):
+    def __init__(self, requested: int, path: str | None = None):
         self.requested = int(requested)
         self.promoted = 0
         self._error: BaseException | None = None
         self._event = threading.Event()
+        self._born, self._path = process.generation(), path   # see wait()
 
     def _finish(self, promoted: int = 0, error: BaseException | None = None) -> None:
         self.promoted, self._error = int(promoted), error
@@ -81,7 +84,12 @@ class Ticket:
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """True once the promotion finished (False on timeout); raises its error."""
+        """True once the promotion finished (False on timeout); raises its error. In a
+        fork()ed child a ticket of the parent that had not finished raises ForkedError
+        (the worker that would finish it stayed in the parent)."""
+        if self._born != process.generation() and not self._event.is_set():
+            raise process.forked_error("wait() on a promotion ticket", self._born,
+                                       "ExpertStore", self._path)
         if not self._event.wait(timeout):
             return False
         if self._error is not None:
