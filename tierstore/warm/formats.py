@@ -281,17 +281,15 @@ def _cut(data: bytes, spans: dict[str, tuple[int, int]]) -> bytes:
     return b"".join(out)
 
 
-def _owner_arrays(data: bytes, span: tuple[int, int], arity: int, limit: int, why: str,
-                  path: str, kind: str, where: str):
+def _owner_arrays(data: bytes, span: tuple[int, int], arity: int, ident, path: str,
+                  kind: str, where: str):
     """(keys int64 [N, 2], heat float64 [N] or None) of the owner list at ``span``,
-    decoded run by run (bounded scratch) after its length N is checked against
-    ``limit``. Type errors name the entry as a whole-file decode would
-    (``$.tiers.pool.owners[123][0]``)."""
+    decoded run by run (bounded scratch) after its length N is checked against the keys
+    of the pack ``ident`` (``_check_listed``). Type errors name the entry as a
+    whole-file decode would (``$.tiers.pool.owners[123][0]``)."""
     view = memoryview(data)[span[0]:span[1]]
     n, runs = json_array_runs(view, _RUN)
-    if n > limit:
-        raise FormatError(f"{path}: {where} lists {n:,} entries, more than the {limit:,} "
-                          f"{why} (each is named at most once)")
+    _check_listed(n, ident, path, where)
     keys = np.empty((n, 2), np.int64)
     heat = np.empty(n, np.float64) if arity == 3 else None
     done = 0
@@ -367,12 +365,7 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
         """The cut-out list ``where`` as arrays, or None when it was not cut out."""
         if where not in spans:
             return None
-        if ident is None:
-            limit, why = MAX_KEYS, "keys a pack may have"
-        else:
-            limit = ident.n_layers * ident.n_experts
-            why = f"keys of the {ident.n_layers} x {ident.n_experts} pack it names"
-        return _owner_arrays(data, spans[where], arity, limit, why, path, kind, where)
+        return _owner_arrays(data, spans[where], arity, ident, path, kind, where)
 
     try:
         if kind == "poolmon":
@@ -382,8 +375,8 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
             pm = msgspec.convert(obj, Poolmon, strict=True)
             _check_wall_time(pm.wall_time, path)
             _check_geometry(pm.pack, path, "pack")
-            _check_listed(pm.tiers.pool.owners, pm.pack, path, "tiers.pool.owners")
-            _check_listed(pm.tiers.arena.owners, pm.pack, path, "tiers.arena.owners")
+            _check_listed(len(pm.tiers.pool.owners), pm.pack, path, "tiers.pool.owners")
+            _check_listed(len(pm.tiers.arena.owners), pm.pack, path, "tiers.arena.owners")
             pool = _tier_from_owners(pm.tiers.pool, path, "tiers.pool.owners",
                                      owners("tiers.pool.owners", 3, pm.pack))
             arena = _tier_from_owners(pm.tiers.arena, path, "tiers.arena.owners",
@@ -401,7 +394,7 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
             ident = PackIdentity(tag=m.tag, n_layers=m.n_layers, n_experts=m.E,
                                  slot_bytes=m.slot_bytes)
             _check_geometry(ident, path, "meta")
-            _check_listed(ph.owners, ident, path, "owners")
+            _check_listed(len(ph.owners), ident, path, "owners")
             bulk = owners("owners", 2, ident)
             return WarmFile(path, kind, ident,
                             _ranked_tier(ph.owners if bulk is None else bulk[0], path, "owners"),
@@ -410,7 +403,7 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
             raise FormatError(f"{path}: arena heat version {obj.get('version')!r}, "
                               f"expected {ARENA_HEAT_VERSION}")
         ah = msgspec.convert(obj, ArenaHeat, strict=True)
-        _check_listed(ah.keys, None, path, "keys")
+        _check_listed(len(ah.keys), None, path, "keys")
         bulk = owners("keys", 2, None)
         return WarmFile(path, kind, None, WarmTier.empty(),
                         _ranked_tier(ah.keys if bulk is None else bulk[0], path, "keys"),
@@ -419,14 +412,16 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
         raise FormatError(f"{path}: {kind}: {exc}") from exc
 
 
-def _check_listed(rows: list, ident: Optional[PackIdentity], path: str, where: str) -> None:
-    """A list parsed whole (a small file) follows the cut-out lists' rule: no more
-    entries than the keys of the pack the file names."""
-    limit = MAX_KEYS if ident is None else ident.n_layers * ident.n_experts
-    if len(rows) > limit:
-        what = ("keys a pack may have" if ident is None else
-                f"keys of the {ident.n_layers} x {ident.n_experts} pack it names")
-        raise FormatError(f"{path}: {where} lists {len(rows):,} entries, more than the "
+def _check_listed(n: int, ident: Optional[PackIdentity], path: str, where: str) -> None:
+    """An owner list names each key of the pack the file names at most once (arena heat
+    names no pack: the largest one's): a longer list is refused before it is decoded."""
+    if ident is None:
+        limit, what = MAX_KEYS, "keys a pack may have"
+    else:
+        limit = ident.n_layers * ident.n_experts
+        what = f"keys of the {ident.n_layers} x {ident.n_experts} pack it names"
+    if n > limit:
+        raise FormatError(f"{path}: {where} lists {n:,} entries, more than the "
                           f"{limit:,} {what} (each is named at most once)")
 
 
