@@ -99,6 +99,9 @@ class _Registry:
     # -- membership ---------------------------------------------------------------------
     def add(self, entry: StoreMetrics) -> None:
         with self.lock:
+            # stores closed or collected since the last collection leave first
+            self.entries = [e for e in self.entries
+                            if e.store is not None and not e.store.closed]
             for e in self.entries:
                 if e.store is entry.store and entry.store is not None:
                     raise ConfigError(f"register_store: {entry.store!r} is already registered "
