@@ -35,6 +35,8 @@ def main() -> None:
                   tensor_parallel_size=run.get("tp", 1))
         if run.get("quantization"):
             kw["quantization"] = run["quantization"]
+        if run.get("worker_cls"):
+            kw["worker_cls"] = run["worker_cls"]
         llm = LLM(**kw)
         t1 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)

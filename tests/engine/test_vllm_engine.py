@@ -105,12 +105,17 @@ def test_compiled_engine_serves_exact_mode(checkpoints_dir, tmp_path):
 
 
 def test_tensor_parallel_2_writes_a_pack_per_rank(checkpoints_dir, tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("TP=2 on the CPU engine binds one core per rank")
     packs = str(tmp_path / "packs")
     got = engines(str(checkpoints_dir / "mixtral"), [
         {"name": "stock", "tp": 2},
         {"name": "exact", "tp": 2, "quantization": "tierstore",
          "env": {"TIERSTORE_VLLM_DIR": packs, "TIERSTORE_VLLM_SLOTS": "floor"}},
-    ], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    ], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+            # one NUMA node here: vLLM-CPU wants each rank's threads bound by hand
+            "VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"})
     assert got["exact"]["tokens"] == got["stock"]["tokens"]
     names = sorted(f for f in os.listdir(packs) if f.endswith(".pack"))
     assert [n.split(".")[-2] for n in names] == ["rank0of2", "rank1of2"], names
@@ -227,3 +232,24 @@ def test_read_only_pack_dir_serves_two_engines_at_once_and_refuses_when_empty(
         assert r[0]["tokens"] == got["stock"]["tokens"]
         assert "loader-skip" in out + err
     assert sorted(os.listdir(view)) == before
+
+
+def test_tiered_mode_serves_with_its_worker_and_refuses_without(checkpoints_dir, tmp_path):
+    """Tiered mode re-quantizes experts (2-bit base + FP4 pool): not stock's answers, so
+    this checks that it serves through the platform's worker and stays close to stock."""
+    model = str(checkpoints_dir / "mixtral")
+    env = {"TIERSTORE_VLLM_DIR": str(tmp_path / "packs"), "TIERSTORE_VLLM_MODE": "tiered"}
+    got = engines(model, [
+        {"name": "stock"},
+        {"name": "tiered", "quantization": "tierstore", "env": env,
+         "worker_cls": "tierstore.adapters.vllm_worker.TierstoreWorker"}])
+    stock, tiered = got["stock"]["tokens"], got["tiered"]["tokens"]
+    assert [len(t) for t in tiered] == [len(t) for t in stock]
+    same = sum(a == b for s, t in zip(stock, tiered) for a, b in zip(s, t))
+    assert same >= 0.25 * sum(len(t) for t in stock), (same, stock, tiered)
+    assert "tierstore tiered: packs" in got["_log"]
+
+    p = run_py(["run_engine.py", model, json.dumps([{"name": "x", "quantization": "tierstore",
+                                                     "env": env}])], check=False, timeout=300)
+    assert p.returncode != 0
+    assert "TIERSTORE_VLLM_MODE=tiered needs the per-step hooks" in p.stdout + p.stderr

@@ -210,11 +210,11 @@ def pool_slots(setting, *, n_moe_layers: int, n_experts: int, slot_bytes: int, d
 
 
 # -- the custom op: opaque to torch.compile --------------------------------------------
-_CALLS: dict[str, object] = {}
+CALLS: dict[str, object] = {}
 
 
 def register_call(key: str, fn) -> None:
-    _CALLS[key] = fn
+    CALLS[key] = fn
 
 
 @functools.lru_cache(maxsize=1)
@@ -225,7 +225,7 @@ def routed_experts_op():
     @torch.library.custom_op("tierstore::routed_experts", mutates_args=())
     def routed_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                        key: str) -> torch.Tensor:
-        return _CALLS[key](x, topk_weights, topk_ids)
+        return CALLS[key](x, topk_weights, topk_ids)
 
     @routed_experts.register_fake
     def _(x, topk_weights, topk_ids, key):

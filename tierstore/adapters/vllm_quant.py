@@ -199,14 +199,23 @@ class Runtime:
             cap.close()
             self._check_worker()
             self.tier = ServingTier(packs, device=self.device, **self.store_options())
+            log.info("tierstore tiered: packs %s; %d MoE layers; 2-bit base on %s; FP4 pool "
+                     "sized after the KV cache (%s)", packs, len(self.indices), self.device,
+                     "TIERSTORE_VLLM_VRAM_GB=%s" % self.env["vram_gb"]
+                     if self.env["vram_gb"] is not None else "auto")
             return self.tier
 
     def _check_worker(self) -> None:
         """Tiered mode lives on per-step hooks only the worker class gives; inside an
         engine without it the pool would never fill (a silent 2-bit model): refused."""
-        from tierstore.adapters import vllm_worker
         from vllm.config import get_current_vllm_config
-        if get_current_vllm_config().model_config is not None and not vllm_worker.HOOKED:
+        try:
+            cfg = get_current_vllm_config()
+            in_engine = cfg.model_config is not None
+            worker = str(getattr(cfg.parallel_config, "worker_cls", ""))
+        except Exception:        # no current config (vLLM 0.34 asserts): a hand-built layer
+            in_engine, worker = False, ""
+        if in_engine and "TierstoreWorker" not in worker:
             raise ConfigError("TIERSTORE_VLLM_MODE=tiered needs the per-step hooks of "
                               "--worker-cls tierstore.adapters.vllm_worker.TierstoreWorker "
                               "(or use the default exact mode, which needs none)")
@@ -261,12 +270,22 @@ class TierstoreMethodMixin(TierstoreMoEMethodLogic):
             layer.register_parameter(name, param)
         # a plain int attribute, never a module reference: no cycle in named_modules
         layer.tierstore_layer_index = self.layer_index
+        from tierstore.adapters import vllm_exact
+        vllm_exact.routed_experts_op()
+        self.call_key = f"{id(self.runtime):x}:tiered:{self.layer_index}"
+        vllm_exact.register_call(self.call_key,
+                                 lambda x, w, i: self._forward(layer, x, w, i))
 
     def process_weights_after_loading(self, layer) -> None:
         self.tier = self.runtime.finish_load()
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None,
               shared_experts_input=None):
+        # through the opaque custom op (registered in create_weights): torch.compile,
+        # vLLM-CPU's default, must not trace the tier's host-side work
+        return torch.ops.tierstore.routed_experts(x, topk_weights, topk_ids, self.call_key)
+
+    def _forward(self, layer, x, topk_weights, topk_ids):
         if self.tier is None:
             self.tier = self.runtime.finish_load()
         return TierstoreMoEMethodLogic.apply(self, layer, x, topk_weights, topk_ids)

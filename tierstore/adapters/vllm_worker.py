@@ -22,8 +22,6 @@ import functools
 
 from tierstore.adapters.vllm import require_vllm
 
-HOOKED = False     # a TierstoreWorker was built in this process (tiered mode checks it)
-
 
 def model_tiers(model) -> list:
     """The distinct serving tiers (one per --quantization tierstore model) of ``model``."""
@@ -74,11 +72,6 @@ def worker_class() -> type:
         from vllm.v1.worker.gpu_worker import Worker
 
     class TierstoreWorker(TierHooks, Worker):
-        def __init__(self, *args, **kwargs):
-            global HOOKED
-            HOOKED = True
-            super().__init__(*args, **kwargs)
-
         def determine_available_memory(self) -> int:
             with _quiet_all(self.tiers()):
                 return super().determine_available_memory()
