@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -86,18 +87,59 @@ def test_verify_off_serves_the_bytes_on_disk(pack):
                                   random_layer_rows(4, 2, E, SLOT)[2])
 
 
-def test_verify_first_hashes_a_row_once(pack):
-    with ts.ExpertStore(pack, vram_slots=2, device="cpu", verify="first", ram_gb=0,
-                        lazy_per_step=0) as store:
-        store.release(store.fire([(0, 1)]))
-        once = store.engine.stats().get("verified_rows", 0)
-        store.evict([(0, 1)])
-        store.release(store.fire([(0, 1)]))
-        assert once >= 1 and store.engine.stats().get("verified_rows", 0) == once
+@pytest.mark.parametrize("mode", [None, "first", "always"], ids=["default", "first", "always"])
+@pytest.mark.parametrize("op", ["fire", "pipelined", "promote"])
+def test_a_row_rotted_after_its_first_read_is_refused_when_read_again(pack, mode, op):
+    """Every read that leaves the disk or page cache is hashed, not only a row's first:
+    a byte flipped on disk after the row was served (mtime put back), then an eviction,
+    then a re-read: refused, nothing published, and the store serves on ("first", the old
+    mode that published such a re-read unchecked, is now a spelling of "always")."""
+    kw = {} if mode is None else {"verify": mode}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        store = ts.ExpertStore(pack, vram_slots=4, ram_gb=0, device="cpu", lazy_per_step=0, **kw)
+    with store:
+        keys = [(1, 4), (1, 5)]
+        store.release(store.fire(keys))                 # the first read: hashed, intact
+        assert store.engine.stats()["verified_rows"] == 2
+        assert store.evict(keys) == 2
+        _corrupt_in_place(pack, 1, 5)
+        with pytest.raises(ts.TierIOError, match=r"layer 1 expert 5 .*xxh3_64 mismatch") as ei:
+            if op == "fire":
+                store.fire(keys)
+            elif op == "pipelined":
+                fr = store.fire(keys, pipelined=True)
+                try:
+                    fr.wait_layer(1)
+                finally:
+                    store.release(fr)
+            else:
+                store.promote(keys).wait(timeout=20)
+        assert pack.path in str(ei.value) and "\n" not in str(ei.value)
+        assert store.wait_idle(20)
+        table = store.slot_table.cpu().numpy()
+        assert table[1, 5] == -1 and table[1, 4] == -1    # nothing of the batch published
+        fr = store.fire([(1, 4), (0, 3)])                  # the intact rows serve on
+        for layer, e in ((1, 4), (0, 3)):
+            slot = int(store.slot_table[layer, e])
+            assert np.array_equal(store.pool[slot].numpy()[:SLOT],
+                                  random_layer_rows(4, layer, E, SLOT)[e])
+        store.release(fr)
+        store.check_invariants(idle=True)
+
+
+def test_verify_first_is_always_with_a_warning(pack):
+    with pytest.warns(FutureWarning, match="'first' now verifies every read"):
+        store = ts.ExpertStore(pack, vram_slots=2, device="cpu", verify="first")
+    with store:
+        assert store.verifier.mode == "always" and store.config.verify == "always"
+    with pytest.warns(FutureWarning), settings.override(verify="first"):
+        assert settings.get("verify") == "always"
 
 
 def test_verify_mode_is_validated_with_its_name(pack):
-    with pytest.raises(ts.ConfigError, match="verify must be one of always, first, off"):
+    with pytest.raises(ts.ConfigError, match="verify='sometimes': unknown verify mode "
+                                             "'sometimes'; expected one of always, off"):
         ts.ExpertStore(pack, vram_slots=2, device="cpu", verify="sometimes")
     with pytest.raises(ts.ConfigError, match="TIERSTORE_VERIFY"):
         settings.check_environment({"TIERSTORE_VERIFY": "maybe"})

@@ -1,6 +1,6 @@
 """Checksums on load for rows bigger than one stage buffer, through the store's
 public API: rows of 17 MiB + 1234 B (two 16 MiB segments, the second ragged) are verified
-under verify="always" / "first" / "off", a corrupted segment (first or last) fails the
+under verify="always" / "off", a corrupted segment (first or last) fails the
 fire with a TierIOError naming the file, layer, expert and offset, and nothing of that
 fire is published; pipelined fires fail at the corrupted layer's wait. Runs on the CPU
 pool (segments land in the pool slots) and, with a GPU, on the CUDA pool (segments go
@@ -78,7 +78,7 @@ def _assert_names_the_row(exc: TierIOError, pack) -> None:
 
 @pytest.mark.parametrize("where", [7, STAGE + 3, SLOT - 1], ids=["first_seg", "last_seg_head",
                                                                   "last_byte"])
-@pytest.mark.parametrize("mode", ["always", "first", "off"])
+@pytest.mark.parametrize("mode", ["always", "off"])
 def test_big_rows_are_verified_and_a_bad_one_publishes_nothing(pack, device, mode, where):
     with Corrupted(pack, where), _store(pack, device, mode) as store:
         if mode == "off":      # nothing hashed: the bad bytes are served (and are the file's)
@@ -101,18 +101,14 @@ def test_big_rows_are_verified_and_a_bad_one_publishes_nothing(pack, device, mod
         assert store.engine.stats()["verified_rows"] == len(KEYS)
         assert store.engine.stats()["verified_bytes"] == len(KEYS) * SLOT
         assert_store_consistent(store)
-        # Corrupted after this store has seen the rows: "always" re-hashes every read,
-        # "first" trusts rows it already checked (its documented trade-off).
+        # Corrupted after this store has seen the rows: every read is hashed again
+        # ("first" is a spelling of "always" now), so the re-read is refused.
         store.evict(KEYS)
         with Corrupted(pack, where):
-            if mode == "always":
-                with pytest.raises(TierIOError) as info:
-                    store.fire(KEYS)
-                _assert_names_the_row(info.value, pack)
-                assert not _resident(store).any()
-            else:
-                store.release(store.fire(KEYS))
-                assert store.engine.stats()["verified_rows"] == len(KEYS)
+            with pytest.raises(TierIOError) as info:
+                store.fire(KEYS)
+            _assert_names_the_row(info.value, pack)
+            assert not _resident(store).any()
             assert_store_consistent(store)
 
 

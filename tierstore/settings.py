@@ -130,6 +130,21 @@ def choice(*names: str, what: str = "value", aliases: Mapping[str, str] | None =
     return parse
 
 
+#: ExpertStore's checksum modes (store/verify.py): every read verified, or the opt-out.
+VERIFY_MODES = ("always", "off")
+
+
+def verify_mode(value: Any) -> str:
+    """``always`` | ``off``. ``first`` named a mode that published a row re-read after an
+    eviction unchecked; it is read as ``always``, with a FutureWarning."""
+    if str(value).strip().lower() == "first":
+        warnings.warn("verify mode 'first' now verifies every read, as 'always' does (a row "
+                      "re-read after an eviction is hashed again): write 'always', or 'off' "
+                      "to opt out", FutureWarning, stacklevel=4)
+        return "always"
+    return choice(*VERIFY_MODES, what="verify mode")(value)
+
+
 def gib_or_auto(value: Any) -> float | None:
     """``auto`` -> None, else GiB >= 0."""
     if value is None or str(value).strip().lower() == AUTO:
@@ -297,9 +312,9 @@ SPEC = EnvSpec("TIERSTORE_", (
     _knob("fire_rounds", 3, integer(1),
           "rounds a fire retries keys another thread was loading before giving up"),
     _knob("latency_window", 4096, integer(1), "fire latencies kept for the p50/p99 in stats()"),
-    _knob("verify", "first", choice("always", "first", "off", what="verify mode"),
-          "check each row read from the pack against its sidecar xxh3-64 before it is published: "
-          "always, first (the first time this store reads the row), off"),
+    _knob("verify", "always", verify_mode,
+          "check each row read from the pack (disk or page cache) against its sidecar xxh3-64 "
+          "before it is published: always, or off (the opt-out); first = always (deprecated)"),
     _knob("snapshot_every_s", 10.0, _non_negative,
           "seconds between poolmon snapshots when a snapshot path is set (0: off)"),
     _knob("metrics", True, boolean,

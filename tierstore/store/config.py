@@ -31,7 +31,7 @@ _OPTIONS = ("threads", "direct", "lazy_per_step", "half_life", "half_life_s", "a
             "stream", "snapshot", "snapshot_every_s", "gate_fp_max", "verify", "prefetch",
             "publish", "slot_table", "lazy_admission")
 LAZY_ADMISSIONS = ("hotter", "all")   # step()'s promotions: over a colder victim only, or any
-VERIFY_MODES = ("always", "first", "off")
+VERIFY_MODES = settings.VERIFY_MODES
 # When background promotions become visible: "async" = as soon as the worker's copy
 # landed; "step" = only at step(), on the caller's thread (engines that capture CUDA
 # graphs and re-run fired steps: nothing changes between a step's forward and its replay,
@@ -91,7 +91,7 @@ class StoreConfig:
     latency_window: int
     snapshot: Any = None
     snapshot_every_s: float = 10.0
-    verify: str = "first"
+    verify: str = "always"
     engine: Any = None
     stream: Any = None
     floor: int | None = None
@@ -176,9 +176,11 @@ class StoreConfig:
         direct = str(get("direct")).lower()
         if direct not in ("auto", "on", "off"):
             problems.append(f"direct must be 'auto', 'on' or 'off', found {direct!r}")
-        verify = str(get("verify")).lower()
-        if verify not in VERIFY_MODES:
-            problems.append(f"verify must be one of {', '.join(VERIFY_MODES)}, found {get('verify')!r}")
+        try:
+            verify = settings.verify_mode(get("verify"))
+        except ValueError as exc:
+            problems.append(f"verify={get('verify')!r}: {exc}")
+            verify = "always"
         lazy = number("lazy_per_step", get("lazy_per_step"), int, 0)
         scan_keep = number("scan_keep", get("scan_keep"), float, 0.0, 1.0)
         rounds = number("fire_rounds", get("fire_rounds"), int, 1)

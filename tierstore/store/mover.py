@@ -203,8 +203,6 @@ class Mover:
             # a replaced or rewritten file: publish nothing (a touch: see check_unchanged)
             self.pack.check_unchanged(self.verifier is not None and
                                       self.verifier.hashes_every_read)
-            if sums is not None:
-                self.verifier.passed(batch.keys, batch.offsets)
             steps = (self.pool_steps(batch, batch.pool_slots, batch.stream, batch.completion)
                      if batch.to_pool else [])
             self.journal.run(*steps, *self.completion_steps(batch, time.perf_counter() - t0,

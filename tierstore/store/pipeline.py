@@ -187,8 +187,6 @@ class LayerLoad:
         def events():
             self.events[layer] = batch.publish_event
         steps = mover.pool_steps(batch, slots, stream, comp) + [events]
-        if mover.verifier is not None:
-            steps.append(lambda: mover.verifier.passed(batch.keys[s:e], batch.offsets[s:e]))
         steps.append(lambda: self.pending.discard(layer))
         if self.pending == {layer}:    # the last group: the batch ends with it
             steps += mover.completion_steps(batch, time.perf_counter() - self.t0,

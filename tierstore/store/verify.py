@@ -9,26 +9,30 @@ the row (EBADMSG, its offset), the batch rolls back, and the caller gets a TierI
 naming the file, layer, expert and offset.
 
 Modes (``verify=`` option, ``TIERSTORE_VERIFY``):
-* ``always``: every row read from the file is hashed, every time;
-* ``first`` (default): a row is hashed the first time this store reads it; later
-  re-reads (after an eviction) are not. Corruption already on disk when the server
-  starts is caught, and the steady-state cost is nil once the hot set has been seen;
-* ``off``: nothing is hashed (also when the pack has no checksums).
-Rows served from the arena (offset -1) are never re-hashed: they were checked when read.
+* ``always`` (default): every row read from the file (disk or page cache) is hashed,
+  every time, before it is published: a row that rotted on disk after an earlier read
+  is refused when it is read again, never served;
+* ``off``: nothing is hashed (also when the pack has no checksums): the explicit opt-out.
+* ``first``: the old name of a mode that hashed a row only the first time a store read
+  it, and so published a later re-read (after an eviction) unchecked. It is accepted as
+  a spelling of ``always``, with a FutureWarning (settings.verify_mode).
+Rows served from the arena (offset -1) are never re-hashed: they were checked when read
+into it, and the arena is this process's memory, not the disk or its cache.
 """
 from __future__ import annotations
 
 import numpy as np
 
-MODES = ("always", "first", "off")
+from tierstore.settings import VERIFY_MODES as MODES
 
 
 class RowVerifier:
     def __init__(self, pack, mode: str):
+        """``mode`` as settings.verify_mode returned it: "always" or "off"."""
+        if mode not in MODES:
+            raise ValueError(f"RowVerifier: mode must be one of {', '.join(MODES)}, found {mode!r}")
         self.pack = pack
         self.mode = mode if pack.has_checksums else "off"
-        n_keys = int(pack.n_layers) * int(pack.n_experts)
-        self._seen = np.zeros(n_keys, dtype=bool) if self.mode == "first" else None
 
     @property
     def hashes_every_read(self) -> bool:
@@ -40,16 +44,6 @@ class RowVerifier:
     def checksums(self, keys: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
         """Expected sums for a batch (``keys`` dense ids, ``offsets`` -1 for arena rows), or
         None when nothing in it needs hashing."""
-        if self.mode == "off":
-            return None
-        read = offsets >= 0
-        if self.mode == "first" and not (read & ~self._seen[keys]).any():
-            return None
-        if not read.any():
+        if self.mode == "off" or not (offsets >= 0).any():
             return None
         return self.pack.row_checksums(keys)
-
-    def passed(self, keys: np.ndarray, offsets: np.ndarray) -> None:
-        """The batch landed with its sums checked: remember its read rows ("first")."""
-        if self._seen is not None:
-            self._seen[keys[offsets >= 0]] = True
