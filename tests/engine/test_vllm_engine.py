@@ -81,13 +81,14 @@ def test_exact_mode_is_stock_at_every_pool_size_and_boots_from_its_pack(kind, ch
     got = engines(str(checkpoints_dir / kind), [
         {"name": "stock"},
         {"name": "all", "quantization": "tierstore", "env": {**ts, "TIERSTORE_VLLM_SLOTS": "all"}},
-        {"name": "floor", "quantization": "tierstore",
+        {"name": "floor", "quantization": "tierstore", "history": True,
          "env": {**ts, "TIERSTORE_VLLM_SLOTS": "floor"}},
     ])
     stock = got["stock"]["tokens"]
     assert all(len(t) == 16 for t in stock)
     assert got["all"]["tokens"] == stock, "pool at all experts: greedy tokens differ from stock"
     assert got["floor"]["tokens"] == stock, "pool at the floor: greedy tokens differ from stock"
+    assert got["floor"]["tokens_again"] == stock, "the same requests after others differ"
     log = got["_log"]
     assert "tierstore exact: first boot wrote" in log
     assert "tierstore exact: loader-skip: every MoE layer from the pack" in log
