@@ -255,7 +255,7 @@ def _gather_ceiling(ctx, slots: int, h2d: float) -> dict:
     ids = torch.arange(n, dtype=torch.int32, device=store.pool.device)
     variants = {}
     for blocks in (n_sm, 2 * n_sm, 4 * n_sm):
-        for chunk in (64 << 10, 256 << 10):
+        for chunk in (64 << 10, 256 << 10, 1 << 20):
             with dl.attached(store, max_ids=max(ctx.P, n), slots=slots, gather_blocks=blocks,
                              chunk_bytes=chunk) as res:
                 best = math.inf

@@ -238,6 +238,11 @@ class HostPlanned:
             _C.residency_copy_plan(self.state.view, self.store.pool.data_ptr(),
                                    dev.index if dev.index is not None else torch.cuda.current_device(),
                                    stream.cuda_stream)
+            plan_len = int(self.state.ctrl[2])
+            if plan_len:   # the publish into the mirror (the copies are ordered before the upload)
+                plan = self.state.plan[:2 * plan_len].view(-1, 2)
+                placed = plan[:, 1] >= 0
+                self.table[plan[placed, 0].long()] = plan[placed, 1]
             self.store.slot_table.view(-1).copy_(self.table, non_blocking=True)   # upload
         else:
             plan_len = int(self.state.ctrl[2])
