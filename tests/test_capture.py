@@ -7,9 +7,11 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
-
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from moet_surface_helpers import E, L, env, moet_env, planes
+
 from tierstore.cli import main as cli_main
 from tierstore.errors import ConfigError, TierIOError
 from tierstore.sim.capture import ROW_BYTES, RoutingCapture

@@ -18,8 +18,7 @@ import json
 import sys
 import time
 
-from tierstore.cli.args import (existing_file, existing_path, float_in, int_in, names_of,
-                                non_negative_int, output_file, positive_float, say)
+from tierstore.cli.args import existing_file, existing_path, float_in, int_in, names_of, output_file, say
 from tierstore.errors import ConfigError
 
 DEFAULT_PLAN_POLICIES = "lru,heat,hybrid,auto,freq"
@@ -34,8 +33,10 @@ def register(groups) -> None:
                      help="Hugging Face config.json of the model (default: none)")
     src.add_argument("--pack", type=existing_path("pack file or directory"),
                      help="a pack: its layers, experts and row size (slot bytes) (default: none)")
-    src.add_argument("--model", default=None, help="model name for the vllm serve line (default: the config's name)")
-    for flag, hi, text in (("--layers", 4096, "MoE layers"), ("--experts", 1 << 16, "routed experts per layer"),
+    src.add_argument("--model", default=None,
+                     help="model name for the vllm serve line (default: the config's name)")
+    for flag, hi, text in (("--layers", 4096, "MoE layers"),
+                           ("--experts", 1 << 16, "routed experts per layer"),
                            ("--top-k", 1 << 16, "experts routed per token"),
                            ("--hidden", 1 << 20, "hidden size"),
                            ("--moe-intermediate", 1 << 20, "one expert's intermediate size"),
@@ -69,7 +70,7 @@ def register(groups) -> None:
                      help="max tokens per forward (--max-num-batched-tokens)")
     mem.add_argument("--gate-fp-max", type=int_in(1, 64), default=3,
                      help="promote -> replay rounds (the floor's growth term)")
-    mem.add_argument("--pool-gb", type=positive_float, default=None,
+    mem.add_argument("--pool-gb", type=float_in(0.0, 1 << 20, lo_open=True), default=None,
                      help="a fixed pool in GiB (default: the largest that fits)")
     mem.add_argument("--dense-gb", type=float_in(0.0, 1 << 20), default=None,
                      help="measured non-expert weights (default: an estimate from the geometry)")
@@ -81,7 +82,8 @@ def register(groups) -> None:
                      help="settings that serve under the fire floor (FORCE_POOL=1)")
     tr = p.add_argument_group("routing trace (hit rate vs pool)")
     from tierstore.cli.bench_hits import trace_file
-    tr.add_argument("--trace", type=trace_file, help="int32 .npy rows [tick, layer, expert] (default: none, no curve)")
+    tr.add_argument("--trace", type=trace_file,
+                    help="int32 .npy rows [tick, layer, expert] (default: none, no curve)")
     tr.add_argument("--policies", type=names_of(_plan_policies(), "policy"),
                     default=DEFAULT_PLAN_POLICIES.split(","),
                     help=f"policies to replay (MIN always; default: {DEFAULT_PLAN_POLICIES})")
@@ -159,7 +161,7 @@ def build(args) -> dict:
     budget = bmod.plan_memory(geo, inp)
     plan = {"geometry": geo.as_dict(), "inputs": {k: v for k, v in vars(inp).items()},
             "budget": budget.as_dict(), "curve": None}
-    policy = None
+    policy = moet_policy = slots = None
     if args.trace:
         from tierstore.plan.curve import hit_curve
         from tierstore.sim.traces import load_trace
@@ -174,7 +176,9 @@ def build(args) -> dict:
         plan["curve"] = curve.as_dict()
         plan["curve"]["seconds"] = time.perf_counter() - t0
         rec = curve.recommended
-        policy = rec["policy"] if rec else None
+        if rec:
+            policy, slots = rec["policy"], rec["model_slots"]
+            moet_policy = _best_moet_policy(curve, rec["slots"])
         if args.warm_out:
             _write_warm(args, trace, curve, geo, inp, pack_info)
     store_dir = None
@@ -183,11 +187,18 @@ def build(args) -> dict:
         store_dir = args.pack if os.path.isdir(args.pack) else os.path.dirname(
             os.path.abspath(args.pack))
     plan["settings"] = {
-        "vllm_moet": engines.moet_settings(geo, inp, budget, policy=policy, force=args.force,
-                                           store_dir=store_dir),
-        "vllm": engines.vllm_settings(geo, inp, budget, policy=policy)}
+        "vllm_moet": engines.moet_settings(geo, inp, budget, policy=moet_policy, force=args.force,
+                                           store_dir=store_dir, slots=slots),
+        "vllm": engines.vllm_settings(geo, inp, budget, policy=policy, slots=slots)}
     plan["model"] = args.model or geo.name or "MODEL"
     return plan
+
+
+def _best_moet_policy(curve, slots: int) -> str | None:
+    """The best policy at ``slots`` that vLLM-Moet's DELTA_POLICY can name."""
+    from tierstore.plan.engines import MOET_POLICIES
+    at = [r for r in curve.results if r.slots == slots and r.policy in MOET_POLICIES]
+    return max(at, key=curve.hit).policy if at else None
 
 
 def _write_warm(args, trace, curve, geo, inp, pack_info) -> None:

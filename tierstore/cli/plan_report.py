@@ -13,6 +13,7 @@ def _gib(x: float) -> str:
 def print_plan(plan: dict) -> None:
     from rich.console import Console
     from rich.table import Table
+
     from tierstore.plan.engines import shell_lines
     con = Console(width=None if sys.stdout.isatty() else 160)
     g, inp, b = plan["geometry"], plan["inputs"], plan["budget"]
@@ -62,7 +63,7 @@ def _print_curve(con, c: dict) -> None:
         t.add_column("model slots", justify="right")
     for p in policies:
         t.add_column("MIN" if p == "belady" else p, justify="right")
-    for s in sorted({r["slots"] for r in c["results"]}):
+    for s in sorted({r["slots"] for r in c["results"] if r["on_grid"] or r["slots"] == rec.get("slots")}):
         mark = " <" if s == rec.get("slots") else ""
         row = [f"{s}{mark}"] + ([str(int(round(s * c["scale"])))] if c["scale"] != 1 else [])
         row += [f"{by[(p, s)][key]:.3f}" if (p, s) in by else "" for p in policies]
@@ -78,6 +79,10 @@ def _print_curve(con, c: dict) -> None:
                   f"{c['tolerance']:g})" + (" -- raised to the fire floor from "
                   f"{int(round(rec['knee_slots'] * c['scale']))}" if rec["raised_to_floor"] else ""),
                   soft_wrap=True)
+        if rec["model_slots"] < c["feasible_slots"] * c["scale"] - 1:
+            con.print(f"the settings below use it; the {int(c['feasible_slots'] * c['scale'])} "
+                      f"slots that fit would add {rec['top_hit_rate'] - rec['hit_rate']:.3f} of "
+                      f"hit rate: the difference can go to KV cache (--context)", soft_wrap=True)
     else:
         con.print("[red]no pool fits the card: nothing to recommend[/]")
 
@@ -86,8 +91,10 @@ def plot(plan: dict, path: str) -> None:
     """PNG: the budget as a stacked bar; with a curve, hit rate vs pool (both views)."""
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
     from tierstore.files.atomic import write_atomic_with
     c = plan.get("curve")
     fig, axes = plt.subplots(1, 3 if c else 1, figsize=(15 if c else 6, 5), squeeze=False)

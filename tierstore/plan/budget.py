@@ -287,6 +287,10 @@ def _explain(b: Budget, inp: Inputs) -> None:
         if b.max_context_for_floor:
             b.does_not_fit.append(f"the floor holds up to a context of "
                                   f"{b.max_context_for_floor} tokens at {inp.max_seqs} seq(s)")
+        elif not b.deficit:
+            b.does_not_fit.append(f"no context length makes the floor hold at {inp.max_seqs} "
+                                  f"seq(s) and {inp.spec_tokens} spec token(s): the fixed "
+                                  f"parts leave too little of the card")
         if b.max_seqs_for_floor and b.max_seqs_for_floor < inp.max_seqs:
             b.does_not_fit.append(f"the floor holds up to {b.max_seqs_for_floor} sequence(s) "
                                   f"at {inp.context} tokens")

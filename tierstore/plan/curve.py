@@ -11,7 +11,8 @@ pool buys less than ``tolerance`` of hit rate, and the memory is better spent on
 cache. Found on a geometric grid, then refined by bisection between the two grid points
 around it (``best`` grows with the pool for demand fill). A pool under the fire floor is
 refused by the engines, so the recommendation is raised to the floor when it falls
-under it (``raised_to_floor``). The policy is the one reaching ``best`` there. A trace recorded on another model is mapped by share of experts: its
+under it (``raised_to_floor``). The policy is the one reaching ``best`` there. A trace
+recorded on another model is mapped by share of experts: its
 key space is scaled to the planned model's (``scale``).
 """
 from __future__ import annotations

@@ -32,6 +32,13 @@ def gib_text(slots: int, slot_bytes: int) -> str:
     return repr(exact)
 
 
+def _nothing_fits(budget: Budget) -> dict | None:
+    if budget.pool_slots >= 1:
+        return None
+    return {"env": {}, "args": [], "notes": ["no pool fits the card (see 'does not fit'): "
+                                             "nothing to set"]}
+
+
 def vllm_args(geo: Geometry, inp: Inputs, budget: Budget) -> list[str]:
     """vLLM serve flags the plan assumes (both engines)."""
     kv = next(b for n, b, _ in budget.items if n == "KV cache")
@@ -51,9 +58,21 @@ def vllm_args(geo: Geometry, inp: Inputs, budget: Budget) -> list[str]:
 
 
 def moet_settings(geo: Geometry, inp: Inputs, budget: Budget, policy: str | None = None,
-                  force: bool = False, store_dir: str | None = None) -> dict:
+                  force: bool = False, store_dir: str | None = None,
+                  slots: int | None = None) -> dict:
+    """``slots``: the pool to set (default the budget's: the largest that fits);
+    ``policy``: a tierstore policy, written as DELTA_POLICY when vLLM-Moet has one."""
+    empty = _nothing_fits(budget)
+    if empty is not None:
+        return empty
+    if inp.base_dtype == "none":
+        return {"env": {}, "args": [], "notes": [
+            "vLLM-Moet serves from a resident base (its FP4 pool only recovers experts): "
+            "with --base-dtype none use upstream vLLM, or plan a base "
+            "(--base-dtype base2; VLLM_MOE_W2_BASE_CACHE_GB caches part of it)"]}
+    slots = budget.pool_slots if slots is None else int(slots)
     env = {"VLLM_MOE_W2": "1", MOET_PREFIX + "GATE": "1", MOET_PREFIX + "TIERSTORE": "1",
-           MOET_PREFIX + "DELTA_GB": gib_text(budget.pool_slots, budget.slot_bytes),
+           MOET_PREFIX + "DELTA_GB": gib_text(slots, budget.slot_bytes),
            MOET_PREFIX + "NUM_LAYERS": str(geo.moe_layers)}
     notes = []
     if inp.gate_fp_max != 3:
@@ -70,20 +89,25 @@ def moet_settings(geo: Geometry, inp: Inputs, budget: Budget, policy: str | None
                          f"default (freq) stays")
     if store_dir:
         env[MOET_PREFIX + "STORE_DIR"] = store_dir
-    if budget.pool_slots < budget.floor:
+    if slots < budget.floor:
         if force:
             env[MOET_PREFIX + "FORCE_POOL"] = "1"
             notes.append("FORCE_POOL=1: serving under the fire floor (a warning at boot)")
         else:
             notes.append("under the fire floor: vLLM-Moet refuses to boot with the gate on "
                          "(see 'does not fit'; --force adds FORCE_POOL=1)")
-    if budget.pool_slots < sizing.MIN_SLOTS:
+    if slots < sizing.MIN_SLOTS:
         notes.append(f"an explicit DELTA_GB gives at least {sizing.MIN_SLOTS} slots")
     return {"env": env, "args": vllm_args(geo, inp, budget), "notes": notes}
 
 
-def vllm_settings(geo: Geometry, inp: Inputs, budget: Budget, policy: str | None = None) -> dict:
-    env = {"TIERSTORE_VLLM_VRAM_GB": gib_text(budget.pool_slots, budget.slot_bytes)}
+def vllm_settings(geo: Geometry, inp: Inputs, budget: Budget, policy: str | None = None,
+                  slots: int | None = None) -> dict:
+    empty = _nothing_fits(budget)
+    if empty is not None:
+        return empty
+    slots = budget.pool_slots if slots is None else int(slots)
+    env = {"TIERSTORE_VLLM_VRAM_GB": gib_text(slots, budget.slot_bytes)}
     if policy is not None:
         env["TIERSTORE_POOL_POLICY"] = policy
     args = ["--quantization", "tierstore",
@@ -96,6 +120,8 @@ def vllm_settings(geo: Geometry, inp: Inputs, budget: Budget, policy: str | None
 
 def shell_lines(settings: dict, model: str = "MODEL") -> list[str]:
     """``export K=V`` lines and the ``vllm serve`` line of one engine's settings."""
+    if not settings["args"]:
+        return []
     lines = [f"export {k}={v}" for k, v in settings["env"].items()]
     args = " ".join(a if " " not in a and '"' not in a else f"'{a}'" for a in settings["args"])
     return lines + [f"vllm serve {model} {args}"]

@@ -6,11 +6,14 @@ DeepSeek-V4's compressed attention with its per-layer compress ratios and slidin
 window), vocabulary and MTP layers. ``from_hf_config`` reads the families that ship
 their MoE geometry under these keys:
 
-| family (``model_type``) | experts | top-k | expert width | dense layers | shared |
-|---|---|---|---|---|---|
-| deepseek_v2 / v3 / v4 | n_routed_experts | num_experts_per_tok | moe_intermediate_size | first_k_dense_replace | n_shared_experts x moe_intermediate_size |
-| mixtral | num_local_experts | num_experts_per_tok | intermediate_size | 0 | none |
-| qwen2_moe / qwen3_moe | num_experts | num_experts_per_tok | moe_intermediate_size | mlp_only_layers, decoder_sparse_step | shared_expert_intermediate_size (qwen2) |
+* deepseek_v2 / v3 / v4: ``n_routed_experts``, ``num_experts_per_tok``,
+  ``moe_intermediate_size``, ``first_k_dense_replace`` dense layers, ``n_shared_experts``
+  x ``moe_intermediate_size`` shared; MLA (``kv_lora_rank``) or V4's ``compress_ratios``;
+* mixtral: ``num_local_experts``, ``num_experts_per_tok``, ``intermediate_size`` per
+  expert, no dense layer, no shared expert;
+* qwen2_moe / qwen3_moe: ``num_experts``, ``num_experts_per_tok``,
+  ``moe_intermediate_size``; dense layers from ``mlp_only_layers`` and
+  ``decoder_sparse_step``; ``shared_expert_intermediate_size`` (Qwen2).
 
 A ``text_config`` inside the file (multimodal wrappers) is read instead of the top level.
 The file is untrusted: read through ``files.untrusted.read_json`` (size cap, strict
@@ -72,11 +75,11 @@ class Geometry:
         d["n_layers"], d["n_keys"] = self.n_layers, self.n_keys
         return d
 
-    def with_overrides(self, **values) -> "Geometry":
+    def with_overrides(self, **values) -> Geometry:
         given = {k: v for k, v in values.items() if v is not None}
         return replace(self, **given) if given else self
 
-    def check(self, what: str = "geometry") -> "Geometry":
+    def check(self, what: str = "geometry") -> Geometry:
         """ConfigError naming every missing or impossible field, all at once."""
         problems = []
         for name in ("moe_layers", "n_experts", "top_k", "hidden"):

@@ -67,7 +67,7 @@ class RoutingCapture:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, meta: dict | None = None, path=None) -> "RoutingCapture | None":
+    def from_settings(cls, meta: dict | None = None, path=None) -> RoutingCapture | None:
         """A capture to ``path`` (default the ``capture`` setting, TIERSTORE_CAPTURE), or
         None when neither names a file."""
         from tierstore import settings
