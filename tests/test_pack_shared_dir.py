@@ -244,3 +244,32 @@ def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path):
     with pytest.raises(ts.TierstoreError, match=r"\.lock: .*not a regular file"):
         PackWriter(tmp_path, tag="fp4", n_layers=2, n_experts=2, slot_bytes=4096, ckpt_id="c")
     assert np.array_equal(Pack.open(pack).read_row(1, 1), random_layer_rows(0, 1, 2, 4096)[1])
+
+
+@pytest.mark.parametrize("who", ["writer", "reader"])
+def test_a_lock_file_removed_between_open_and_flock_is_not_trusted(tmp_path, monkeypatch, who):
+    # A failed fresh writer removes its lock file while holding it; a party that opened
+    # that file just before must not keep a lock on the nameless inode (a third party
+    # would create a new file and lock it too): the window, injected once.
+    from tierstore.format import packlock
+    lock = str(tmp_path / "fp4.rank0of1.lock")
+    real_open = packlock._open_lock_file
+    calls = []
+
+    def open_then_lose_the_name(path, create):
+        fd, created = real_open(path, create)
+        if not calls:
+            os.unlink(path)                      # the failed writer's discard, meanwhile
+        calls.append(os.fstat(fd).st_ino)
+        return fd, created
+
+    monkeypatch.setattr(packlock, "_open_lock_file", open_then_lose_the_name)
+    if who == "writer":
+        fd, _ = packlock.lock_for_writing(lock)
+    else:
+        fd = packlock.lock_for_reading(lock[:-len(".lock")] + ".pack", lock)
+    try:
+        assert len(calls) == 2                   # the first file was dropped, a new one locked
+        assert os.fstat(fd).st_ino == os.stat(lock).st_ino
+    finally:
+        os.close(fd)
