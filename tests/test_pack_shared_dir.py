@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from cli_process import child_env, interrupt_after_line
+from cli_process import child_env
 from tierstore import Pack, PackWriter
 from tierstore.testing.packs import random_layer_rows
 
