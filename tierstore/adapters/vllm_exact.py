@@ -139,11 +139,11 @@ class ExactTier:
             options["policy"] = policy
         self.store = ExpertStore(pack, vram_slots=int(slots), device=str(self.device), **options)
         self.slots = int(slots)
-        pool = self.store.pool
-        self.pool_planes = [pool[:, p.offset:p.offset + p.nbytes].view(DTYPES[p.dtype])
-                            .unflatten(1, p.shape) for p in self.layout]
         self.scratch = {p.name: torch.empty((self.n_experts, *p.shape), dtype=DTYPES[p.dtype],
                                             device=self.device) for p in self.layout}
+        # the same scratch as bytes, [E, plane bytes]: the gather's destinations
+        self._scratch_bytes = [self.scratch[p.name].view(torch.uint8).view(self.n_experts, -1)
+                               for p in self.layout]
         self._lock = threading.Lock()   # one layer call at a time: the scratch is shared
 
     def adopt(self, layer: torch.nn.Module, where: str) -> None:
@@ -177,8 +177,11 @@ class ExactTier:
                         f"MoE layer {layer_index}: {int((slots < 0).sum())} routed experts could "
                         f"not be made resident in a pool of {self.slots} (every slot pinned)")
                 n = len(experts)
-                for plane, src in zip(self.layout, self.pool_planes):
-                    torch.index_select(src, 0, slots, out=self.scratch[plane.name][:n])
+                # whole rows first (a contiguous gather), then each plane's bytes: an
+                # index_select over a strided plane view is ~50x slower on the CPU
+                rows = self.store.pool.index_select(0, slots)
+                for plane, dst in zip(self.layout, self._scratch_bytes):
+                    dst[:n].copy_(rows[:, plane.offset:plane.offset + plane.nbytes])
                 local = torch.from_numpy(np.searchsorted(experts, ids)).to(
                     device=topk_ids.device, dtype=topk_ids.dtype)
                 return inner.apply(layer, x, topk_weights, local, None, None)
