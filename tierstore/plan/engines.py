@@ -75,6 +75,11 @@ def moet_settings(geo: Geometry, inp: Inputs, budget: Budget, policy: str | None
            MOET_PREFIX + "DELTA_GB": gib_text(slots, budget.slot_bytes),
            MOET_PREFIX + "NUM_LAYERS": str(geo.moe_layers)}
     notes = []
+    if inp.slot_bytes is None and inp.expert_dtype == "fp4q":
+        env[MOET_PREFIX + "DELTA_SPLIT"] = "1"          # standalone: 7.5 MiB quintal rows
+    elif inp.slot_bytes is None and inp.expert_dtype != "fp4":
+        notes.append(f"vLLM-Moet's FP4 tier holds fp4 (12 MiB at DS4) or, with DELTA_SPLIT=1, "
+                     f"fp4q rows, not {inp.expert_dtype}")
     if inp.gate_fp_max != 3:
         env[MOET_PREFIX + "GATE_FP_MAX"] = str(inp.gate_fp_max)
     rows = inp.max_seqs * (1 + inp.spec_tokens)
