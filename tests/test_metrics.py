@@ -302,3 +302,16 @@ def test_a_forked_child_starts_with_no_registered_store(pack):
         os.waitpid(pid, 0)
         os.close(r)
         assert got == "0" and len(metrics.registered()) == 1
+
+
+def test_a_registered_gate_reports_its_counters(pack):
+    gate = ts.UncertaintyGate()
+    with ts.ExpertStore(pack, vram_slots=8, device="cpu") as store:
+        metrics.register_store(store, {"rank": "0"}, gate=gate)
+        gate.note_step(True, rounds=2, promoted=5)
+        gate.note_step(False)
+        found = samples(generate_latest(metrics.scrape_registry()).decode())
+    assert value(found, "tierstore_gate_steps_total") == 2
+    assert value(found, "tierstore_gate_fires_total") == 1
+    assert value(found, "tierstore_gate_rounds_total") == 2
+    assert value(found, "tierstore_gate_promoted_total") == 5
