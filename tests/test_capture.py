@@ -166,3 +166,24 @@ def test_captured_file_feeds_plan_and_warm_start(moet_capture, tmp_path, capsys)
     wf = read_warm_file(warm)
     assert len(wf.pool) == plan["curve"]["recommended"]["slots"]
     assert wf.identity.n_layers == L and wf.identity.n_experts == E
+
+
+def test_tierstore_capture_setting_works_without_delta_capture(monkeypatch, tmp_path):
+    from tierstore import settings
+    path = tmp_path / "ts.npy"
+    monkeypatch.setenv("TIERSTORE_CAPTURE", str(path))
+    monkeypatch.setenv("TIERSTORE_CAPTURE_MAX_STEPS", "3")
+    settings.reset()
+    try:
+        assert RoutingCapture.from_settings() is not None
+        with moet_env(monkeypatch, env(tmp_path, slots=14)) as m:
+            eng = MoetEngine(m, planes(), n_experts=E, dev="cpu", top_k=2, tokens=2).boot()
+            for _ in range(5):
+                eng.step(fire=False)
+        trace = load_trace(path)
+        # uint8 seen (no DELTA_CAPTURE): one row per routed expert a step
+        assert trace.n_ticks == 3 and trace.meta["weights"].startswith("one row")
+    finally:
+        monkeypatch.delenv("TIERSTORE_CAPTURE")
+        settings.reset()
+    assert RoutingCapture.from_settings() is None

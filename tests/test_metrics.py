@@ -315,3 +315,16 @@ def test_a_registered_gate_reports_its_counters(pack):
     assert value(found, "tierstore_gate_fires_total") == 1
     assert value(found, "tierstore_gate_rounds_total") == 2
     assert value(found, "tierstore_gate_promoted_total") == 5
+
+
+def test_the_vllm_moet_face_registers_its_store(monkeypatch, tmp_path):
+    from moet_surface_helpers import E, env, moet_env, planes
+    from tierstore.testing.moet_engine import MoetEngine
+    with moet_env(monkeypatch, env(tmp_path, slots=14)) as m:
+        eng = MoetEngine(m, planes(), n_experts=E, dev="cpu", top_k=2, tokens=2).boot()
+        for _ in range(4):
+            eng.step(fire=True)
+        found = samples(generate_latest(metrics.scrape_registry()).decode())
+        assert value(found, "tierstore_fires_total", tag="delta", device="cpu") >= 1
+        assert value(found, "tierstore_capacity", tag="delta", tier="pool") == 14
+    assert metrics.registered() == []        # shutdown unregistered it
