@@ -319,6 +319,7 @@ def test_a_registered_gate_reports_its_counters(pack):
 
 def test_the_vllm_moet_face_registers_its_store(monkeypatch, tmp_path):
     from moet_surface_helpers import E, env, moet_env, planes
+
     from tierstore.testing.moet_engine import MoetEngine
     with moet_env(monkeypatch, env(tmp_path, slots=14)) as m:
         eng = MoetEngine(m, planes(), n_experts=E, dev="cpu", top_k=2, tokens=2).boot()
