@@ -107,6 +107,7 @@ class TierstoreExactMoEMethod(FusedMoEMethodBase):
                 getattr(layer, name).weight_loader = _drop
         layer.tierstore_layer_index = self.layer_index
         vllm_exact.register_call(self.key, self._call(layer))
+        split_at_routed_experts()
 
     def _call(self, layer):
         def call(x, topk_weights, topk_ids):
@@ -130,6 +131,24 @@ class TierstoreExactMoEMethod(FusedMoEMethodBase):
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None,
               shared_experts_input=None):
         return torch.ops.tierstore.routed_experts(x, topk_weights, topk_ids, self.key)
+
+
+SPLIT_OP = "tierstore::routed_experts"
+
+
+def split_at_routed_experts() -> None:
+    """Make the MoE op a graph-splitting op of vLLM's compilation (read when the model is
+    compiled, after loading): compiled pieces run around it and, on a GPU, piecewise CUDA
+    graphs are captured between MoE calls, which run eagerly (they read routed ids on
+    the host). Full-graph decode capture cannot hold it: serve with
+    ``--compilation-config '{"cudagraph_mode": "PIECEWISE"}'`` or ``--enforce-eager``."""
+    from vllm.config import get_current_vllm_config
+    try:
+        cc = get_current_vllm_config().compilation_config
+    except Exception:          # no current config: a layer built by hand
+        return
+    if cc.splitting_ops is not None and SPLIT_OP not in cc.splitting_ops:
+        cc.splitting_ops.append(SPLIT_OP)
 
 
 def _drop(param=None, loaded_weight=None, weight_name=None, shard_id=None, expert_id=None,
