@@ -128,7 +128,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_and_ask(model: str, extra: list[str], env: dict, n: int = 6) -> list[str]:
+def scrape(port: int) -> dict[str, float]:
+    """``/metrics`` of the server: the tierstore_* samples, name{labels} -> value."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("tierstore_"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def total(samples: dict[str, float], name: str) -> float:
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+def serve_and_ask(model: str, extra: list[str], env: dict, n: int = 6, metrics: list | None = None
+                  ) -> list[str]:
     port = free_port()
     full = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", **env}
     server = subprocess.Popen(
@@ -152,7 +169,12 @@ def serve_and_ask(model: str, extra: list[str], env: dict, n: int = 6) -> list[s
                 if time.monotonic() > deadline:
                     raise AssertionError("vllm serve did not answer /health in 300 s")
                 time.sleep(1)
+        if metrics is not None:
+            metrics.append(scrape(port))
         p = run_py(["client.py", f"http://127.0.0.1:{port}/v1", model, str(n), "12"])
+        if metrics is not None:
+            time.sleep(2.5)      # the workers write their metrics every second
+            metrics.append(scrape(port))
         return results(p)[0]
     finally:
         os.killpg(server.pid, signal.SIGTERM)       # stopped by its pid (and its workers)
@@ -166,11 +188,18 @@ def serve_and_ask(model: str, extra: list[str], env: dict, n: int = 6) -> list[s
 def test_vllm_serve_answers_concurrent_requests_as_stock(checkpoints_dir, tmp_path):
     model = str(checkpoints_dir / "qwen2_moe")
     stock = serve_and_ask(model, [], {})
+    seen: list[dict] = []
     ours = serve_and_ask(model, ["--quantization", "tierstore"],
                          {"TIERSTORE_VLLM_DIR": str(tmp_path / "packs"),
-                          "TIERSTORE_VLLM_SLOTS": "floor"})
+                          "TIERSTORE_VLLM_SLOTS": "floor"}, metrics=seen)
     assert len(stock) == 6 and all(stock)
     assert ours == stock
+    # the store's metrics are on the server's own /metrics and move with the traffic
+    before, after = seen
+    for name in ("tierstore_fires_total", "tierstore_steps_total",
+                 "tierstore_layer_hits_total", "tierstore_misses_total"):
+        assert total(after, name) > total(before, name), (name, before, after)
+    assert any('mode="exact"' in k and 'rank="0"' in k for k in after)
 
 
 @pytest.mark.parametrize("env, says", [

@@ -135,10 +135,16 @@ class ExactTier:
                               f"floor of {self.n_experts} (one layer's experts: a batch may "
                               f"route to all of them); raise TIERSTORE_VLLM_SLOTS")
         options = {"ram_gb": ram_gb}
+        if slots < 2 * self.n_experts:
+            # under two layers' experts the next layer call needs (nearly) every slot: a
+            # background promotion could only evict what is about to be fired
+            options["lazy_per_step"] = 0
         if policy:
             options["policy"] = policy
         self.store = ExpertStore(pack, vram_slots=int(slots), device=str(self.device), **options)
         self.slots = int(slots)
+        from tierstore import metrics
+        metrics.register_store(self.store, {"mode": "exact", "rank": str(parallel_rank()[0])})
         self.scratch = {p.name: torch.empty((self.n_experts, *p.shape), dtype=DTYPES[p.dtype],
                                             device=self.device) for p in self.layout}
         # the same scratch as bytes, [E, plane bytes]: the gather's destinations
@@ -167,11 +173,25 @@ class ExactTier:
             raise TierstoreError(f"MoE layer {layer_index}: routed expert ids outside "
                                  f"[0, {self.n_experts})")
         with self._lock:
-            fired = self.store.fire(np.stack([np.full(len(experts), layer_index), experts], 1),
-                                    max_promote=len(experts))
+            # the routing is folded before the fire, so hits and misses count what was
+            # resident when the layer was called (and heat drives background promotions):
+            # one store step per MoE layer call
+            self.store.record(layer_index, ids.astype(np.int64, copy=False))
+            self.store.step()
+            keys = np.stack([np.full(len(experts), layer_index), experts], 1)
+            fired = self.store.fire(keys, max_promote=len(experts))
             try:
                 slots = self.store.slot_table[layer_index][
                     torch.from_numpy(experts).to(self.device)].long()
+                if bool((slots < 0).any()):
+                    # slots held by background promotions still loading: let them land,
+                    # then fire again (a pool at the floor needs every slot)
+                    self.store.release(fired)
+                    fired = None
+                    self.store.wait_idle()
+                    fired = self.store.fire(keys, max_promote=len(experts))
+                    slots = self.store.slot_table[layer_index][
+                        torch.from_numpy(experts).to(self.device)].long()
                 if bool((slots < 0).any()):
                     raise TierstoreError(
                         f"MoE layer {layer_index}: {int((slots < 0).sum())} routed experts could "
@@ -186,9 +206,12 @@ class ExactTier:
                     device=topk_ids.device, dtype=topk_ids.dtype)
                 return inner.apply(layer, x, topk_weights, local, None, None)
             finally:
-                self.store.release(fired)
+                if fired is not None:
+                    self.store.release(fired)
 
     def close(self) -> None:
+        from tierstore import metrics
+        metrics.unregister_store(self.store)
         self.store.close()
 
 

@@ -348,6 +348,11 @@ def register() -> type:
     """Register ``tierstore`` with vLLM's quantization registry (idempotent)."""
     from vllm.model_executor.layers.quantization import register_quantization_config
     check_settings()
+    # workers' store metrics reach this process's /metrics (the API server's, the first
+    # process to call this); idempotent, and off with TIERSTORE_METRICS=0
+    if settings.get("metrics"):
+        from tierstore import metrics
+        metrics.setup_scrape_process()
     cls = config_class()
     register_quantization_config(NAME)(cls)
     return cls

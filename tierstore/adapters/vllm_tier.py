@@ -58,6 +58,9 @@ class ServingTier:
         from tierstore.store.expert_store import ExpertStore
         self.store = ExpertStore(fp4_pack, vram_slots="deferred", device=str(self.device),
                                  **options)
+        from tierstore import metrics
+        from tierstore.adapters.vllm_exact import parallel_rank
+        metrics.register_store(self.store, {"mode": "tiered", "rank": str(parallel_rank()[0])})
         self.seen = torch.zeros(self.n_layers, self.n_experts, dtype=torch.uint8,
                                 device=self.device)
         pin = self.device.type == "cuda"
@@ -137,6 +140,8 @@ class ServingTier:
         return torch.nonzero(table).numpy().astype(np.int64)
 
     def shutdown(self) -> None:
+        from tierstore import metrics
+        metrics.unregister_store(self.store)
         self.store.close()
 
 
