@@ -128,3 +128,45 @@ def test_exact_tier_refuses_a_pool_under_the_floor(tmp_path):
         assert stats.pool.pinned == 0 and stats.pool.resident == 3    # released after the call
     finally:
         tier.close()
+
+
+def test_exact_tier_captures_the_routing_it_serves_step_by_step(tmp_path):
+    from tierstore import settings
+    from tierstore.format.writer import PackWriter
+    from tierstore.sim.traces import load_trace
+    E, L = 4, 2
+    layer = torch.nn.Module()
+    layer.register_parameter("w13_weight", torch.nn.Parameter(
+        torch.randn(E, 4, 8, dtype=torch.bfloat16), requires_grad=False))
+    planes = vllm_exact.expert_planes(layer, E, "l0", {"w13_weight"})
+    layout = vllm_exact.plane_layout(planes)
+    with PackWriter(str(tmp_path), tag="exact", n_layers=L, n_experts=E,
+                    slot_bytes=vllm_exact.row_bytes_of(layout), ckpt_id="t",
+                    layout=vllm_exact.layout_sections(layout)) as w:
+        for l in range(L):
+            w.write_layer(l, vllm_exact.rows_of(planes, layout))
+        path = w.path
+
+    class Inner:
+        def apply(self, layer, x, w, ids, *_):
+            return x
+
+    out = tmp_path / "routing.npy"
+    with settings.override(capture=str(out)):
+        tier = vllm_exact.ExactTier(path, slots=8, device="cpu")
+    target = torch.nn.Module()
+    target.register_parameter("w13_weight", torch.nn.Parameter(
+        torch.empty(0, 4, 8, dtype=torch.bfloat16), requires_grad=False))
+    tier.adopt(target, "l0")
+    steps = [[[0, 1], [2, 1]], [[3, 3]]]
+    for step in steps:                       # two engine steps, both layers each
+        for l in range(L):
+            ids = torch.tensor(step, dtype=torch.int32)
+            tier.forward(l, target, Inner(), torch.ones(len(step), 1), None, ids)
+    tier.capture.step()                      # the engine's last step ends
+    tier.close()
+    trace = load_trace(str(out))
+    assert len(trace.ticks) == 2 * (4 + 2) and trace.n_experts == E
+    assert sorted(set(trace.ticks.tolist())) == [0, 1]
+    assert sorted(trace.experts[trace.ticks == 1].tolist()) == [3, 3, 3, 3]
+    assert trace.meta["mode"] == "exact"

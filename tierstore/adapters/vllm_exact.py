@@ -144,7 +144,10 @@ class ExactTier:
         self.store = ExpertStore(pack, vram_slots=int(slots), device=str(self.device), **options)
         self.slots = int(slots)
         from tierstore import metrics
-        metrics.register_store(self.store, {"mode": "exact", "rank": str(parallel_rank()[0])})
+        rank, world = parallel_rank()
+        metrics.register_store(self.store, {"mode": "exact", "rank": str(rank)})
+        self.capture = routing_capture("exact", self.n_experts, rank, world)
+        self._last_layer = -1
         self.scratch = {p.name: torch.empty((self.n_experts, *p.shape), dtype=DTYPES[p.dtype],
                                             device=self.device) for p in self.layout}
         # the same scratch as bytes, [E, plane bytes]: the gather's destinations
@@ -173,6 +176,11 @@ class ExactTier:
             raise TierstoreError(f"MoE layer {layer_index}: routed expert ids outside "
                                  f"[0, {self.n_experts})")
         with self._lock:
+            if self.capture is not None:     # TIERSTORE_CAPTURE: the routing, step by step
+                if layer_index <= self._last_layer:
+                    self.capture.step()
+                self.capture.record(layer_index, ids)
+                self._last_layer = layer_index
             # the routing is folded before the fire, so hits and misses count what was
             # resident when the layer was called (and heat drives background promotions):
             # one store step per MoE layer call
@@ -211,8 +219,26 @@ class ExactTier:
 
     def close(self) -> None:
         from tierstore import metrics
+        if self.capture is not None:
+            self.capture.close()
         metrics.unregister_store(self.store)
         self.store.close()
+
+
+def routing_capture(mode: str, n_experts: int, rank: int, world: int):
+    """The face's RoutingCapture when TIERSTORE_CAPTURE names a file (per rank when
+    ``world`` > 1: ``x.rank1of2.npy``), else None."""
+    from tierstore import settings
+    from tierstore.sim.capture import RoutingCapture
+    path = settings.get("capture")
+    if not path:
+        return None
+    if world > 1:
+        path = f"{str(path)[:-len('.npy')]}.rank{rank}of{world}.npy" \
+            if str(path).endswith(".npy") else path
+    return RoutingCapture.from_settings(path=path, meta={
+        "engine": "vllm", "mode": mode, "num_experts": int(n_experts), "rank": rank,
+        "world": world})
 
 
 def pool_slots(setting, *, n_moe_layers: int, n_experts: int, slot_bytes: int, device) -> int:

@@ -59,8 +59,10 @@ class ServingTier:
         self.store = ExpertStore(fp4_pack, vram_slots="deferred", device=str(self.device),
                                  **options)
         from tierstore import metrics
-        from tierstore.adapters.vllm_exact import parallel_rank
-        metrics.register_store(self.store, {"mode": "tiered", "rank": str(parallel_rank()[0])})
+        from tierstore.adapters.vllm_exact import parallel_rank, routing_capture
+        rank, world = parallel_rank()
+        metrics.register_store(self.store, {"mode": "tiered", "rank": str(rank)})
+        self.capture = routing_capture("tiered", self.n_experts, rank, world)
         self.seen = torch.zeros(self.n_layers, self.n_experts, dtype=torch.uint8,
                                 device=self.device)
         pin = self.device.type == "cuda"
@@ -132,6 +134,9 @@ class ServingTier:
 
     def _fold(self, table: torch.Tensor) -> None:
         self.store.record_counts(table.numpy())
+        if self.capture is not None:      # TIERSTORE_CAPTURE: one step of routing
+            self.capture.record_counts(table.numpy())
+            self.capture.step()
 
     def seen_pairs(self) -> np.ndarray:
         """(layer, expert) pairs marked in ``seen`` since the last step end (a host sync):
@@ -141,6 +146,8 @@ class ServingTier:
 
     def shutdown(self) -> None:
         from tierstore import metrics
+        if self.capture is not None:
+            self.capture.close()
         metrics.unregister_store(self.store)
         self.store.close()
 
