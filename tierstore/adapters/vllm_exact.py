@@ -27,6 +27,7 @@ vLLM's CPU platform runs by default); inside it the host reads the routed ids (e
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import threading
@@ -145,7 +146,7 @@ class ExactTier:
         self.slots = int(slots)
         from tierstore import metrics
         rank, world = parallel_rank()
-        metrics.register_store(self.store, {"mode": "exact", "rank": str(rank)})
+        metrics.register_store(self.store, metric_labels("exact", rank))
         self.capture = routing_capture("exact", self.n_experts, rank, world)
         self._last_layer = -1
         self.scratch = {p.name: torch.empty((self.n_experts, *p.shape), dtype=DTYPES[p.dtype],
@@ -223,6 +224,15 @@ class ExactTier:
             self.capture.close()
         metrics.unregister_store(self.store)
         self.store.close()
+
+
+_STORES = itertools.count()
+
+
+def metric_labels(mode: str, rank: int) -> dict:
+    """Labels of a face's store metrics: the mode, the TP rank, and the store's number in
+    this process (several models, or a test's several engines, in one process)."""
+    return {"mode": mode, "rank": str(rank), "store": str(next(_STORES))}
 
 
 def routing_capture(mode: str, n_experts: int, rank: int, world: int):

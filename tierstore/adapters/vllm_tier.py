@@ -59,9 +59,9 @@ class ServingTier:
         self.store = ExpertStore(fp4_pack, vram_slots="deferred", device=str(self.device),
                                  **options)
         from tierstore import metrics
-        from tierstore.adapters.vllm_exact import parallel_rank, routing_capture
+        from tierstore.adapters.vllm_exact import metric_labels, parallel_rank, routing_capture
         rank, world = parallel_rank()
-        metrics.register_store(self.store, {"mode": "tiered", "rank": str(rank)})
+        metrics.register_store(self.store, metric_labels("tiered", rank))
         self.capture = routing_capture("tiered", self.n_experts, rank, world)
         self.seen = torch.zeros(self.n_layers, self.n_experts, dtype=torch.uint8,
                                 device=self.device)
