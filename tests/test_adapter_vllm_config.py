@@ -170,3 +170,57 @@ def test_exact_tier_captures_the_routing_it_serves_step_by_step(tmp_path):
     assert sorted(set(trace.ticks.tolist())) == [0, 1]
     assert sorted(trace.experts[trace.ticks == 1].tolist()) == [3, 3, 3, 3]
     assert trace.meta["mode"] == "exact"
+
+
+def test_exact_tier_under_expert_parallelism_hands_stocks_kernel_a_map_to_scratch(tmp_path):
+    """Under EP vLLM's kernel takes global ids and layer.expert_map (global -> local, -1 on
+    another rank). The tier keeps the ids global and, for the call, points the map at the
+    scratch rows of this rank's fired experts; the map is restored after."""
+    from tierstore.format.writer import PackWriter
+    E_global, E_local, rank = 8, 4, 1
+    full = torch.randn(E_global, 4, 8, dtype=torch.bfloat16)
+    mine = full[rank * E_local:(rank + 1) * E_local]          # linear placement
+    layer = torch.nn.Module()
+    layer.register_parameter("w13_weight", torch.nn.Parameter(mine.clone(), requires_grad=False))
+    planes = vllm_exact.expert_planes(layer, E_local, "l0", {"w13_weight"})
+    layout = vllm_exact.plane_layout(planes)
+    with PackWriter(str(tmp_path), tag="exact", n_layers=1, n_experts=E_local,
+                    slot_bytes=vllm_exact.row_bytes_of(layout), ckpt_id="t",
+                    layout=vllm_exact.layout_sections(layout), rank=rank, world=2) as w:
+        w.write_layer(0, vllm_exact.rows_of(planes, layout))
+        path = w.path
+    emap = torch.full((E_global,), -1, dtype=torch.int32)
+    emap[rank * E_local:(rank + 1) * E_local] = torch.arange(E_local, dtype=torch.int32)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_parameter("w13_weight", torch.nn.Parameter(
+                torch.empty(0, 4, 8, dtype=torch.bfloat16), requires_grad=False))
+            self.register_buffer("_expert_map", emap.clone())
+
+        @property
+        def expert_map(self):
+            return self._expert_map
+
+    class StockKernel:     # what vLLM's kernels do with an expert_map
+        def apply(self, layer, x, w, ids, *_):
+            local = layer.expert_map[ids.long()]
+            val = layer.w13_weight.float().sum(dim=(1, 2))[local.clamp(min=0).long()]
+            return (w * torch.where(local >= 0, val, torch.zeros_like(val))).sum(1, keepdim=True)
+
+    target = Layer()
+    tier = vllm_exact.ExactTier(path, slots=4, device="cpu")
+    try:
+        tier.adopt(target, "l0", target.expert_map.clone())
+        ids = torch.tensor([[0, 5], [7, 6], [1, 2]], dtype=torch.int32)   # 5, 6, 7 are here
+        w = torch.tensor([[0.5, 0.25], [1.0, 2.0], [3.0, 4.0]])
+        out = tier.forward(0, target, StockKernel(), torch.ones(3, 1), w, ids)
+        here = (ids >= rank * E_local) & (ids < (rank + 1) * E_local)
+        vals = full.float().sum(dim=(1, 2))[ids.long()]
+        want = (w * torch.where(here, vals, torch.zeros_like(vals))).sum(1, keepdim=True)
+        assert torch.equal(out, want)
+        assert torch.equal(target.expert_map, emap)               # restored
+        assert sorted(map(tuple, tier.store.resident_keys().tolist())) == [(0, 1), (0, 2), (0, 3)]
+    finally:
+        tier.close()

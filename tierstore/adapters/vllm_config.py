@@ -88,9 +88,6 @@ class TierstoreExactMoEMethod(FusedMoEMethodBase):
             raise ConfigError(f"{self.prefix}: vLLM's MoE method {type(self.inner).__name__} "
                               "routes inside its kernel (monolithic); exact mode needs the "
                               "routed ids: use TIERSTORE_VLLM_MODE=tiered")
-        if getattr(layer, "expert_map", None) is not None:
-            raise ConfigError(f"{self.prefix}: exact mode with expert parallelism is not "
-                              "supported yet (tensor parallelism is)")
         skip = self.runtime.exact_has_layer(self.layer_index, self.inner, params_dtype)
         # loader-skip: a 1-expert placeholder the loader never fills; the kernel is built
         # over it and the parameters are pointed at the shared scratch when serving starts
@@ -127,6 +124,8 @@ class TierstoreExactMoEMethod(FusedMoEMethodBase):
         for _, param in planes:      # full tensors freed; the scratch is attached at serve
             param.data = param.data[:0]
         self.runtime.exact_layers[self.layer_index] = (layer, where)
+        if getattr(layer, "expert_map", None) is not None:   # expert parallelism: this rank's map
+            self.runtime.expert_maps[self.layer_index] = layer.expert_map.detach().to("cpu").clone()
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None,
               shared_experts_input=None):

@@ -155,10 +155,14 @@ class ExactTier:
         self._scratch_bytes = [self.scratch[p.name].view(torch.uint8).view(self.n_experts, -1)
                                for p in self.layout]
         self._lock = threading.Lock()   # one layer call at a time: the scratch is shared
+        self.expert_maps: dict[int, np.ndarray] = {}
 
-    def adopt(self, layer: torch.nn.Module, where: str) -> None:
+    def adopt(self, layer: torch.nn.Module, where: str, expert_map=None) -> None:
         """Point the layer's plane parameters at the shared scratch (their storage was a
-        placeholder or the full first-boot tensors, freed here)."""
+        placeholder or the full first-boot tensors, freed here). ``expert_map``: vLLM's
+        global -> local map of this rank (expert parallelism), kept for the calls."""
+        if expert_map is not None:
+            self.expert_maps[id(layer)] = expert_map.to(torch.int64).numpy()
         for p in self.layout:
             param = getattr(layer, p.name, None)
             if param is None or param.dtype != DTYPES[p.dtype] or tuple(param.shape[1:]) != p.shape:
@@ -172,7 +176,11 @@ class ExactTier:
     def forward(self, layer_index: int, layer, inner, x: torch.Tensor,
                 topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         ids = topk_ids.to("cpu").numpy()
-        experts = np.unique(ids)
+        emap = self.expert_maps.get(id(layer))
+        # expert parallelism: ids are global; this rank's experts are emap[id] >= 0
+        local_ids = ids if emap is None else emap[ids]
+        experts = np.unique(local_ids)
+        experts = experts[experts >= 0] if emap is not None else experts
         if len(experts) and (experts[0] < 0 or experts[-1] >= self.n_experts):
             raise TierstoreError(f"MoE layer {layer_index}: routed expert ids outside "
                                  f"[0, {self.n_experts})")
@@ -180,12 +188,13 @@ class ExactTier:
             if self.capture is not None:     # TIERSTORE_CAPTURE: the routing, step by step
                 if layer_index <= self._last_layer:
                     self.capture.step()
-                self.capture.record(layer_index, ids)
+                self.capture.record(layer_index, local_ids)
                 self._last_layer = layer_index
             # the routing is folded before the fire, so hits and misses count what was
             # resident when the layer was called (and heat drives background promotions):
             # one store step per MoE layer call
-            self.store.record(layer_index, ids.astype(np.int64, copy=False))
+            routed = local_ids if emap is None else local_ids[local_ids >= 0]
+            self.store.record(layer_index, routed.astype(np.int64, copy=False))
             self.store.step()
             keys = np.stack([np.full(len(experts), layer_index), experts], 1)
             fired = self.store.fire(keys, max_promote=len(experts))
@@ -211,12 +220,37 @@ class ExactTier:
                 rows = self.store.pool.index_select(0, slots)
                 for plane, dst in zip(self.layout, self._scratch_bytes):
                     dst[:n].copy_(rows[:, plane.offset:plane.offset + plane.nbytes])
-                local = torch.from_numpy(np.searchsorted(experts, ids)).to(
-                    device=topk_ids.device, dtype=topk_ids.dtype)
-                return inner.apply(layer, x, topk_weights, local, None, None)
+                if emap is None:
+                    local = torch.from_numpy(np.searchsorted(experts, ids)).to(
+                        device=topk_ids.device, dtype=topk_ids.dtype)
+                    return inner.apply(layer, x, topk_weights, local, None, None)
+                # EP: stock's kernel maps global ids through layer.expert_map (-1: another
+                # rank's expert, skipped); for this call the map points at scratch rows
+                return self._apply_mapped(layer, inner, x, topk_weights, topk_ids, emap,
+                                          experts)
             finally:
                 if fired is not None:
                     self.store.release(fired)
+
+    @staticmethod
+    def call_map(emap: np.ndarray, experts: np.ndarray) -> np.ndarray:
+        """global id -> scratch row of its local expert for this call (ascending local
+        order, as ``experts``), -1 for experts of other ranks or not routed."""
+        out = np.full(len(emap), -1, dtype=np.int64)
+        here = np.flatnonzero(emap >= 0)
+        pos = np.searchsorted(experts, emap[here])
+        ok = (pos < len(experts)) & (experts[np.minimum(pos, len(experts) - 1)] == emap[here])
+        out[here[ok]] = pos[ok]
+        return out
+
+    def _apply_mapped(self, layer, inner, x, topk_weights, topk_ids, emap, experts):
+        table = layer.expert_map
+        saved = table.clone()
+        table.copy_(torch.from_numpy(self.call_map(emap, experts)).to(table.dtype))
+        try:
+            return inner.apply(layer, x, topk_weights, topk_ids, None, None)
+        finally:
+            table.copy_(saved)
 
     def close(self) -> None:
         from tierstore import metrics

@@ -97,6 +97,7 @@ class Runtime:
         self.exact_packs = None           # exact mode: vllm_exact.ExactPacks
         self.exact = None                 # exact mode: vllm_exact.ExactTier, at first forward
         self.exact_layers: dict[int, tuple] = {}
+        self.expert_maps: dict = {}       # exact mode under EP: MoE layer -> global->local map
         self._lock = threading.Lock()
 
     def moe_index(self, prefix: str) -> int:
@@ -154,8 +155,8 @@ class Runtime:
                 slots = pool_slots(self.env["slots"], n_moe_layers=n_moe, n_experts=E,
                                    slot_bytes=slot_bytes, device=self.device)
                 tier = ExactTier(path, slots=slots, device=self.device, ram_gb=self.env["ram_gb"])
-                for layer, where in self.exact_layers.values():
-                    tier.adopt(layer, where)
+                for index, (layer, where) in self.exact_layers.items():
+                    tier.adopt(layer, where, self.expert_maps.get(index))
                 how = (f"first boot wrote {len(packs.wrote)} MoE layers" if packs.wrote
                        else "loader-skip: every MoE layer from the pack")
                 log.info("tierstore exact: %s; pack %s; pool %d of %d experts (%d B each) on %s",
