@@ -37,7 +37,7 @@ def test_environment_is_read_and_parsed(monkeypatch):
 
 
 @pytest.mark.parametrize("env, value, expect", [
-    ("TIERSTORE_THREADS", "0", "expected an integer >= 1 and <= 1024"),
+    ("TIERSTORE_THREADS", "0", "expected an integer >= 1 and <= 512"),   # the engine's cap
     ("TIERSTORE_DIRECT", "sometimes", "unknown O_DIRECT mode 'sometimes'; expected one of auto, on, off"),
     ("TIERSTORE_SCAN_KEEP", "1.5", "expected a fraction in [0, 1]"),
     ("TIERSTORE_POOL_POLICY", "foo", "unknown policy 'foo'; expected one of lru, heat, hybrid"),
@@ -128,7 +128,7 @@ def test_spec_is_reusable_for_another_family():
     assert spec.parse({}) == {"n": 1, "gb": None, "on": True, "mode": "a"}
     assert spec.parse({"APP_GB": "2.5", "APP_MODE": "1"}, defaults=False) == {"gb": 2.5, "mode": "a"}
     with pytest.raises(ConfigError, match=r"^3 bad APP variables: APP_N=10: expected an integer >= 0 "
-                                          r"and <= 9; APP_GB=-1: expected GiB >= 0 or auto; "
+                                          r"and <= 9; APP_GB=-1: expected GiB >= 0 and <= 1073741824, or auto; "
                                           r"APP_ON=maybe: expected 0/1/true/false$") as info:
         spec.parse({"APP_N": "10", "APP_GB": "-1", "APP_ON": "maybe"})
     assert [p.split("=")[0] for p in info.value.problems] == ["APP_N", "APP_GB", "APP_ON"]

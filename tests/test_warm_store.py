@@ -261,7 +261,7 @@ def test_preheat_accepts_an_in_memory_merge_and_rejects_bad_fill(pack, tmp_path)
     b = poolmon_file(tmp_path / "b.json", pack, hot_owners(6, seed=2))
     merged = ws.merge([ws.read_warm_file(a), ws.read_warm_file(b)])
     with open_store(pack, ram_gb=0.0) as store:
-        with pytest.raises(ConfigError, match="pool_fill 1.5: expected a fraction in"):
+        with pytest.raises(ConfigError, match=r"pool_fill must be a fraction in \[0, 1\], found 1.5"):
             ws.preheat(store, merged, pool_fill=1.5)
         summary = ws.preheat(store, merged, pool_fill=1.0, progress=False)
         assert summary.source == "<merged>" and summary.pool_rows == len(merged.pool)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import os
 import shlex
 import threading
@@ -77,13 +78,18 @@ def bound_text(lo, hi, lo_open: bool = False) -> str:
 
 
 def integer(lo: int | None = None, hi: int | None = None) -> Converter:
-    """A base-10 integer in [lo, hi] (either bound may be None)."""
+    """A base-10 integer in [lo, hi] (either bound may be None): an int (numpy's too), a
+    float with no fraction (1.5 is refused, not truncated), or its text."""
     def parse(value: Any) -> int:
         v = None
-        if isinstance(value, int) and not isinstance(value, bool):
-            v = value
-        elif isinstance(value, float) and value.is_integer():
+        if isinstance(value, bool):
+            pass
+        elif isinstance(value, numbers.Integral):
             v = int(value)
+        elif isinstance(value, numbers.Real):
+            with contextlib.suppress(OverflowError, ValueError):
+                f = float(value)
+                v = int(f) if math.isfinite(f) and f.is_integer() else None
         elif isinstance(value, str):
             with contextlib.suppress(ValueError):
                 v = int(value.strip(), 10)
@@ -95,16 +101,24 @@ def integer(lo: int | None = None, hi: int | None = None) -> Converter:
 
 
 def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> Converter:
-    """A finite float in [lo, hi] ((lo, hi] with ``lo_open``)."""
+    """A finite float in [lo, hi] ((lo, hi] with ``lo_open``): a real number (numpy's
+    too) or its text; nan, inf and what overflows a float (1e400) are refused."""
     def parse(value: Any) -> float:
-        try:
-            v = None if isinstance(value, bool) else float(str(value).strip())
-        except ValueError:
-            v = None
+        v = None
+        if isinstance(value, bool):
+            pass
+        elif isinstance(value, numbers.Real):
+            try:
+                v = float(value)
+            except (OverflowError, ValueError):
+                v = math.inf
+        elif isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                v = float(value.strip())
         if (v is None or not math.isfinite(v) or (lo is not None and (v < lo or (lo_open and v == lo)))
                 or (hi is not None and v > hi)):
             bound = bound_text(lo, hi, lo_open)
-            raise ValueError(f"expected a number{' ' + bound if bound else ''}")
+            raise ValueError(f"expected a finite number{' ' + bound if bound else ''}")
         return v
     return parse
 
@@ -145,14 +159,80 @@ def verify_mode(value: Any) -> str:
     return choice(*VERIFY_MODES, what="verify mode")(value)
 
 
+#: The largest size in GiB any argument takes (an exbibyte): GiB * 2**30 stays an exact,
+#: finite float and an int64 byte count.
+GIB_MAX = 1 << 30
+#: The largest count (slots, promotions, steps' worth of keys...): far above any pack's
+#: 2**22 keys, and it fits every index type the store uses.
+COUNT_MAX = (1 << 31) - 1
+
+gib = number(0.0, GIB_MAX)                   # GiB >= 0
+count = integer(0, COUNT_MAX)                # 0, 1, 2 ...
+positive_count = integer(1, COUNT_MAX)       # 1, 2 ...
+seconds = number(0.0)                        # finite seconds >= 0
+
+
 def gib_or_auto(value: Any) -> float | None:
     """``auto`` -> None, else GiB >= 0."""
     if value is None or str(value).strip().lower() == AUTO:
         return None
     try:
-        return number(0.0)(value)
+        return gib(value)
     except ValueError:
-        raise ValueError("expected GiB >= 0 or auto") from None
+        raise ValueError(f"expected GiB >= 0 and <= {GIB_MAX}, or auto") from None
+
+
+def timeout(name: str, value: Any) -> float | None:
+    """A wait's limit, as ``argument`` checks it: None (no limit) or finite seconds >= 0
+    (inf is refused: Python's own waits overflow on it; pass None)."""
+    return None if value is None else argument(name, value, seconds)
+
+
+# -- API arguments: the same converters, one message ------------------------------------
+_NO_VALUE = object()   # fails every converter: its message says what the converter expects
+
+
+def expected(convert: Converter) -> str:
+    """What ``convert`` accepts, as its refusal says it ("an integer >= 1")."""
+    try:
+        convert(_NO_VALUE)
+    except (TypeError, ValueError) as exc:
+        return str(exc).removeprefix("expected ")
+    return "a valid value"
+
+
+def argument(name: str, value: Any, convert: Converter, words: Iterable[str] = (),
+             text: bool = False) -> Any:
+    """An API argument through the converter its environment variable and command-line
+    option use (ONE validation for env, CLI and API): the typed value, or ConfigError
+    ``name must be <what convert expects>, found <value>`` before anything is allocated
+    or written. A number must come as a number (int, float, numpy scalar): text, bools
+    and other objects are refused (``"8"`` or ``True`` for a count is a caller's bug),
+    except the ``words`` the argument also takes (``"auto"``); ``text``: the argument is
+    a word (a mode name), and ``convert`` judges any text."""
+    if text:
+        ok = True
+    elif isinstance(value, str):
+        ok = value.strip().lower() in words
+    else:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    reason = "expected " + expected(convert)
+    if ok:
+        try:
+            return convert(value)
+        except (TypeError, ValueError) as exc:
+            reason = str(exc)
+    if reason.startswith("expected "):
+        raise ConfigError(f"{name} must be {reason[len('expected '):]}, found {_shown(value)}")
+    raise ConfigError(f"{name}={_shown(value)}: {reason}")
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = repr(value)
+    except ValueError:   # an int past Python's digit limit
+        return f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
 
 
 def optional_path(value: Any) -> str | None:
@@ -180,7 +260,12 @@ class Var:
 
 
 def _quote(raw: Any) -> str:
-    return shlex.quote(str(raw))
+    """The value as a shell would take it; a long one cut (a 64 KiB value must not make a
+    64 KiB error line)."""
+    text = str(raw)
+    if len(text) > 80:
+        return shlex.quote(text[:60]) + f"...({len(text)} characters)"
+    return shlex.quote(text)
 
 
 _PREFIXES: set[str] = set()   # every EnvSpec's prefix: a nested family owns its names
@@ -272,7 +357,6 @@ def _knob(name: str, default: Any, parse: Converter, doc: str) -> Var:
 
 
 Knob = Var  # the old name of a row; kept for callers of settings.KNOBS
-_non_negative_int = integer(0)
 _non_negative = number(0.0)
 
 # The one default heat half-life, in decode steps (ticks), for the live store's
@@ -291,31 +375,31 @@ TEST_PREFIX = "TIERSTORE_TEST_"
 _PREFIXES.add(TEST_PREFIX)
 
 SPEC = EnvSpec("TIERSTORE_", (
-    _knob("threads", 8, integer(1, 1024), "reader threads of the store's I/O engine"),
+    _knob("threads", 8, integer(1, 512), "reader threads of the store's I/O engine"),
     _knob("direct", "auto", choice("auto", "on", "off", what="O_DIRECT mode"),
           "O_DIRECT for pack reads: auto (probe, fall back to buffered), on (require), off"),
-    _knob("lazy_per_step", 8, _non_negative_int,
+    _knob("lazy_per_step", 8, count,
           "most lazy (background) promotions that one step() queues"),
     _knob("half_life_steps", HEAT_HALF_LIFE_STEPS, _non_negative,
           "heat half-life in decode steps (0: the policy's own default)"),
     _knob("half_life_s", 0.0, _non_negative,
           "heat half-life in wall-clock seconds; > 0 replaces half_life_steps"),
-    _knob("reserve_gb", 3.0, _non_negative, "GiB left free when a pool or arena is sized \"auto\""),
-    _knob("max_gb", 0.0, _non_negative, "cap on an \"auto\" pool in GiB (0: no cap)"),
-    _knob("max_promote", 64, _non_negative_int, "default cap on new promotions per fire"),
+    _knob("reserve_gb", 3.0, gib, "GiB left free when a pool or arena is sized \"auto\""),
+    _knob("max_gb", 0.0, gib, "cap on an \"auto\" pool in GiB (0: no cap)"),
+    _knob("max_promote", 64, count, "default cap on new promotions per fire"),
     _knob("pool_policy", "heat", choice(*POLICY_NAMES, what="policy"),
           "replacement policy of the VRAM pool"),
     _knob("arena_policy", "lru", choice(*POLICY_NAMES, what="policy"),
           "replacement policy of the pinned RAM arena"),
     _knob("scan_keep", 0.5, fraction,
           "share of each tier's capacity (its hottest residents) a prefill (scan) batch may not evict"),
-    _knob("fire_rounds", 3, integer(1),
+    _knob("fire_rounds", 3, positive_count,
           "rounds a fire retries keys another thread was loading before giving up"),
-    _knob("latency_window", 4096, integer(1), "fire latencies kept for the p50/p99 in stats()"),
+    _knob("latency_window", 4096, positive_count, "fire latencies kept for the p50/p99 in stats()"),
     _knob("verify", "always", verify_mode,
           "check each row read from the pack (disk or page cache) against its sidecar xxh3-64 "
           "before it is published: always, or off (the opt-out); first = always (deprecated)"),
-    _knob("snapshot_every_s", 10.0, _non_negative,
+    _knob("snapshot_every_s", 10.0, seconds,
           "seconds between poolmon snapshots when a snapshot path is set (0: off)"),
     _knob("metrics", True, boolean,
           "Prometheus metrics of every store (per-layer counts, fire histogram, exporter); "

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from typing import Callable, Mapping
 
 import msgspec
 
 from tierstore import settings
+from tierstore.files.untrusted import file_kind
+from tierstore.format.sidecar import MAX_FIELD_BYTES, MAX_LAYERS, json_field_bytes
 
 PREFIX = "VLLM_MOE_W2_"
 GIB = 1 << 30
@@ -134,14 +137,63 @@ def _at_least(parse: Callable, lo):
     return lambda value: max(parse(value), lo)
 
 
+_GIB_ANY = settings.number(None, settings.GIB_MAX)   # finite GiB, <= 0 allowed (a meaning)
+
+
 def _gb(value) -> str:
-    """DELTA_GB: auto spellings, or a float (kept as the stripped, lowercased text)."""
+    """DELTA_GB: auto spellings, or a finite number of GiB (kept as the stripped,
+    lowercased text). nan / inf / 1e400 are refused: vLLM-Moet itself fails on them."""
     text = str(value).strip().lower()
     if text not in AUTO_VALUES:
         try:
-            float(text)
+            _GIB_ANY(text)
         except ValueError:
-            raise ValueError("expected a number of GiB, auto or -1") from None
+            raise ValueError(f"expected a finite number of GiB (at most {settings.GIB_MAX}), "
+                             f"auto or -1") from None
+    return text
+
+
+def _no_cap_at_or_below_zero(value) -> float:
+    """DELTA_MAX_GB: vLLM-Moet caps an auto pool only when it is > 0; <= 0 = no cap (0.0)."""
+    return max(_GIB_ANY(value), 0.0)
+
+
+#: DELTA_TICK_MS's ceiling. vLLM-Moet's manager sleeps up to the tick before each pass and
+#: its wait_manager_idle gives up after 60 s: a longer tick stalls every step (1e300 kills
+#: the manager thread). The face runs promotions once per step and reads it, not uses it.
+TICK_MS_MAX = 60_000.0
+#: Reader threads: the engine's cap (settings' TIERSTORE_THREADS); more are clamped to it,
+#: as vLLM-Moet clamps fewer than 1 up to 1.
+STORE_THREADS_MAX = 512
+
+
+def _threads(value) -> int:
+    return min(max(_int(value), 1), STORE_THREADS_MAX)
+
+
+def _store_dir(value) -> str:
+    """STORE_DIR, stripped; a path that exists must be a directory (vLLM-Moet's own
+    makedirs fails on a file, a FIFO or /dev/null too): refused at boot, before anything
+    is allocated or written."""
+    text = str(value).strip()
+    if text and os.path.lexists(text) and not os.path.isdir(text):
+        try:
+            mode = os.stat(text).st_mode
+            what = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
+        except OSError as exc:
+            what = f"cannot be read: {exc.strerror}"
+        raise ValueError(f"not a directory ({what}); name the directory the FP4 pack lives in")
+    return text
+
+
+def _ckpt_id(value) -> str:
+    """CKPT_ID, stripped: at most what a sidecar's identity field may hold, so a pack is
+    never written only to be refused when it is read back (sidecar.MAX_FIELD_BYTES)."""
+    text = str(value).strip()
+    size = json_field_bytes(text)
+    if size > MAX_FIELD_BYTES:
+        raise ValueError(f"expected at most {MAX_FIELD_BYTES} bytes (as JSON) of checkpoint id, "
+                         f"found {size}")
     return text
 
 
@@ -156,11 +208,12 @@ def _v(suffix: str, key: str, parse: Callable, default, doc: str) -> settings.Va
 SPEC = settings.EnvSpec(PREFIX, (
     _v("DELTA", "delta", _switch, True, "FP4 tier on unless not '1'"),
     _v("DELTA_GB", "delta_gb_raw", _gb, "2.0", "FP4 pool GiB; auto/-1 = after the KV cache; <= 0 = no tier"),
-    _v("DELTA_RESERVE_GB", "reserve_gb", _float, 3.0, "GiB an auto pool leaves free"),
-    _v("DELTA_MAX_GB", "max_gb", _float, 0.0, "cap of an auto pool, 0 = none"),
+    _v("DELTA_RESERVE_GB", "reserve_gb", settings.gib, 3.0, "GiB an auto pool leaves free"),
+    _v("DELTA_MAX_GB", "max_gb", _no_cap_at_or_below_zero, 0.0, "cap of an auto pool, <= 0 = none"),
     _v("DELTA_POLICY", "policy", str, "freq", "need (no lazy promotion) | freq | lru"),
-    _v("DELTA_PROMOTE", "promote_per_pass", _int, 8, "manager promotions per pass"),
-    _v("DELTA_TICK_MS", "tick_ms", _float, 5.0, "minimum gap between manager passes"),
+    _v("DELTA_PROMOTE", "promote_per_pass", settings.count, 8, "manager promotions per pass"),
+    _v("DELTA_TICK_MS", "tick_ms", settings.number(None, TICK_MS_MAX), 5.0,
+       "minimum gap between manager passes (read, not used)"),
     _v("DELTA_DECAY", "decay", _float, 0.5, "freq/need factor per DECAY_S"),
     _v("DELTA_DECAY_S", "decay_s", _at_least(_float, 0.1), 5.0, "decay period (min 0.1 s)"),
     _v("DELTA_RANK", "rank", str, "step_w", "force_promote ranking: step_w = seen_w first"),
@@ -179,16 +232,17 @@ SPEC = settings.EnvSpec(PREFIX, (
     _v("GATE_FP_MAX", "gate_fp_max", _at_least(_int, 1), 3, "promote -> replay rounds (>= 1)"),
     _v("GATE_REFORWARD", "gate_reforward", _switch, True, "replay after a promotion"),
     _v("GATE_CAPTURE", "gate_capture", _switch, False, "count need, promote nothing"),
-    _v("STORE_DIR", "store_dir", lambda v: str(v).strip(), "", "pack directory; empty = host rows"),
-    _v("STORE_THREADS", "store_threads", _at_least(_int, 1), 8, "reader threads"),
-    _v("CKPT_ID", "ckpt_id", lambda v: str(v).strip(), "", "pack identity: checkpoint id"),
+    _v("STORE_DIR", "store_dir", _store_dir, "", "pack directory; empty = host rows"),
+    _v("STORE_THREADS", "store_threads", _threads, 8, "reader threads (1..512, clamped)"),
+    _v("CKPT_ID", "ckpt_id", _ckpt_id, "", "pack identity: checkpoint id"),
     _v("ZERO_MODE", "zero_mode", settings.choice(*ZERO_MODES, what="zero mode"), "auto",
        "pack identity: auto | sign | alt"),
-    _v("NUM_LAYERS", "num_layers", settings.integer(0), None, "main-stack MoE layers (rows = +1)"),
+    _v("NUM_LAYERS", "num_layers", settings.integer(0, MAX_LAYERS - 1), None,
+       "main-stack MoE layers (rows = +1, at most a pack's layer cap)"),
     _v("PREFILL_T", "prefill_t", _int, 96, "largest decode-sized batch"),
     _v("EXL3_BASE", "exl3_base", _switch, False, "EXL3 base (FP4 policy defaults to need)"),
     _v("TIERSTORE", "tierstore", _switch, False, "the plugin installs tierstore's FP4 tier"),
-    _v("TIERSTORE_RAM_GB", "ts_ram_gb", settings.number(0.0), 0.0,
+    _v("TIERSTORE_RAM_GB", "ts_ram_gb", settings.gib, 0.0,
        "tierstore: pinned RAM arena over the FP4 pack (GiB)"),
     _v("TIERSTORE_DIRECT", "ts_direct",
        settings.choice("on", "off", "auto", what="direct mode", aliases={"1": "on", "0": "off"}),

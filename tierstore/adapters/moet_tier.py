@@ -17,8 +17,11 @@ import logging
 import numpy as np
 import torch
 
+from tierstore import settings
 from tierstore.adapters.moet_config import MoetEnv, from_env
 from tierstore.adapters.moet_store import MoetPack
+from tierstore.errors import CapacityError, ConfigError
+from tierstore.format.sidecar import MAX_KEYS
 from tierstore.store.pool import new_slot_table, unsized_pool
 
 log = logging.getLogger("tierstore.adapters.moet")
@@ -46,9 +49,18 @@ class TierstoreDeltaTier:
         self.dev, self._cuda = dev, dev.type == "cuda"
         self.w13_bytes, self.w2_bytes = int(w13_bytes), int(w2_bytes)
         self.slot_bytes = self.w13_bytes + self.w2_bytes
+        if self.n_layers * self.E > MAX_KEYS:   # before the slot table is allocated
+            raise ConfigError(f"moet tier [{tag}]: {self.n_layers} layer rows x {self.E} experts "
+                              f"= {self.n_layers * self.E} keys, over a pack's limit of "
+                              f"{MAX_KEYS} (check VLLM_MOE_W2_NUM_LAYERS)")
         self._auto_pending = env.delta_auto and pool_gb is None
-        self._want_slots = (env.initial_slots(self.slot_bytes) if pool_gb is None
-                            else max(int(float(pool_gb) * (1 << 30)) // self.slot_bytes, 8))
+        if pool_gb is None:
+            self._want_slots = env.initial_slots(self.slot_bytes)
+        else:
+            gib = settings.argument("pool_gb", pool_gb, settings.number(None, settings.GIB_MAX))
+            self._want_slots = max(int(gib * (1 << 30)) // self.slot_bytes, 8)
+        # more slots than keys would never be used (the store caps a pool at its keys too)
+        self._want_slots = min(self._want_slots, self.n_layers * self.E)
         self.slot_table = new_slot_table(self.n_layers, self.E, dev)
         self._unsized_pool = unsized_pool(self.slot_bytes, dev)
         seen_dtype = torch.int32 if env.count_seen else torch.uint8
@@ -141,7 +153,10 @@ class TierstoreDeltaTier:
         self.expert_store = es
         self._metrics = _register_metrics(es, self._tag, self.dev)
         if not self._auto_pending:
-            es.finalize(self._want_slots)
+            try:
+                es.finalize(self._want_slots)
+            except CapacityError as exc:
+                raise CapacityError(f"VLLM_MOE_W2_DELTA_GB={env.delta_gb_raw}: {exc}") from None
             log.info("moet tier [%s]: %d slots x %.2f MiB over %s", self._tag, es.n_slots,
                      self.slot_bytes / 2**20, es.pack.path)
         return es
@@ -232,7 +247,7 @@ class TierstoreDeltaTier:
         pairs = self._pairs(routed, layers)
         if not len(pairs):
             return 0
-        cap = len(pairs) if max_promote is None else max(int(max_promote), 0)
+        cap = len(pairs) if max_promote is None else min(max(int(max_promote), 0), len(pairs))
         result = es.fire(pairs, max_promote=cap, stream=self._stream())
         (self._step_fires.append if pin else es.release)(result)
         short = result.no_slot

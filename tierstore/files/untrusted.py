@@ -51,7 +51,7 @@ def open_regular(path: str | os.PathLike, what: str = "file") -> int:
         if stat.S_ISDIR(st.st_mode):
             raise FormatError(f"{path}: is a directory, expected a {what}")
         if not stat.S_ISREG(st.st_mode):
-            raise FormatError(f"{path}: is not a regular file ({_kind(st.st_mode)}), "
+            raise FormatError(f"{path}: is not a regular file ({file_kind(st.st_mode)}), "
                               f"expected a {what}")
         os.set_blocking(fd, True)  # a regular file: reads never block on the fd flag anyway
     except BaseException:
@@ -60,7 +60,8 @@ def open_regular(path: str | os.PathLike, what: str = "file") -> int:
     return fd
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, from its ``st_mode`` ("a FIFO", "a directory" ...)."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device")):

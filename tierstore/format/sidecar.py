@@ -18,7 +18,7 @@ from typing import Literal
 import msgspec
 
 from tierstore.errors import FormatError
-from tierstore.files.untrusted import JsonBudget, read_json
+from tierstore.files.untrusted import DEFAULT_MAX_STRING, JsonBudget, read_json
 
 PAGE = 4096
 SIDECAR_VERSION = 2
@@ -27,6 +27,9 @@ MAX_FILE_BYTES = 1 << 62              # keeps every offset inside int64 for the 
 MAX_LAYERS = MAX_EXPERTS = 1 << 16    # per-layer/per-expert tables stay small for hostile input
 MAX_SLOT_BYTES = 1 << 36
 MAX_KEYS = 1 << 22   # n_layers x E: the store keeps a few bytes per key (DS4 has 11,008)
+# An identity string (ckpt_id, quantizer_abi, zero_mode) as the sidecar's JSON holds it: the
+# reader refuses a longer string (files.untrusted.DEFAULT_MAX_STRING), so the writer does too.
+MAX_FIELD_BYTES = DEFAULT_MAX_STRING
 CHECKSUM_ALGOS = ("xxh3_64",)
 DEFAULT_CHECKSUM = "xxh3_64"
 ORDERS = ("linear", "fragmajor")
@@ -201,6 +204,12 @@ def load_sidecar(path: str, *, key20_in_name: bool,
     return sc, unknown
 
 
+def json_field_bytes(text: str) -> int:
+    """Bytes ``text`` takes inside a sidecar's JSON quotes (escapes included), the length
+    the reader's string cap measures."""
+    return len(json.dumps(text)) - 2
+
+
 def validate_sidecar(sc: Sidecar, path: str, partial_sums: bool = False) -> None:
     """Checks of meaning; every message names the file and the field. ``partial_sums``:
     listed layers may lack checksums (only PackWriter, resuming a pack another engine
@@ -210,6 +219,11 @@ def validate_sidecar(sc: Sidecar, path: str, partial_sums: bool = False) -> None
 
     if sc.version != SIDECAR_VERSION:
         bad(f"field `version`: expected {SIDECAR_VERSION}, found {sc.version}")
+    for name in ("ckpt_id", "zero_mode", "quantizer_abi"):
+        size = json_field_bytes(getattr(sc, name))
+        if size > MAX_FIELD_BYTES:
+            bad(f"field `{name}`: {size} bytes as JSON, over the cap {MAX_FIELD_BYTES} (a "
+                f"reader refuses a longer string)")
     if not TAG_RE.match(sc.tag):
         bad(f"field `tag`: {sc.tag!r} is not a valid tag ([A-Za-z0-9_-]+)")
     for name in ("E", "n_layers", "slot_bytes"):

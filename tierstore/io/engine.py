@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tierstore import _C, process
+from tierstore import _C, process, settings
 from tierstore.files.untrusted import open_regular
 from tierstore.errors import BufferBoundsError, ClosedError, ConfigError, TierIOError
 from tierstore.io.buffers import BufferTable
@@ -103,8 +103,7 @@ class Completion:
         and the H2D copies already issued have completed (nothing still writes
         into caller memory).
         """
-        if timeout is not None and timeout < 0:
-            raise ConfigError(f"wait: timeout must be >= 0 or None, got {timeout}")
+        timeout = settings.timeout("wait: timeout", timeout)
         if self._born != process.generation():
             self._check_process("wait()")      # finished before the fork: its result stands
         elif not self._native.wait(-1.0 if timeout is None else float(timeout)):

@@ -13,13 +13,9 @@ the ``half_life_steps`` / ``half_life_s`` settings.
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from tierstore import policies, settings
@@ -38,6 +34,7 @@ VERIFY_MODES = settings.VERIFY_MODES
 # and the worker thread makes no CUDA call).
 PUBLISH_MODES = ("async", "step")
 DEFERRED = "deferred"
+_POSITIVE = settings.number(0.0, lo_open=True)
 
 
 def _spec(spec, tier: str, problems: list[str]) -> tuple[str, dict]:
@@ -59,9 +56,10 @@ def _check_half_life(half_life, half_life_s, problems: list) -> None:
     for name, value in (("half_life", half_life), ("half_life_s", half_life_s)):
         if value is None:
             continue
-        ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-        if not ok or not math.isfinite(value) or value <= 0:
-            problems.append(f"{name} must be a finite number > 0, found {value!r}")
+        try:
+            settings.argument(name, value, _POSITIVE)
+        except ConfigError as exc:
+            problems.append(str(exc))
 
 
 def _default_params(name: str, half_life=None, half_life_s=None) -> dict:
@@ -158,37 +156,43 @@ class StoreConfig:
             problems.append("half_life given both as an option and in the pool policy's parameters")
         if not arena_spec[1]:
             arena_spec = (arena_spec[0], _default_params(arena_spec[0]))
-        # 3. numbers
-        def number(name, value, kind, lo, hi=None):
+        # 3. numbers and modes: every value through the converter its TIERSTORE_* variable
+        #    and command-line option use (settings.argument), all problems reported together
+        def checked(name, value, convert, fallback, words=(), text=False):
             try:
-                v = kind(value)
-                if v < lo or (hi is not None and v > hi):
-                    raise ValueError
-                return v
-            except (TypeError, ValueError):
-                rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-                problems.append(f"{name} must be {rng}, found {value!r}")
-                return kind(lo)
-        get = lambda name: settings.get(name) if opt(name) is None else opt(name)  # noqa: E731
-        max_promote = number("max_promote", settings.get("max_promote") if max_promote is None
-                             else max_promote, int, 0)
-        threads = number("threads", get("threads"), int, 1)
-        direct = str(get("direct")).lower()
-        if direct not in ("auto", "on", "off"):
-            problems.append(f"direct must be 'auto', 'on' or 'off', found {direct!r}")
-        try:
-            verify = settings.verify_mode(get("verify"))
-        except ValueError as exc:
-            problems.append(f"verify={get('verify')!r}: {exc}")
-            verify = "always"
-        lazy = number("lazy_per_step", get("lazy_per_step"), int, 0)
-        scan_keep = number("scan_keep", get("scan_keep"), float, 0.0, 1.0)
-        rounds = number("fire_rounds", get("fire_rounds"), int, 1)
-        window = number("latency_window", get("latency_window"), int, 1)
-        reserve = number("reserve_gb", get("reserve_gb"), float, 0.0)
-        max_gb = number("max_gb", get("max_gb"), float, 0.0)
-        snap_every = number("snapshot_every_s", get("snapshot_every_s"), float, 0.0)
-        gate_fp_max = number("gate_fp_max", 3 if opt("gate_fp_max") is None else opt("gate_fp_max"), int, 0)
+                return settings.argument(name, value, convert, words, text=text)
+            except ConfigError as exc:
+                problems.append(str(exc))
+                return fallback
+
+        def knob(name):   # an option that is also a setting: the setting's own converter
+            var = settings.KNOBS[name]
+            if opt(name) is None:
+                return settings.get(name)
+            return checked(name, opt(name), var.parse, var.default,
+                           text=isinstance(var.default, str))
+        max_promote = (settings.get("max_promote") if max_promote is None else
+                       checked("max_promote", max_promote, settings.count, 0))
+        threads, direct, verify = knob("threads"), knob("direct"), knob("verify")
+        lazy, scan_keep, rounds = knob("lazy_per_step"), knob("scan_keep"), knob("fire_rounds")
+        window, reserve, max_gb = knob("latency_window"), knob("reserve_gb"), knob("max_gb")
+        snap_every = knob("snapshot_every_s")
+        gate_fp_max = 3 if opt("gate_fp_max") is None else checked(
+            "gate_fp_max", opt("gate_fp_max"), settings.count, 3)
+        if top_k is not None:
+            top_k = checked("top_k", top_k, settings.integer(1, int(pack.n_experts)), None)
+        n_spec = checked("n_spec", n_spec, settings.count, 0)
+        max_seqs = checked("max_seqs", max_seqs, settings.count, 1)
+        deferred = isinstance(vram_slots, str) and vram_slots == DEFERRED
+        if vram_slots is not None and vram_gb is not None and not deferred:
+            problems.append(f"give vram_slots ({vram_slots!r}) or vram_gb ({vram_gb!r}), not both")
+        if vram_slots is not None and not deferred:
+            vram_slots = checked("vram_slots", vram_slots, settings.positive_count, 1,
+                                 words=(DEFERRED,))
+        if vram_gb is not None:
+            vram_gb = checked("vram_gb", vram_gb, sizing.VRAM_GB, None, words=(settings.AUTO,))
+        ram_gb = checked("ram_gb", 0.0 if ram_gb is None else ram_gb, sizing.RAM_GB, 0.0,
+                         words=(settings.AUTO,))
         prefetch = opt("prefetch")
         if prefetch is True:
             prefetch = {}
@@ -206,7 +210,6 @@ class StoreConfig:
         if lazy_admission not in LAZY_ADMISSIONS:
             problems.append(f"lazy_admission must be one of {', '.join(LAZY_ADMISSIONS)}, "
                             f"found {opt('lazy_admission')!r}")
-        deferred = isinstance(vram_slots, str) and vram_slots == DEFERRED
         if deferred and prefetch is not None:
             problems.append("prefetch= needs a sized pool: give vram_slots / vram_gb, not "
                             "vram_slots='deferred'")
@@ -225,10 +228,6 @@ class StoreConfig:
                                 f"{getattr(table, 'dtype', type(table).__name__)} "
                                 f"{list(getattr(table, 'shape', []))} on "
                                 f"{getattr(table, 'device', '?')}")
-        if top_k is not None:
-            number("top_k", top_k, int, 1)
-        number("n_spec", n_spec, int, 0)
-        number("max_seqs", max_seqs, int, 0)
         if problems:
             raise ConfigError(f"ExpertStore({pack.path}): " + "; ".join(problems))
         # 4. sizing: the pool first (auto included), then memory, then the floor
@@ -241,10 +240,12 @@ class StoreConfig:
             host_avail -= n_slots * int(pack.slot_bytes)
         n_rows = sizing.resolve_arena_rows(ram_gb=ram_gb, stride=pack.stride, n_keys=n_keys,
                                            reserve_gb=reserve, available=host_avail)
-        if publish == "step" and lazy:
+        if publish == "step" and lazy and n_rows < min(2 * lazy, n_keys):
             # step()'s promotions are read into arena rows by the worker and copied up at
-            # the next step(): the arena holds at least two steps' worth
-            n_rows = max(n_rows, min(2 * lazy, n_keys))
+            # the next step(): the arena holds two steps' worth, as far as free host memory
+            # (less the reserve) allows; a step stages no more than there are rows
+            room = max(host_avail - int(reserve * sizing.GIB), 0) // int(pack.stride)
+            n_rows = max(n_rows, min(2 * lazy, n_keys, room))
         floor = None
         what = (f"n_layers={pack.n_layers}, top_k={top_k}, n_spec={n_spec}, "
                 f"max_seqs={max_seqs}, gate_fp_max={gate_fp_max}")

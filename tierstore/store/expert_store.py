@@ -30,11 +30,12 @@ import weakref
 import numpy as np
 import torch
 
-from tierstore import process
+from tierstore import process, settings
 from tierstore.errors import ClosedError, ConfigError
 from tierstore.format.pack import Pack
 from tierstore.format.packlock import lock_for_reading
 from tierstore.format.sidecar import lock_path_of
+import tierstore.store.sizing as sizing
 from tierstore.store.config import StoreConfig
 from tierstore.store.keys import dense_keys
 from tierstore.store.mover import Mover
@@ -196,7 +197,6 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         ``force=True``. 0 slots (auto with no room) leaves the store inert: every fire
         promotes nothing. A ``warm_start`` file is preheated now. Returns the slots."""
         from tierstore.errors import CapacityError
-        import tierstore.store.sizing as sizing
         cfg = self.config
         with self.lock:
             self._check_open("finalize")
@@ -205,21 +205,20 @@ class ExpertStore(BackgroundJobs, Lifecycle):
                                   f"({self.n_slots} slots); only a vram_slots='deferred' store "
                                   f"is finalized, once")
             n_keys, slot_bytes = self._n_keys, self.slot_bytes
+            where = f"{self.pack.path}: finalize(): "
+            n_slots = settings.argument(where + "n_slots", n_slots, _SLOTS_OR_AUTO,
+                                        (settings.AUTO,))
             avail = sizing.device_available_bytes(self.device) if free_bytes is None \
-                else int(free_bytes)
-            if isinstance(n_slots, str) and n_slots == "auto":
+                else settings.argument(where + "free_bytes", free_bytes, _BYTES)
+            if n_slots == settings.AUTO:
                 n = sizing.auto_slots(slot_bytes=slot_bytes, n_keys=n_keys, available=avail,
                                       reserve_gb=cfg.reserve_gb, max_gb=cfg.max_gb)
-            elif isinstance(n_slots, (int, np.integer)) and not isinstance(n_slots, bool) \
-                    and n_slots >= 0:
-                n = min(int(n_slots), n_keys)
+            else:
+                n = min(n_slots, n_keys)
                 if n * slot_bytes > avail:
                     raise CapacityError(f"{self.pack.path}: finalize({n_slots}): {n} slots x "
                                         f"{slot_bytes} bytes need {n * slot_bytes / 2**30:.2f} "
                                         f"GiB but {self.device} has {avail / 2**30:.2f} GiB free")
-            else:
-                raise ConfigError(f"{self.pack.path}: finalize(): n_slots must be an int >= 0 "
-                                  f"or 'auto', found {n_slots!r}")
             if cfg.floor is not None:
                 sizing.check_floor(n, cfg.floor, slot_bytes=slot_bytes, force=cfg.force,
                                    what=cfg.floor_what)
@@ -289,20 +288,23 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         ``stream`` (default: the store's consumer stream). ``pipelined``: returns once
         the reads are queued; call ``result.wait_layer(l)`` before enqueueing layer l
         (an int: least bytes per engine submission, consecutive layers grouped)."""
-        cap = self.max_promote if max_promote is None else max_promote
-        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
-            raise ConfigError(f"{self.pack.path}: fire: max_promote must be an int >= 0, "
-                              f"found {max_promote!r}")
-        return self._fire(self._dense(routed), int(cap), stream, scan=False, pipelined=pipelined)
+        cap = self.max_promote if max_promote is None else settings.argument(
+            f"{self.pack.path}: fire: max_promote", max_promote, settings.count)
+        return self._fire(self._dense(routed), cap, stream, scan=False, pipelined=pipelined)
 
     def ensure_resident(self, layer: int, topk_ids, stream=None) -> FireResult:
         """Prefill: make one layer's routed experts resident as a scan (fills free
         slots, never evicts the hot share ``scan_keep``), pinned until the next
         ensure_resident or step()."""
+        layer = settings.argument(f"{self.pack.path}: ensure_resident: layer", layer,
+                                  settings.integer(0, self._L - 1))
         ids = np.asarray(topk_ids.cpu() if isinstance(topk_ids, torch.Tensor) else topk_ids)
+        if ids.size and ids.dtype.kind not in "iu":
+            raise ConfigError(f"{self.pack.path}: ensure_resident: topk_ids must be an int "
+                              f"array or tensor, found {type(topk_ids).__name__} of {ids.dtype}")
         ids = np.unique(ids.reshape(-1))
         ids = ids[ids >= 0]
-        keys = self._dense(np.stack([np.full(len(ids), int(layer)), ids], axis=1))
+        keys = self._dense(np.stack([np.full(len(ids), layer), ids], axis=1))
         self._release_prefill()   # a result cut off from both (a Ctrl-C): the orphan net
         result = self._fire(keys, self.n_slots, stream, scan=True)
         with self.lock:   # swap atomically: a concurrent prefill's pins are released, not lost
@@ -549,6 +551,8 @@ class ExpertStore(BackgroundJobs, Lifecycle):
 
 
 _EMPTY_KEYS = np.empty(0, dtype=np.int64)
+_SLOTS_OR_AUTO = sizing.or_auto(settings.count)   # finalize(n_slots)
+_BYTES = settings.integer(0, 1 << 62)               # finalize(free_bytes)
 
 
 def _joined(staged: list) -> np.ndarray:

@@ -81,8 +81,11 @@ def run_fire(store, result: FireResult, keys: np.ndarray, cap: int, stream, scan
                 others = [mover.inflight[b] for b in ids if b in mover.inflight]
                 drop_pins(lock, pool, holder, np.concatenate([over, unplaced]))
             if batch is not None and pipelined:
-                result.pending = mover.start_layers(batch)
-                result.pending_stream, own = stream, batch.keys
+                # the result holds the load before it is submitted: a Ctrl-C landing after
+                # the submit (before start_layers returned) leaves it to the result's
+                # release to publish or settle, never in flight with its pins
+                result.pending, result.pending_stream, own = batch.layer_load, stream, batch.keys
+                mover.start_layers(batch)
             elif batch is not None:
                 mover.run(batch, defer_sources=store._defer_sources)
             if batch is not None:
@@ -133,7 +136,7 @@ def counted_fire(store, keys, cap: int, stream, scan: bool, pipelined=False) -> 
         with store._activity("fire"):
             run_fire(store, result, keys, cap, stream, scan, pipelined)
     except BaseException:
-        _unpin_result(store, result)
+        _unpin_result(store, result, quiet=True)   # the fire's own error is what is raised
         raise
     result.latency_s = time.perf_counter() - t0
     if not scan:
@@ -148,6 +151,10 @@ def counted_fire(store, keys, cap: int, stream, scan: bool, pipelined=False) -> 
 
 def release_fire(store, fire_result: FireResult) -> None:
     """store.release: publish a pipelined fire's pending layers, then unpin (always)."""
+    if not isinstance(fire_result, FireResult):
+        raise ConfigError(f"{store.pack.path}: release: expected the FireResult of this "
+                          f"store's fire() or ensure_resident(), found "
+                          f"{type(fire_result).__name__}")
     store._journal.drain()
     with store.lock:
         store._check_open("release")
@@ -159,9 +166,14 @@ def release_fire(store, fire_result: FireResult) -> None:
     _unpin_result(store, fire_result)
 
 
-def _unpin_result(store, fire_result: FireResult) -> None:
+def _unpin_result(store, fire_result: FireResult, quiet: bool = False) -> None:
+    """Publish what a pipelined result still has in flight, then unpin. ``quiet``: the
+    load's own failure (a batch its interrupted fire rolled back) is not raised."""
     try:
         fire_result.wait_all()
+    except Exception:
+        if not quiet:
+            raise
     finally:
         release_pins(store.lock, store._pool, fire_result.holder)
         fire_result.released = True

@@ -11,6 +11,7 @@ import logging
 
 import numpy as np
 
+from tierstore import settings
 from tierstore.errors import ClosedError
 from tierstore.store.worker import Ticket
 
@@ -123,4 +124,4 @@ class BackgroundJobs:
         """Block until the background worker has nothing queued or running (lazy
         promotions, promote() tickets, snapshots); False on timeout. The runner calls
         this at a step boundary when it needs a settled pool (tests, snapshots)."""
-        return self._worker.wait_idle(timeout)
+        return self._worker.wait_idle(settings.timeout("wait_idle: timeout", timeout))

@@ -9,10 +9,29 @@ from __future__ import annotations
 import math
 import warnings
 
+from tierstore import settings
 from tierstore.errors import CapacityError, ConfigError
 
 GIB = 1 << 30
 MIN_SLOTS = 8
+
+
+def or_auto(convert):
+    """``convert``, or the word ``auto`` kept as it is."""
+    def parse(value):
+        if isinstance(value, str) and value.strip().lower() == settings.AUTO:
+            return settings.AUTO
+        try:
+            return convert(value)
+        except ValueError as exc:
+            raise ValueError(f"{exc}, or auto") from None
+    return parse
+
+
+#: The pool's and the arena's sizes in GiB (ExpertStore's vram_gb / ram_gb): "auto", or a
+#: finite size (a pool > 0, an arena >= 0: 0 = none), at most settings.GIB_MAX.
+VRAM_GB = or_auto(settings.number(0.0, settings.GIB_MAX, lo_open=True))
+RAM_GB = or_auto(settings.gib)
 
 
 def fire_floor(n_layers: int, top_k: int, n_spec: int = 0, max_seqs: int = 1,
@@ -22,13 +41,13 @@ def fire_floor(n_layers: int, top_k: int, n_spec: int = 0, max_seqs: int = 1,
     ``L * top_k * (1 + n_spec) * min(max(seqs, 1), 4) * (1 + 0.35 * max(gate_fp_max - 1, 0))``
     (vLLM-Moet's formula; DS4 with 1 sequence: 438, MTP1: 877, MTP2: 1315, 4+ seqs: 1754).
     """
-    for name, value in (("n_layers", n_layers), ("top_k", top_k)):
-        if int(value) < 1:
-            raise ConfigError(f"fire_floor: {name} must be >= 1, found {value}")
-    for name, value in (("n_spec", n_spec), ("gate_fp_max", gate_fp_max)):
-        if int(value) < 0:
-            raise ConfigError(f"fire_floor: {name} must be >= 0, found {value}")
-    seqs = min(max(int(max_seqs), 1), 4)
+    n_layers, top_k = (settings.argument(f"fire_floor: {name}", value, settings.positive_count)
+                       for name, value in (("n_layers", n_layers), ("top_k", top_k)))
+    n_spec, max_seqs, gate_fp_max = (
+        settings.argument(f"fire_floor: {name}", value, settings.count)
+        for name, value in (("n_spec", n_spec), ("max_seqs", max_seqs),
+                            ("gate_fp_max", gate_fp_max)))
+    seqs = min(max(max_seqs, 1), 4)
     return int(n_layers * top_k * (1 + n_spec) * seqs * (1 + 0.35 * max(gate_fp_max - 1, 0)))
 
 
@@ -84,17 +103,11 @@ def resolve_pool_slots(*, slot_bytes: int, n_keys: int, device, vram_slots=None,
     if vram_slots is not None:
         if vram_gb is not None:
             raise ConfigError(f"give vram_slots ({vram_slots}) or vram_gb ({vram_gb}), not both")
-        n = int(vram_slots)
-        if n < 1:
-            raise ConfigError(f"vram_slots must be >= 1, found {vram_slots}")
+        n = settings.argument("vram_slots", vram_slots, settings.positive_count)
         how = f"vram_slots={n}"
-    elif vram_gb is not None and vram_gb != "auto":
-        try:
-            gib = float(vram_gb)
-        except (TypeError, ValueError):
-            raise ConfigError(f"vram_gb must be a number of GiB or 'auto', found {vram_gb!r}") from None
-        if not gib > 0 or gib == float("inf"):
-            raise ConfigError(f"vram_gb must be a finite number > 0, found {vram_gb}")
+    elif vram_gb is not None and settings.argument(
+            "vram_gb", vram_gb, VRAM_GB, (settings.AUTO,)) != settings.AUTO:
+        gib = VRAM_GB(vram_gb)
         n = slots_for_gib(gib, slot_bytes)
         how = f"vram_gb={gib:g}"
     else:
@@ -124,16 +137,13 @@ def resolve_arena_rows(*, ram_gb, stride: int, n_keys: int, reserve_gb: float = 
     memory minus ``reserve_gb``. Raises CapacityError when the arena would not fit.
     """
     avail = host_available_bytes() if available is None else int(available)
-    if ram_gb == "auto":
+    ram_gb = settings.argument("ram_gb", 0.0 if ram_gb is None else ram_gb, RAM_GB,
+                               (settings.AUTO,))
+    if ram_gb == settings.AUTO:
         rows = max(int(n_keys) // 4, 1)
         rows = min(rows, max(avail - int(float(reserve_gb) * GIB), 0) // int(stride))
         return int(rows)
-    try:
-        gib = float(ram_gb or 0.0)
-    except (TypeError, ValueError):
-        raise ConfigError(f"ram_gb must be a number of GiB or 'auto', found {ram_gb!r}") from None
-    if gib < 0:
-        raise ConfigError(f"ram_gb must be >= 0, found {ram_gb}")
+    gib = ram_gb
     rows = min(int(gib * GIB) // int(stride), int(n_keys))
     if rows * int(stride) > avail:
         raise CapacityError(f"arena of {rows} rows x {stride} bytes (ram_gb={gib:g}) needs "

@@ -14,6 +14,8 @@ from collections import deque
 import msgspec
 import numpy as np
 
+from tierstore import settings
+
 
 class TierStats(msgspec.Struct, frozen=True):
     hits: int = 0                    # token-weighted
@@ -72,8 +74,9 @@ class FireResult(msgspec.Struct, weakref=True):
         """Pipelined fire: make ``layer``'s keys resident on ``stream`` (default: the
         fire's) before work on it is enqueued there; waits on the host for that
         layer's reads only. Raises the layer's TierIOError. No-op otherwise."""
+        layer = settings.argument("FireResult.wait_layer: layer", layer, settings.count)
         if self.pending is not None:
-            self.pending.wait_layer(int(layer), self.pending_stream if stream is None else stream)
+            self.pending.wait_layer(layer, self.pending_stream if stream is None else stream)
 
     def wait_all(self, stream=None) -> None:
         """Pipelined fire: publish every layer still in flight."""

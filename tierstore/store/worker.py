@@ -7,7 +7,7 @@ import queue
 import threading
 import weakref
 
-from tierstore import process
+from tierstore import process, settings
 
 
 class Worker:
@@ -90,7 +90,7 @@ class Ticket:
         if self._born != process.generation() and not self._event.is_set():
             raise process.forked_error("wait() on a promotion ticket", self._born,
                                        "ExpertStore", self._path)
-        if not self._event.wait(timeout):
+        if not self._event.wait(settings.timeout("Ticket.wait: timeout", timeout)):
             return False
         if self._error is not None:
             raise self._error

@@ -20,7 +20,7 @@ from typing import Callable, Union
 import msgspec
 import numpy as np
 
-from tierstore.errors import ConfigError
+from tierstore import settings
 from tierstore.warm.formats import WarmFile, WarmTier
 from tierstore.warm.validate import WarmStartWarning, describe_skipped, load_hint
 
@@ -135,8 +135,7 @@ def preheat(store, src, pool_fill: float = 0.9, progress: ProgressArg = None,
     With ``seed_heat`` the tier policies get the file's heat for the rows
     loaded (see ``_seed_heat``). Raises ConfigError only for a bad ``pool_fill``.
     """
-    if not (isinstance(pool_fill, (int, float)) and 0.0 <= float(pool_fill) <= 1.0):
-        raise ConfigError(f"pool_fill {pool_fill!r}: expected a fraction in [0, 1]")
+    pool_fill = settings.argument("pool_fill", pool_fill, settings.fraction)
     path = src.path if isinstance(src, WarmFile) else os.fspath(src)
     summary = PreheatSummary(source=path)
     t0 = time.perf_counter()
