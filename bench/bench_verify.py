@@ -7,7 +7,8 @@ One pack of ``--rows`` rows of ``--row-mib`` MiB (default 12; random bytes, xxh3
 the sidecar), page cache warm. Rows bigger than one 16 MiB stage (``--row-mib 17``, ``40``)
 are verified segment by segment as they land (streaming xxh3); with ``--ram-gb 0`` (the
 default) a CUDA pool reads them through the pinned staging ring. For each mode (``off``,
-and ``always``: every read hashed, the default since issue 41) a fresh store fires all
+and ``always``: every read hashed, the default: a row re-read after an eviction is checked
+again) a fresh store fires all
 rows ``--repeats`` times (evicting between fires so every fire reads the file), the two
 modes' stores open together and fired in alternating order each round; each mode reports
 its median fire time and the median of its per-round ratio to ``off``'s fire in the same
