@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -102,11 +103,14 @@ def test_should_fire_counts_steps_and_fires():
 
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(signal="entropy"), "gate signal 'entropy'"),
-    (dict(signal="top1", tau=1.5), "gate tau 1.5"),
-    (dict(signal="margin", tau=float("nan")), "gate tau nan"),
+    (dict(signal="top1", tau=1.5), "gate tau (signal 'top1') must be a fraction in [0, 1], found 1.5"),
+    (dict(signal="margin", tau=float("nan")), "gate tau (signal 'margin') must be a finite number, found nan"),
+    (dict(signal="margin", tau=float("inf")), "must be a finite number, found inf"),
+    (dict(signal="top1", tau="0.5"), "must be a fraction in [0, 1], found '0.5'"),
+    (dict(signal="top1", tau=True), "found True"),
 ])
 def test_bad_settings_raise_config_error_naming_the_value(kwargs, needle):
-    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
         UncertaintyGate(**kwargs)
 
 

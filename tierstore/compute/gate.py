@@ -26,6 +26,7 @@ from typing import Any, Callable
 import msgspec
 import torch
 
+from tierstore import settings
 from tierstore.errors import ConfigError
 
 DEFAULT_TAU = {"top1": 0.60, "margin": 1.5}
@@ -85,10 +86,10 @@ class UncertaintyGate:
     def __init__(self, signal: str = "top1", tau: float | None = None):
         if signal not in DEFAULT_TAU:
             raise ConfigError(f"gate signal {signal!r}: expected one of {sorted(DEFAULT_TAU)}")
-        tau = DEFAULT_TAU[signal] if tau is None else float(tau)
-        if math.isnan(tau) or (signal == "top1" and not 0.0 <= tau <= 1.0):
-            raise ConfigError(f"gate tau {tau!r} for signal {signal!r}: expected a probability in [0, 1]"
-                              if signal == "top1" else f"gate tau {tau!r}: expected a number")
+        # top1 is a probability; a margin any finite number (settings' one validation)
+        tau = DEFAULT_TAU[signal] if tau is None else settings.argument(
+            f"gate tau (signal {signal!r})", tau,
+            settings.fraction if signal == "top1" else settings.number())
         self.signal = signal
         self.tau = tau
         self._stats = GateStats()
