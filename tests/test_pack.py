@@ -185,8 +185,13 @@ def test_writer_accepts_torch_rows(tmp_path):
 
 
 def test_writer_rejects_bad_arguments_with_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="field `E`: expected > 0"):
+    with pytest.raises(ConfigError, match="n_experts must be an integer >= 1 and <= 65536, found 0"):
         _writer(tmp_path, n_experts=0)
+    for name, bad in (("n_layers", float("nan")), ("n_layers", 1.5), ("slot_bytes", float("inf")),
+                      ("n_experts", "8"), ("rank", -1), ("world", 0)):
+        with pytest.raises(ConfigError, match=f"{name} must be an integer"):   # one validation
+            _writer(tmp_path, **{name: bad})
+    assert not os.listdir(tmp_path) or all(not f.endswith(".pack") for f in os.listdir(tmp_path))
     with pytest.raises(ConfigError, match="not a valid tag"):
         _writer(tmp_path, tag="a.b")
     with pytest.raises(ConfigError, match="key20 in the name"):

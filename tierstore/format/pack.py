@@ -118,6 +118,7 @@ class Pack(Closing):
         tag/rank/world/pp. Raises FormatError naming the file on any mismatch."""
         given = path = os.fspath(path)
         if os.path.isdir(path):
+            rank, world, pp = PackName.checked(rank, world, pp, f"Pack.open({path})")
             path = find_pack(path, tag=tag, rank=rank, world=world, pp=pp)
         elif path.endswith(".json"):
             path = path[: -len(".json")] + ".pack"

@@ -17,7 +17,8 @@ from typing import Literal
 
 import msgspec
 
-from tierstore.errors import FormatError
+from tierstore import settings
+from tierstore.errors import ConfigError, FormatError
 from tierstore.files.untrusted import DEFAULT_MAX_STRING, JsonBudget, read_json
 
 PAGE = 4096
@@ -26,6 +27,7 @@ SIDECAR_MAX_BYTES = 64 << 20          # a DS4 sidecar with checksums is ~200 KiB
 MAX_FILE_BYTES = 1 << 62              # keeps every offset inside int64 for the C++ reader
 MAX_LAYERS = MAX_EXPERTS = 1 << 16    # per-layer/per-expert tables stay small for hostile input
 MAX_SLOT_BYTES = 1 << 36
+MAX_RANKS = 1 << 16                   # tensor / pipeline ranks in a pack's name
 MAX_KEYS = 1 << 22   # n_layers x E: the store keeps a few bytes per key (DS4 has 11,008)
 # An identity string (ckpt_id, quantizer_abi, zero_mode) as the sidecar's JSON holds it: the
 # reader refuses a longer string (files.untrusted.DEFAULT_MAX_STRING), so the writer does too.
@@ -123,6 +125,21 @@ class PackName:
         if world < 1 or rank >= world or (pp and (pp[1] < 1 or pp[0] >= pp[1])):
             raise FormatError(f"{os.fspath(path)}: rank/pipeline index out of range in the name")
         return cls(m["tag"], m["key20"], rank, world, pp)
+
+    @staticmethod
+    def checked(rank, world, pp, who: str) -> tuple[int, int, tuple[int, int] | None]:
+        """(rank, world, pp) a caller gave, as settings.argument checks numbers: 1 <= world
+        <= MAX_RANKS, 0 <= rank < world, pp = (stage, stages) likewise; ConfigError naming
+        ``who`` and the argument (a rank -1 would name a pack no reader can open)."""
+        world = settings.argument(f"{who}: world", world, settings.integer(1, MAX_RANKS))
+        rank = settings.argument(f"{who}: rank", rank, settings.integer(0, world - 1))
+        if pp is not None:
+            if not isinstance(pp, (tuple, list)) or len(pp) != 2:
+                raise ConfigError(f"{who}: pp must be (stage, stages), found {pp!r}")
+            stages = settings.argument(f"{who}: pp stages", pp[1], settings.integer(1, MAX_RANKS))
+            pp = (settings.argument(f"{who}: pp stage", pp[0], settings.integer(0, stages - 1)),
+                  stages)
+        return rank, world, pp
 
     def filename(self) -> str:
         key = f".v2.{self.key20}" if self.key20 else ""

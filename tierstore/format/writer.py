@@ -24,12 +24,14 @@ import stat
 import numpy as np
 import xxhash
 
+from tierstore import settings
 from tierstore.errors import ConfigError, FormatError, TierIOError
 from tierstore.format.packlock import PackBusyError, lock_for_writing
 from tierstore.files.atomic import (create_sized_atomic, remove_quietly, stale_temps,
                                     write_atomic)
 from tierstore.files.closing import Closing
-from tierstore.format.sidecar import (DEFAULT_CHECKSUM, TAG_RE, PackName, RowLayout, Sidecar,
+from tierstore.format.sidecar import (DEFAULT_CHECKSUM, MAX_EXPERTS, MAX_LAYERS, MAX_SLOT_BYTES,
+                                      TAG_RE, PackName, RowLayout, Sidecar,
                                       SIDECAR_VERSION, encode_sidecar, key20_of,
                                       load_sidecar, lock_path_of, round_up, sidecar_path_of,
                                       validate_sidecar)
@@ -76,6 +78,12 @@ class PackWriter(Closing):
         self._ident: tuple[int, int] | None = None
         self._made_pack: tuple[int, int] | None = None
         self._check_space = bool(check_space)
+        n_layers, n_experts, slot_bytes = (   # numbers as settings checks them: nan, 1.5, "4"
+            settings.argument(f"PackWriter({out}): {name}", value, settings.integer(1, cap))
+            for name, value, cap in (("n_layers", n_layers, MAX_LAYERS),
+                                     ("n_experts", n_experts, MAX_EXPERTS),
+                                     ("slot_bytes", slot_bytes, MAX_SLOT_BYTES)))
+        rank, world, pp = PackName.checked(rank, world, pp, f"PackWriter({out})")
         sc = Sidecar(version=SIDECAR_VERSION, tag=tag, E=int(n_experts), n_layers=int(n_layers),
                      slot_bytes=int(slot_bytes), stride=round_up(int(slot_bytes)),
                      ckpt_id=ckpt_id, zero_mode=zero_mode, quantizer_abi=quantizer_abi,
