@@ -44,6 +44,7 @@ from tierstore.store.recorder import RoutingRecorder
 from tierstore.store.verify import RowVerifier
 from tierstore.store.stats import Counters, FireResult, StoreStats
 from tierstore.store.interrupts import Journal, OrphanPins
+from tierstore.store.inspection import Inspection
 from tierstore.store.jobs import BackgroundJobs
 from tierstore.store.lifecycle import Lifecycle
 from tierstore.store.worker import Ticket, Worker
@@ -51,7 +52,7 @@ from tierstore.store.worker import Ticket, Worker
 log = logging.getLogger("tierstore.store")
 
 
-class ExpertStore(BackgroundJobs, Lifecycle):
+class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
     """Expert rows of one pack in a VRAM pool + RAM arena (contract: README.md "Python API" and docs/INTERNALS.md).
 
     pack        a Pack (or a path for Pack.open); the store reads it through its engine
@@ -173,7 +174,8 @@ class ExpertStore(BackgroundJobs, Lifecycle):
         return self._closed
 
     def resident_keys(self, tier: str = "pool") -> np.ndarray:
-        """int64 [N, 2] (layer, expert) of the tier's resident rows, hottest first."""
+        """int64 [N, 2] (layer, expert) of the tier's resident rows, hottest first (per
+        slot, pins and loads: ``tier(name)``, store/inspection.py)."""
         states = {"pool": self._pool, "arena": self._arena}.get(tier)
         if states is None:
             raise ConfigError(f"resident_keys: tier must be 'pool' or 'arena', found {tier!r}")
@@ -526,6 +528,7 @@ class ExpertStore(BackgroundJobs, Lifecycle):
                     assert not len(held), f"{tier.tier}: key {int(held[0])} still pinned"
                 assert not self._active, f"{len(self._active)} call(s) still counted active"
                 assert not self._mover.inflight, f"{len(self._mover.inflight)} batch(es) in flight"
+                assert not self._lazy_busy, "a lazy promotion never finished its ticket"
                 assert not self._journal.open, "a section was left half written"
 
     # -- warm start ---------------------------------------------------------------------------
