@@ -55,6 +55,7 @@ class ServingTier:
         # publish="step": the store's worker only reads into the arena (no CUDA call from
         # another thread while vLLM captures), and promotions land at step_end
         options.setdefault("publish", "step")
+        options.setdefault("quarantine", True)   # a rotten row: served from its base row
         from tierstore.store.expert_store import ExpertStore
         self.store = ExpertStore(fp4_pack, vram_slots="deferred", device=str(self.device),
                                  **options)
@@ -106,7 +107,7 @@ class ServingTier:
 
     def ensure_resident(self, layer: int, topk_ids: torch.Tensor) -> None:
         if self.finalized and not self._quiet:
-            self.store.ensure_resident(layer, topk_ids)
+            retry_quarantined(self.store, lambda: self.store.ensure_resident(layer, topk_ids))
 
     def moe_w2_forward(self, x, topk_weights, topk_ids, layer: int) -> torch.Tensor:
         return fused_moe(x, topk_weights, topk_ids, layer, self.store, self.base)
@@ -150,6 +151,20 @@ class ServingTier:
             self.capture.close()
         metrics.unregister_store(self.store)
         self.store.close()
+
+
+def retry_quarantined(store, load):
+    """Run ``load`` (a fire); when it failed on a row the store has just quarantined (its
+    checksum failed: the store logged and counted it), run it once more: the row is left
+    out and the layer serves that expert from its 2-bit base, never a stop for the rest."""
+    from tierstore.errors import TierIOError
+    try:
+        return load()
+    except TierIOError as exc:
+        key = [getattr(exc, "layer", None), getattr(exc, "expert", None)]
+        if key not in store.quarantined_keys().tolist():
+            raise
+    return load()
 
 
 def check_layer(tier: ServingTier, layer: int) -> None:

@@ -49,6 +49,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("lazy_promotions", "counter", "background promotions step() queued"),
     ("lazy_rejected", "counter", "background candidates the admission filter turned away"),
     ("failed_reads", "counter", "load batches that failed and were rolled back"),
+    ("quarantined", "counter", "rows that failed their checksum, never loaded again (quarantine=True)"),
     ("verify_failures", "counter", "rows whose checksum did not match the pack's sidecar"),
     ("verified_rows", "counter", "rows checked against the pack's sidecar checksums"),
     ("record_dropped", "counter", "recorded expert ids out of range (dropped)"),
@@ -180,6 +181,7 @@ def _store_families(out: _Families, snap: Snapshot, labels: dict) -> None:
     for name, value in (("fires", st.fires), ("fire_promoted", st.fire_promoted),
                         ("fire_unplaced", st.fire_over_cap), ("lazy_promotions", st.lazy_queued),
                         ("lazy_rejected", st.lazy_rejected), ("failed_reads", st.failed_reads),
+                        ("quarantined", st.quarantined),
                         ("verify_failures", eng.get("checksum_failures", 0)),
                         ("verified_rows", eng.get("verified_rows", 0)),
                         ("record_dropped", st.record_dropped), ("steps", st.step_count)):

@@ -25,7 +25,7 @@ from tierstore.errors import ConfigError
 _OPTIONS = ("threads", "direct", "lazy_per_step", "half_life", "half_life_s", "arena_policy",
             "reserve_gb", "max_gb", "scan_keep", "fire_rounds", "latency_window", "engine",
             "stream", "snapshot", "snapshot_every_s", "gate_fp_max", "verify", "prefetch",
-            "publish", "slot_table", "lazy_admission")
+            "publish", "slot_table", "lazy_admission", "quarantine")
 LAZY_ADMISSIONS = ("hotter", "all")   # step()'s promotions: over a colder victim only, or any
 VERIFY_MODES = settings.VERIFY_MODES
 # When background promotions become visible: "async" = as soon as the worker's copy
@@ -96,6 +96,7 @@ class StoreConfig:
     prefetch: dict | None = None  # Prefetcher parameters (store/prefetch.py); None = off
     publish: str = "async"        # PUBLISH_MODES
     lazy_admission: str = "hotter"  # LAZY_ADMISSIONS
+    quarantine: bool = False        # rows failing their checksum are never loaded again
     deferred: bool = False        # vram_slots="deferred": the pool is sized by finalize()
     slot_table: Any = None        # a table from new_slot_table to adopt
     force: bool = False
@@ -260,7 +261,7 @@ class StoreConfig:
                    latency_window=window, snapshot=opt("snapshot"), snapshot_every_s=snap_every,
                    engine=opt("engine"), stream=opt("stream"), floor=floor, verify=verify,
                    prefetch=prefetch, publish=publish, deferred=deferred, slot_table=table,
-                   lazy_admission=lazy_admission,
+                   lazy_admission=lazy_admission, quarantine=bool(opt("quarantine") or False),
                    force=bool(force), reserve_gb=reserve, max_gb=max_gb, floor_what=what)
 
     # -- building the parts ------------------------------------------------------------

@@ -67,7 +67,9 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
     warm_start  a poolmon / pool-heat / arena-heat file preheated at construction
     **options   threads, direct, lazy_per_step, half_life, half_life_s, arena_policy,
                 reserve_gb, max_gb, scan_keep, fire_rounds, latency_window, engine,
-                stream, snapshot, snapshot_every_s, gate_fp_max (docs/SETTINGS.md), prefetch
+                stream, snapshot, snapshot_every_s, gate_fp_max (docs/SETTINGS.md), prefetch,
+                quarantine (a row failing its checksum fails that load, is named once and
+                is never loaded again: quarantined_keys(), stats().quarantined)
 
     Owns the pool and slot_table tensors (allocated once, never moved), the arena and,
     unless ``engine=`` was given, its engine. Thread safety: every method may be called
@@ -134,6 +136,7 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
         self._n_keys = self._E * self._L
         self._layer_written = np.ascontiguousarray(pack.written, dtype=bool)
         self._written = np.repeat(self._layer_written, self._E)
+        self._quarantined = np.zeros(self._n_keys, dtype=bool)   # rows that failed their sum
         self.lock = threading.RLock()
         self._idle = threading.Condition(self.lock)
         self._active = weakref.WeakSet()   # tokens of the calls close() waits for (lifecycle.py)
@@ -489,6 +492,13 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
         finally:
             if len(pinned):
                 self._journal.run(lambda: self._arena.unpin(pinned))
+
+    def quarantined_keys(self) -> np.ndarray:
+        """(layer, expert) pairs whose rows failed their checksum when read: never loaded
+        again (a fire leaves them out, so an engine serves its fallback); int64 [n, 2]."""
+        with self.lock:
+            keys = np.flatnonzero(self._quarantined)
+        return np.stack(np.divmod(keys, self._E), axis=1).astype(np.int64)
 
     def stats(self, fold: bool = True) -> StoreStats:
         """Counters now. ``fold=False`` reads them as they stand, without folding the

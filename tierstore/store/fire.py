@@ -17,18 +17,44 @@ itself back). Rounds are not steps: ``step_count`` only moves in ``step()``.
 """
 from __future__ import annotations
 
+import errno
+import logging
 import time
 import weakref
 
 import numpy as np
 
-from tierstore.errors import ConfigError
+from tierstore.errors import ConfigError, TierIOError
 from tierstore.policies.admission import ADMIT_ALL, HotterThanVictim
 from tierstore.policies.fill import plan_lazy
 from tierstore.store.interrupts import drop_pins, release_pins, take_pins
 from tierstore.store.stats import FireResult
 
 _EMPTY = np.empty(0, dtype=np.int64)
+log = logging.getLogger("tierstore.store")
+
+
+def quarantine(store, exc: BaseException) -> bool:
+    """With the ``quarantine`` option (the engines' faces set it), a row that failed its
+    checksum (EBADMSG: the bytes on disk are not what the pack lists) is quarantined: the fire or promotion that read it fails naming it, and no
+    later fire or lazy promotion loads it again, so an engine serves that expert from
+    its fallback (vLLM-Moet's and the tiered face's base row) instead of failing every
+    later load. Counted in stats().quarantined, named once in the log. True when
+    ``exc`` named such a row (now quarantined)."""
+    if not (store.config.quarantine and isinstance(exc, TierIOError)
+            and exc.errno == errno.EBADMSG
+            and getattr(exc, "layer", None) is not None):
+        return False
+    key = int(exc.layer) * store.pack.n_experts + int(exc.expert)
+    with store.lock:
+        if store._quarantined[key]:
+            return True
+        store._quarantined[key] = True
+        store.counters.quarantined += 1
+    log.warning("%s: layer %d expert %d (offset %d) failed its checksum; quarantined: never "
+                "loaded again, its engine serves the fallback (rewrite the pack to recover it)",
+                store.pack.path, exc.layer, exc.expert, exc.offset)
+    return True
 
 
 def _drop(keys: np.ndarray, gone: np.ndarray) -> np.ndarray:
@@ -43,6 +69,7 @@ def run_fire(store, result: FireResult, keys: np.ndarray, cap: int, stream, scan
     ``result`` is already adopted (its ``holder`` records every pin as it is taken)."""
     pool, mover, lock = store._pool, store._mover, store.lock
     holder = result.holder
+    keys = keys[~store._quarantined[keys]]
     with lock:
         store._fold_records()
         if getattr(pool.policy, "counts_fires", False) and not scan:
@@ -135,8 +162,9 @@ def counted_fire(store, keys, cap: int, stream, scan: bool, pipelined=False) -> 
     try:
         with store._activity("fire"):
             run_fire(store, result, keys, cap, stream, scan, pipelined)
-    except BaseException:
+    except BaseException as exc:
         _unpin_result(store, result, quiet=True)   # the fire's own error is what is raised
+        quarantine(store, exc)   # a rotten row: this fire says so, later ones leave it out
         raise
     result.latency_s = time.perf_counter() - t0
     if not scan:
@@ -196,7 +224,7 @@ def lazy_candidates(store, seen: np.ndarray) -> tuple[np.ndarray, int]:
     pool = store._pool
     if not len(seen):
         return _EMPTY, 0
-    cand = seen[(pool.slot_of[seen] < 0) & store._written[seen]]
+    cand = seen[(pool.slot_of[seen] < 0) & store._written[seen] & ~store._quarantined[seen]]
     if not len(cand):
         return _EMPTY, 0
     admission = (ADMIT_ALL if store.config.lazy_admission == "all"   # an engine's rule

@@ -45,7 +45,10 @@ class BackgroundJobs:
                     self._stage_now(keys, ticket)
             except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
                 ticket._finish(error=exc)
-                if lazy and not isinstance(exc, ClosedError):
+                from tierstore.store.fire import quarantine
+                if quarantine(self, exc):
+                    pass        # named once; the next step plans without that row
+                elif lazy and not isinstance(exc, ClosedError):
                     log.warning("lazy promotion failed: %s", exc)
             finally:
                 if lazy:

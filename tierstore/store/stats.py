@@ -49,6 +49,7 @@ class StoreStats(msgspec.Struct, frozen=True):
     promote_gbps: float = 0.0        # bytes moved into the pool / seconds spent moving them
     failed_reads: int = 0
     record_dropped: int = 0          # recorded expert ids >= n_experts (logged once)
+    quarantined: int = 0             # rows that failed their checksum: never loaded again
 
 
 class FireResult(msgspec.Struct, weakref=True):
@@ -140,6 +141,7 @@ class Counters:
         self.move_seconds = 0.0
         self.failed_reads = 0
         self.record_dropped = 0
+        self.quarantined = 0
         self.fire_latency = deque(maxlen=int(latency_window))
         self.fire_hist = [0] * LATENCY_BUCKETS   # every fire since open (log2-us buckets)
         self.fire_seconds = 0.0
@@ -189,7 +191,8 @@ class Counters:
             bytes_arena=self.bytes_arena, bytes_pagecache=pagecache, bytes_disk=disk,
             bytes_read=self.bytes_read,
             promote_gbps=(self.bytes_to_pool / self.move_seconds / 1e9) if self.move_seconds else 0.0,
-            failed_reads=self.failed_reads, record_dropped=self.record_dropped)
+            failed_reads=self.failed_reads, record_dropped=self.record_dropped,
+            quarantined=self.quarantined)
 
 
 def _source_bytes(engine_stats: dict, name: str) -> int | None:
