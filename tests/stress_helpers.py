@@ -12,8 +12,6 @@ import time
 
 import numpy as np
 
-from tierstore.store.slots import RESIDENT
-
 
 def stress_seconds(default: float) -> float:
     """STRESS_SECONDS=N turns a bounded CI run into a soak of N seconds (not a TIERSTORE_*
@@ -87,21 +85,23 @@ def check_published_bytes(store, rows: np.ndarray) -> int:
 
 
 def _check_published_bytes(store, rows):
-    pool, arena = store._pool, store._arena
+    pool, arena = store.tier("pool"), store.tier("arena")
     table = pool.device_table()
+    resident = pool.resident_slot()
     pool_bytes = store.pool.cpu().numpy() if store.pool.is_cuda else store.pool.clone().numpy()
     n = 0
     for key in np.flatnonzero(table >= 0).tolist():
         slot = int(table[key])
-        assert pool.state[slot] == RESIDENT, f"slot {slot} of key {key} published, not RESIDENT"
+        assert resident[key] == slot, f"slot {slot} of key {key} published, not RESIDENT"
         got = pool_bytes[slot, :rows.shape[1]]
         if not np.array_equal(got, rows[key]):
             bad = int(np.count_nonzero(got != rows[key]))
             raise AssertionError(f"pool slot {slot} (key {key}): {bad} of {rows.shape[1]} "
                                  f"bytes differ from the pack (torn or wrong row)")
         n += 1
-    for key in np.flatnonzero(arena.resident_slot >= 0).tolist():
-        row = int(arena.resident_slot[key])
+    arena_rows = arena.resident_slot()
+    for key in np.flatnonzero(arena_rows >= 0).tolist():
+        row = int(arena_rows[key])
         assert np.array_equal(arena.row_bytes(row)[:rows.shape[1]], rows[key]), \
             f"arena row {row} (key {key}) differs from the pack"
         n += 1

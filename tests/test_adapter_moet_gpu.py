@@ -3,7 +3,6 @@ capture_error_mode="global" while the store's worker reads, no host sync in a st
 with nothing to publish, pool bytes equal to the pack after every step."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -35,20 +34,16 @@ def test_capture_in_global_mode_while_the_store_worker_reads(monkeypatch, tmp_pa
         eng = MoetEngine(m, planes(), n_experts=E, dev=CUDA, top_k=2, tokens=4).boot()
         tier = m._TIER
         es = tier.expert_store
-        in_read = threading.Event()
-        real = es._stage_now
-
-        def slow_stage(keys, ticket):
-            in_read.set()
-            time.sleep(1.0)                  # the worker is busy meanwhile
-            return real(keys, ticket)
-        monkeypatch.setattr(es, "_stage_now", slow_stage)
         tier.wait_manager_idle()
+        es.engine._inject_faults(delay_us=1_000_000)  # each read sleeps 1 s: the worker is busy
         for key in range(L):
             m.mark_seen(tier.seen[key], torch.arange(8, device=CUDA))
         tier.step_end()                      # seen copied to the host, folded a step late:
         tier.step_end()                      # now, and the background reads are queued
-        assert in_read.wait(5)
+        deadline = time.monotonic() + 5
+        while not es.batches_in_flight and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert es.batches_in_flight          # the worker's batch is reading
         graph = torch.cuda.CUDAGraph()
         eng._route()
         side = torch.cuda.Stream()
@@ -58,6 +53,7 @@ def test_capture_in_global_mode_while_the_store_worker_reads(monkeypatch, tmp_pa
         torch.cuda.current_stream().wait_stream(side)
         with torch.cuda.graph(graph, capture_error_mode="global"):
             eng._forward()                   # raises if another thread calls CUDA now
+        es.engine._inject_faults()          # reads already started still sleep, then land
         assert es.wait_idle(10)
         before = tier.slot_table.clone()
         assert es.publish_pending            # read in the background during the capture,

@@ -92,7 +92,7 @@ def test_scan_fills_free_slots_but_keeps_the_hot_set(pack, device):
         resident = {tuple(k) for k in store.resident_keys("pool").tolist()}
         assert set(hot) <= resident, "a scan evicted the decode hot set"
         assert fr.promoted == 4 and len(resident) == 8  # the 4 free slots, nothing more
-        assert np.all(store._pool.key_pins[fr.keys] == 1)
+        assert np.all(store.tier("pool").pins(fr.keys) == 1)
         store.step()                                 # prefill pins end with the step
         assert store.stats().pool.pinned == 0
         assert_store_consistent(store)

@@ -33,7 +33,7 @@ def store(pack, device):
 
 
 def table(store) -> np.ndarray:
-    return store._pool.device_table()
+    return store.tier("pool").device_table()
 
 
 def row_ok(store, pack, key: int) -> bool:
@@ -47,7 +47,7 @@ def test_layers_publish_at_their_own_wait(store, pack):
     fr = store.fire(keys, pipelined=True)
     assert fr.promoted == 6 and fr.pending is not None
     dense = keys[:, 0] * E + keys[:, 1]
-    if not store._pool.is_cuda:  # CPU table writes are immediate: nothing visible yet
+    if not store.pool.is_cuda:  # CPU table writes are immediate: nothing visible yet
         assert np.all(table(store)[dense] == -1)
     fr.wait_layer(2)
     assert all(row_ok(store, pack, int(k)) for k in dense[2:4])
@@ -141,7 +141,7 @@ def test_grouped_layers_publish_together(store, pack):
     assert sorted(fr.pending.spans) == [0, 2, 5]
     fr.wait_layer(4)
     assert all(row_ok(store, pack, int(k)) for k in dense[2:4])
-    if not store._pool.is_cuda:
+    if not store.pool.is_cuda:
         assert np.all(table(store)[dense[[0, 1, 4]]] == -1)
     store.release(fr)
     store.wait_idle(10)

@@ -15,6 +15,7 @@ import pytest
 import tierstore as ts
 from tierstore import settings
 from tierstore.format import Pack
+from tierstore.store.pool import SlotPool
 from tierstore.testing.packs import make_random_pack, random_layer_rows
 
 from cli_process import child_env
@@ -345,21 +346,21 @@ def test_ctrl_c_inside_publish_is_rolled_forward_before_it_is_raised(pack, monke
     agree, no pin is left and the store keeps serving; no signal handler was touched."""
     import signal
     with ts.ExpertStore(pack, vram_slots=8, ram_gb=0, device="cpu", lazy_per_step=0) as store:
-        real = store._pool.write_owners
+        real = SlotPool.write_owners
         calls = []
 
-        def write_then_interrupted(slots, stream):
-            out = real(slots, stream)
+        def write_then_interrupted(pool, slots, stream):
+            out = real(pool, slots, stream)
             if not calls:
                 calls.append(len(slots))
                 signal.raise_signal(signal.SIGINT)     # lands mid-section, after the table write
             return out
-        monkeypatch.setattr(store._pool, "write_owners", write_then_interrupted)
+        monkeypatch.setattr(SlotPool, "write_owners", write_then_interrupted)
         with pytest.raises(KeyboardInterrupt):
             store.fire([(0, 1), (2, 3)])
         assert calls == [2]
-        monkeypatch.setattr(store._pool, "write_owners", real)
-        assert not store._journal.open                # nothing left half written
+        monkeypatch.setattr(SlotPool, "write_owners", real)
+        assert store.sections_open == 0               # nothing left half written
         assert_store_consistent(store)             # device table, mirror, states, pins agree
         assert set(map(tuple, store.resident_keys().tolist())) == {(0, 1), (2, 3)}
         assert store.evict([(0, 1), (2, 3)]) == 2  # published and not pinned

@@ -19,7 +19,7 @@ def _ids(values) -> torch.Tensor:
 
 
 def _assert_same(res, oracle: ClockOracle, store, pack) -> None:
-    n_keys = store._L * store._E
+    n_keys = pack.n_layers * pack.n_experts
     table = store.slot_table.view(-1).numpy().astype(np.int64)
     assert np.array_equal(table, oracle.table_array(n_keys))
     assert res.state.owner.numpy()[:res.n_slots].tolist() == oracle.owner
@@ -28,7 +28,7 @@ def _assert_same(res, oracle: ClockOracle, store, pack) -> None:
         assert c[name] == value, name
     assert c["bytes"] == oracle.c["placed"] * store.slot_bytes
     for key, slot in oracle.table.items():   # byte-exact against the pack
-        assert np.array_equal(store.pool[slot].numpy(), pack.read_row(key // store._E, key % store._E))
+        assert np.array_equal(store.pool[slot].numpy(), pack.read_row(*divmod(key, pack.n_experts)))
     res.check()
 
 
@@ -112,7 +112,7 @@ def test_key_missing_from_arena_is_not_placed(tmp_path):
         res.page_in(0, _ids([6]))
         slot = int(store.slot_table[0, 6])
         assert slot >= 0 and np.array_equal(store.pool[slot].numpy(), pack.read_row(0, 6))
-        evicted = [e for e in range(4) if store._arena.resident_slot[e] < 0]
+        evicted = [e for e in range(4) if store.tier("arena").resident_slot(e) < 0]
         assert len(evicted) == 1             # the arena was full: one row made room
         assert int(res.state.arena_row[evicted[0]]) == -1   # and the device no longer maps it
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 def _check(store, pack, oracle: ClockOracle, res) -> None:
     torch.cuda.synchronize()
-    n_keys = store._L * store._E
+    n_keys = pack.n_layers * pack.n_experts
     table = store.slot_table.view(-1).cpu().numpy().astype(np.int64)
     assert np.array_equal(table, oracle.table_array(n_keys))
     assert res.state.owner.cpu().numpy()[:res.n_slots].tolist() == oracle.owner
@@ -25,7 +25,7 @@ def _check(store, pack, oracle: ClockOracle, res) -> None:
     keys = np.array(sorted(oracle.table), dtype=np.int64)
     if len(keys):
         got = store.pool[torch.as_tensor([oracle.table[k] for k in keys], device="cuda")].cpu().numpy()
-        want = np.stack([pack.read_row(k // store._E, k % store._E) for k in keys])
+        want = np.stack([pack.read_row(*divmod(k, pack.n_experts)) for k in keys])
         assert np.array_equal(got, want)          # byte-exact against the pack
     res.check()
 
@@ -120,5 +120,5 @@ def test_host_device_pointer_of_the_arena_reads_the_same_bytes(tmp_path):
     pack, store = residency_store(tmp_path, n_layers=1, n_experts=4, slot_bytes=4096, slots=4,
                                   device="cuda")
     with store:
-        rows = store._arena.rows
+        rows = store.arena.rows
         assert _C.host_device_pointer(rows.data_ptr()) != 0

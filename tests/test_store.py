@@ -47,7 +47,7 @@ def test_fire_makes_routed_keys_resident_pinned_and_byte_exact(make_store, pack)
     assert isinstance(fr, ts.FireResult)
     assert (fr.promoted, fr.already_resident, fr.over_cap, fr.no_slot) == (3, 0, 0, 0)
     assert fr.sources == {"pool": 0, "arena": 0, "read": 3} and fr.latency_s > 0
-    assert np.all(store._pool.key_pins[fr.keys] == 1)
+    assert np.all(store.tier("pool").pins(fr.keys) == 1)
     assert_store_consistent(store)
     again = store.fire(np.array([[0, 1], [2, 7]]))
     assert (again.promoted, again.already_resident) == (1, 1)

@@ -12,7 +12,6 @@ import pytest
 
 import tierstore as ts
 from tierstore.errors import ClosedError, TierIOError
-from tierstore.store.slots import EVICTING, LOADING
 from tierstore.testing.packs import make_random_pack
 
 from store_helpers import assert_store_consistent
@@ -34,8 +33,8 @@ def store(pack, device):
 
 
 def no_slot_in_flight(store):
-    for tier in (store._pool, store._arena):
-        assert not np.any((tier.state == LOADING) | (tier.state == EVICTING)), tier.tier
+    for name in ("pool", "arena"):
+        assert not len(store.tier(name).in_flight()), name
 
 
 def test_read_failing_mid_fire_names_file_offset_layer_expert_and_leaks_nothing(store, pack):
@@ -50,7 +49,7 @@ def test_read_failing_mid_fire_names_file_offset_layer_expert_and_leaks_nothing(
     assert err.value.errno == errno.EIO
     assert store.resident_keys("pool").tolist() == before          # nothing published
     assert store.stats().pool.pinned == 2              # only the first fire's pins
-    assert store._pool.n_free == 6 and store._arena.n_free == 4      # rows of the first fire only
+    assert store.tier("pool").n_free == 6 and store.tier("arena").n_free == 4      # rows of the first fire only
     no_slot_in_flight(store)
     assert_store_consistent(store)
     store.engine._inject_faults()
@@ -101,7 +100,7 @@ def test_fire_retries_a_key_whose_background_load_failed(store, pack):
     store.engine._inject_faults(fail_offset=pack.row_offset(*key), delay_us=1_000_000)
     ticket = store.promote([key])
     deadline = time.monotonic() + 5
-    while store._pool.slot_of[key[0] * E + key[1]] < 0 and time.monotonic() < deadline:
+    while store.tier("pool").slot_of(key[0] * E + key[1]) < 0 and time.monotonic() < deadline:
         time.sleep(0.002)
     time.sleep(0.2)         # the worker's read syscall has started (and sleeps 1 s, then fails)
     store.engine._inject_faults()                                    # the in-flight read still fails
@@ -118,7 +117,7 @@ def test_fire_waits_for_a_key_the_worker_is_loading(store, pack):
     store.engine._inject_faults(delay_us=300_000)
     ticket = store.promote([key])
     deadline = time.monotonic() + 5
-    while store._pool.slot_of[key[0] * E + key[1]] < 0 and time.monotonic() < deadline:
+    while store.tier("pool").slot_of(key[0] * E + key[1]) < 0 and time.monotonic() < deadline:
         time.sleep(0.002)
     fr = store.fire([key])                     # does not read it twice: waits for the worker
     assert (fr.waited, fr.promoted, fr.rounds) == (1, 0, 1) and ticket.done()

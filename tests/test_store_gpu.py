@@ -120,7 +120,7 @@ def test_cuda_graph_reading_slot_table_and_pool_replays_correctly_after_churn(pa
         def check():
             graph.replay()
             torch.cuda.synchronize()
-            resident = store._pool.resident_slot[dense] >= 0
+            resident = store.tier("pool").resident_slot(dense) >= 0
             want = np.where(resident, row_sums[dense], -1)
             assert out.cpu().numpy().tolist() == want.tolist()
             return int(resident.sum())

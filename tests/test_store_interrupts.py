@@ -42,7 +42,7 @@ class _SigintAt:
             return None if event == "call" else self
         if event == "line":
             assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-            if self.store is None or self.store._journal.open:
+            if self.store is None or self.store.sections_open:
                 self.n += 1
                 if self.n == self.at:
                     signal.raise_signal(signal.SIGINT)
@@ -193,7 +193,7 @@ class Twice:
     def __call__(self, frame, event, arg):
         if not frame.f_code.co_filename.startswith(ROOT):
             return None if event == "call" else self
-        if event == "line" and store._journal.open:
+        if event == "line" and store.sections_open:
             self.n += 1
             if self.n in self.marks:
                 signal.raise_signal(signal.SIGINT)
@@ -216,7 +216,7 @@ for pipelined in (False, True):
                 pass
             finally:
                 sys.settrace(None)
-            left += bool(store._journal.open)   # the second one cut the roll-forward
+            left += bool(store.sections_open)   # the second one cut the roll-forward
             gc.collect(0)
             store.stats()                    # the next call finishes what was left
             try:

@@ -30,7 +30,7 @@ def test_slow_reads_do_not_hold_the_lock_the_forward_path_takes(pack, device):
         other = threading.Thread(target=lambda: store.release(store.fire([(1, 5)])))
         other.start()                                              # another fire: slow read
         deadline = time.monotonic() + 5
-        while store._pool.slot_of[[E + 1, E + 5]].min() < 0 and time.monotonic() < deadline:
+        while store.tier("pool").slot_of([E + 1, E + 5]).min() < 0 and time.monotonic() < deadline:
             time.sleep(0.001)                                      # both batches are LOADING
         t0 = time.perf_counter()
         with store.lock:

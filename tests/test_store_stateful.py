@@ -45,8 +45,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert set(fr.keys.tolist()) <= dense
         assert fr.promoted <= cap and fr.waited == 0  # one thread: nothing else loads
         assert fr.promoted + fr.already_resident == len(fr.keys)
-        table = self.store._pool.resident_slot
-        assert np.all(table[fr.keys] >= 0), "a pinned key of a fire is not resident"
+        assert np.all(self.store.tier("pool").resident_slot(fr.keys) >= 0), "a pinned key of a fire is not resident"
         self.open_fires.append(fr)
 
     @precondition(lambda self: self.open_fires)
@@ -64,7 +63,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.evict(keys)
         for l, e in keys:
             if l * E + e in pinned:
-                assert self.store._pool.resident_slot[l * E + e] >= 0, "evict crossed a pin"
+                assert self.store.tier("pool").resident_slot(l * E + e) >= 0, "evict crossed a pin"
 
     @rule(keys=keys_st)
     def load_arena(self, keys):
@@ -94,7 +93,7 @@ class StoreMachine(RuleBasedStateMachine):
         want = np.zeros(L * E, np.int32)
         for fr in self.open_fires:
             want[fr.keys] += 1
-        assert np.array_equal(self.store._pool.key_pins, want), "pins differ from open fires"
+        assert np.array_equal(self.store.tier("pool").pins(), want), "pins differ from open fires"
         assert self.store.stats().arena.pinned == 0, "an arena row is still pinned as a source"
 
 

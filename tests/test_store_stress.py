@@ -66,7 +66,7 @@ def _run_round(pack_path, rows, warm, device, seed, close_midway, counts):
     def forward(tid):
         rng = np.random.default_rng([seed, tid])
         hot = rng.choice(L * E, 16, replace=False)
-        table = store._pool
+        table = store.tier("pool")
         try:
             while not crew.stop.is_set():
                 for layer in range(L):
@@ -166,8 +166,8 @@ def _run_round(pack_path, rows, warm, device, seed, close_midway, counts):
         store.check_invariants()
         counts["checked"] += check_published_bytes(store, rows)
     store.close()
-    assert store._worker.wait_idle(30)
-    assert not store._worker.thread.is_alive()
+    assert store.wait_idle(30)
+    assert not store.worker_alive
     assert not leaked_pack_fds(pack_path), leaked_pack_fds(pack_path)
 
 

@@ -64,7 +64,7 @@ class _Tally:
 
 def _check_pinned(store, fr, rows):
     """Every key the result pins is published and holds its pack row (pinned: stable)."""
-    table = store._pool.device_table()
+    table = store.tier("pool").device_table()
     pool = store.pool.numpy()
     for k in fr.keys.tolist():
         slot = int(table[k])
@@ -137,9 +137,7 @@ def _round_end_checks(store, rows, counts):
     counts["checked_rows"] += check_published_bytes(store, rows)
     assert store.stats().pool.pinned == 0, "pool pins leaked"
     assert store.stats().arena.pinned == 0, "arena pins leaked"
-    assert not store._mover.inflight, f"batches left in flight: {list(store._mover.inflight)}"
-    assert not store._lazy_busy, "a lazy promotion never finished its ticket"
-    store.check_invariants()
+    store.check_invariants(idle=True)   # nothing in flight, no lazy promotion left busy
 
 
 def _storm(pack_path, rows, min_fires, seconds):
@@ -168,7 +166,7 @@ def _storm(pack_path, rows, min_fires, seconds):
             counts["rounds"] += 1
         counts["store_fires"] += store.stats().fires
         store.close()
-        assert not store._worker.thread.is_alive()
+        assert not store.worker_alive
         assert not leaked_pack_fds(pack_path), leaked_pack_fds(pack_path)
     elapsed = time.monotonic() - t0
     print(f"\nfires storm: {counts} in {elapsed:.1f} s "

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import tierstore as ts
+from tierstore.store.mover import Mover
 from tierstore.testing.packs import make_random_pack, random_layer_rows
 
 from store_helpers import assert_store_consistent
@@ -71,18 +72,18 @@ def test_two_pipelined_fires_crossing_keys_on_two_threads_do_not_deadlock(pack, 
         assert_store_consistent(store)
 
 
-def test_close_while_a_fire_waits_on_a_refused_pipelined_release_finishes(pack):
+def test_close_while_a_fire_waits_on_a_refused_pipelined_release_finishes(pack, monkeypatch):
     store = ts.ExpertStore(pack, vram_slots=8, device="cpu", lazy_per_step=0)
     first = store.fire([(3, 1), (3, 2)], pipelined=True)
     entered = threading.Event()
 
     def waiting_fire():
-        real = store._mover.plan
+        real = Mover.plan
 
-        def plan_then_signal(*a, **k):   # the fire is active: close() must wait for it
+        def plan_then_signal(mover, *a, **k):   # the fire is active: close() must wait for it
             entered.set()
-            return real(*a, **k)
-        store._mover.plan = plan_then_signal
+            return real(mover, *a, **k)
+        monkeypatch.setattr(Mover, "plan", plan_then_signal)
         try:
             store.release(store.fire([(3, 1), (0, 0)]))
         except ts.ClosedError:
@@ -134,7 +135,7 @@ def test_close_publishes_a_pipelined_fires_pending_layers_before_dropping_the_pa
     fr = store.fire([(0, 1), (1, 2), (3, 3)], pipelined=True)
     assert fr.pending is not None and not fr.pending.done
     store.close()
-    assert fr.pending.done and not store._mover.inflight
+    assert fr.pending.done and store.batches_in_flight == 0
     for layer in range(L):
         fr.wait_layer(layer)                       # published by close(): a no-op
     assert check_published_bytes(store, _rows()) == 3

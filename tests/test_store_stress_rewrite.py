@@ -138,7 +138,7 @@ def test_concurrent_rewrites_never_publish_a_torn_row(pack_dir, tmp_path):
                     assert replaced and "since Pack.open" in str(exc), exc
                     continue
                 counts["fires"] += 1
-                table = store._pool.device_table()
+                table = store.tier("pool").device_table()
                 for k in fr.keys.tolist():
                     assert np.array_equal(store.pool[int(table[k])].numpy()[:SLOT], expect[k]), \
                         f"key {k}: torn or foreign row"

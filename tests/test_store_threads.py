@@ -54,7 +54,7 @@ def test_forward_worker_and_user_threads_hammer_the_store(pack, device):
                 routed = [(int(k // E), int(k % E)) for k in rng.choice(L * E, 6, replace=False)]
                 fr = store.fire(routed, max_promote=4)
                 counts["fires"] += 1
-                table = store._pool.device_table() if device != "cpu" else store.slot_table.view(-1).numpy()
+                table = store.tier("pool").device_table() if device != "cpu" else store.slot_table.view(-1).numpy()
                 pool = store.pool.cpu().numpy() if device != "cpu" else store.pool.numpy()
                 for k in fr.keys.tolist():       # pinned: must stay put while we read it
                     slot = int(table[k])

@@ -64,7 +64,7 @@ def _store(pack, device, mode, ram_gb=0.0):
 
 
 def _resident(store) -> np.ndarray:
-    table = store._pool.device_table()
+    table = store.tier("pool").device_table()
     return np.array([table[l * E + e] >= 0 for l, e in KEYS])
 
 
