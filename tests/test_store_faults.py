@@ -49,7 +49,7 @@ def test_read_failing_mid_fire_names_file_offset_layer_expert_and_leaks_nothing(
     assert err.value.errno == errno.EIO
     assert store.resident_keys("pool").tolist() == before          # nothing published
     assert store.stats().pool.pinned == 2              # only the first fire's pins
-    assert store.tier("pool").n_free == 6 and store.tier("arena").n_free == 4      # rows of the first fire only
+    assert store.tier("pool").n_free == 6 and store.tier("arena").n_free == 4  # rows of the first fire only
     no_slot_in_flight(store)
     assert_store_consistent(store)
     store.engine._inject_faults()
