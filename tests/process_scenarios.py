@@ -1,4 +1,4 @@
-"""Real processes for tests/test_process.py: ``python tests/process_scenarios.py SCENARIO PACK``.
+"""Real processes for tests/store/test_process.py: ``python tests/process_scenarios.py SCENARIO PACK``.
 
 A store over PACK with promotions in flight (every read slowed by the engine's fault hook,
 so the worker is inside a native wait), then (fork-*: while a thread of the parent fires

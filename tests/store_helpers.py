@@ -1,6 +1,8 @@
 """Shared helpers for the store / pool / arena tests (not a test module)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 
@@ -31,3 +33,23 @@ def assert_store_consistent(store) -> None:
 def pairs(dense, n_experts: int) -> np.ndarray:
     dense = np.asarray(dense, dtype=np.int64)
     return np.stack([dense // n_experts, dense % n_experts], axis=1)
+
+
+def corrupt_in_place(pack, layer, expert, nbytes=7):
+    """Flip bytes of one row in place, keeping size and (restored) mtime, so only the
+    checksum can tell."""
+    st = os.stat(pack.path)
+    fd = os.open(pack.path, os.O_RDWR)
+    try:
+        off = pack.row_offset(layer, expert) + 100
+        old = os.pread(fd, nbytes, off)
+        os.pwrite(fd, bytes(b ^ 0xFF for b in old), off)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.utime(pack.path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fd = os.open(pack.path, os.O_RDONLY)
+    try:   # out of the page cache: the next read comes from the disk
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)

@@ -1,5 +1,5 @@
 """Building real vLLM 0.34 MoE layers (FusedMoEFactory) with --quantization tierstore,
-on CPU or CUDA, for tests/test_adapter_vllm_layers.py and test_adapter_vllm_gpu.py.
+on CPU or CUDA, for tests/adapters/test_adapter_vllm_layers.py and test_adapter_vllm_gpu.py.
 
 vLLM is imported on first use. On a machine without CUDA vLLM resolves the
 UnspecifiedPlatform (VLLM_TARGET_DEVICE must NOT be "cpu": its CpuPlatform demands

@@ -10,7 +10,7 @@
 #   DECODE_TIMEOUT  seconds for the bench (default 420)
 # Logs, decode.json and decode.png land in $OUT (default /tmp/out).
 STAMP=decode
-GPU_TESTS=${GPU_TESTS:-"tests/test_residency_gpu.py tests/test_store_gpu.py tests/test_engine_gpu.py"}
+GPU_TESTS=${GPU_TESTS:-"tests/store/test_residency_gpu.py tests/store/test_store_gpu.py tests/io/test_engine_gpu.py"}
 TEST_TIMEOUT=${TEST_TIMEOUT:-150}
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 stamp "bench decode"

@@ -5,7 +5,7 @@
 # libkvikio-cu13, rapids-logger; installed --no-deps).
 #   bash bench/device/fire.sh            (BENCH_ARGS: more `bench fire` flags)
 STAMP=fire EXTRA_WHEELS=${EXTRA_WHEELS:-.whl-kvikio} TEST_TIMEOUT=150
-GPU_TESTS="tests/test_fire_pipelined.py tests/test_store_gpu.py tests/test_bench_fire.py tests/test_store_faults.py"
+GPU_TESTS="tests/store/test_fire_pipelined.py tests/store/test_store_gpu.py tests/cli/test_bench_fire.py tests/store/test_store_faults.py"
 source "$(dirname "$0")/prelude.sh"
 python3 -c "import kvikio; print('kvikio', kvikio.__version__)" 2>&1 | tail -1
 stamp "bench fire"

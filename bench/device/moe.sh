@@ -4,7 +4,7 @@
 # SASS (bench/device/sass_hist.py, where cuobjdump exists).
 #   bash bench/device/moe.sh
 STAMP=moe TEST_TIMEOUT=150
-GPU_TESTS="-m gpu tests/test_moe_mma_gpu.py tests/test_moe_gpu.py tests/test_adapter_moet_gpu.py"
+GPU_TESTS="-m gpu tests/compute/test_moe_mma_gpu.py tests/compute/test_moe_gpu.py tests/adapters/test_adapter_moet_gpu.py"
 source "$(dirname "$0")/prelude.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader
 stamp "bench moe"

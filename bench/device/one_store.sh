@@ -7,9 +7,9 @@
 # Logs and JSON land in $OUT (default /tmp/out).
 STAMP=one_store; source "$(dirname "$0")/prelude.sh"   # wheels, machine, sm_90 build, gpu tests
 stamp "interrupt and face tests (Python 3.12 here)"
-timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_store_interrupts.py \
-  tests/test_adapter_moet_surface.py tests/test_adapter_moet_conformance.py \
-  tests/test_adapter_moet_slots.py tests/test_fire_pipelined.py tests/test_integrity.py 2>&1 | tail -3
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/store/test_store_interrupts.py \
+  tests/adapters/test_adapter_moet_surface.py tests/adapters/test_adapter_moet_conformance.py \
+  tests/adapters/test_adapter_moet_slots.py tests/store/test_fire_pipelined.py tests/io/test_integrity.py 2>&1 | tail -3
 if [ -d .baseline/tierstore ]; then   # a `git archive` of the commit before (carry .baseline)
   ln -sf "$PWD"/tierstore/_C*.so .baseline/tierstore/
   stamp "fire + release, this tree against .baseline, same machine"

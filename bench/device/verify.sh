@@ -7,7 +7,7 @@
 # verify_12mib_arena.json); the medians and ratios go into bench/RESULTS.md.
 #   bash bench/device/verify.sh
 LIMIT=${LIMIT:-285}   # seconds for the whole script (the call's timeout_s is 300)
-STAMP=verify GPU_TESTS="tests/test_verify_store_big.py tests/test_engine_gpu_checks.py tests/test_integrity.py" TEST_TIMEOUT=120
+STAMP=verify GPU_TESTS="tests/io/test_verify_store_big.py tests/io/test_engine_gpu_checks.py tests/io/test_integrity.py" TEST_TIMEOUT=120
 source "$(dirname "$0")/prelude.sh"
 run() {   # NAME ARGS...: one bench_verify run, bounded by what is left of LIMIT
   local name=$1; shift

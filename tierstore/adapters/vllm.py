@@ -6,7 +6,7 @@ without vLLM; using a vLLM-backed name without vLLM raises one ConfigError sayin
 to install. (vllm_config.py imports vLLM at the top: only register() imports it.)
 
 Target: vLLM ``VLLM_VERSION`` (0.34.0). What we rely on (checked by
-tests/test_adapter_vllm_contract.py; CI installs vLLM, so an upgrade that moves
+tests/adapters/test_adapter_vllm_contract.py; CI installs vLLM, so an upgrade that moves
 it fails in CI, not in serving):
 
 * ``FusedMoEMethodBase(moe)`` with ``create_weights(layer, num_experts,

@@ -55,7 +55,7 @@ Budget, in reads, self-tuned (no per-trace knob):
   being routed by the group's tokens; resident ones among the expected routed
   count are held (pinned, no read), only non-resident ones are fetched.
 Past only: every decision at a read depends on the reads before it and on the
-current read, never on later ones (tests/test_prefetch.py permutes the future).
+current read, never on later ones (tests/sim/test_prefetch.py permutes the future).
 
 Implemented once, natively (csrc/store/include/tierstore/store/prefetcher.hpp,
 ``tierstore._C.Prefetcher``, with the budget's constants and the measurements that

@@ -8,7 +8,7 @@ object's own core
 (``native_state()``: the rules the live store runs, policies/native.py), which they
 update in place: afterwards the policy is in exactly the state the Python loop
 leaves (same hits, reads, evictions, rejections, tie-breaks;
-tests/test_native_policies.py compares the two).
+tests/policies/test_native_policies.py compares the two).
 
 ``tierstore._C.replay_prefetch`` / ``replay_prefetch_auto`` (csrc/store/src/
 prefetch_replay.cpp) run ``tierstore.sim.prefetching``'s loop (demand fill plus the
@@ -21,7 +21,7 @@ and ``replay_predict`` with ``demand_fill=False`` the predictor's ``prefetch`` m
 ``tierstore._C.replay_min`` (csrc/store/src/min_replay.cpp) replays Belady's MIN,
 both forms (``tierstore.sim.belady``), over the prepared trace's next uses; the policy
 object is left as the Python loop leaves it (next uses, resident mask, cursor;
-tests/test_native_min.py compares the two).
+tests/policies/test_native_min.py compares the two).
 
 Used only where it is exact: a fresh (nothing resident) policy of exactly one of
 those classes (or blend, or auto) on the step clock (``half_life_s`` reads the wall

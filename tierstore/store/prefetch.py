@@ -15,7 +15,7 @@ batch (run_fire's "loading" keys), so the forward never reads a half-written row
 
 The order is the simulator's (``tierstore.sim.prefetching``), so a CPU-pool store
 driven a layer at a time (record, wait for the worker, fire, release) and the
-replay agree exactly (tests/test_prefetch_store.py).
+replay agree exactly (tests/sim/test_prefetch_store.py).
 
 The prefetcher counts a layer's tokens as its valid ids / ``top_k``: pass the
 model's ``prefetch={"top_k": k}`` (else the fewest ids a record had so far), so

@@ -14,7 +14,7 @@ whatever the batch. Why native: with numpy the fold was ~30 array calls a step
 (~160 us at batch 1 on a 2-core VM) and one bincount over the 66k ids of a
 batch-256 step alone is ~120 us there. The fold is native only: the device
 counter's snapshot is added into it (``add_counts``) so the hit split and the
-seen marks are done by the same pass (tests/test_store_fold.py keeps a numpy
+seen marks are done by the same pass (tests/store/test_store_fold.py keeps a numpy
 reference as the oracle).
 
 Ids < 0 are padding. Ids >= n_experts are dropped at ``take``, counted in

@@ -14,7 +14,7 @@ import pytest
 from cli_process import child_env
 from tierstore.testing.packs import make_random_pack
 
-SCENARIOS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "process_scenarios.py")
+SCENARIOS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "process_scenarios.py")
 EXITS = {"exit-return": 0, "exit-raise": 1, "exit-sysexit": 3, "exit-dropped": 0,
          "exit-daemon": 0}
 REPEATS = 4   # the unfixed store aborted 7-8 exits in 10 (the slow test: 4 runs of each way)

@@ -13,7 +13,7 @@ from tierstore.policies import make
 from tierstore.sim import synth
 
 _SPEC = importlib.util.spec_from_file_location(
-    "hits_bounds", Path(__file__).resolve().parents[1] / "bench" / "hits_bounds.py")
+    "hits_bounds", Path(__file__).resolve().parents[2] / "bench" / "hits_bounds.py")
 hb = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(hb)
 

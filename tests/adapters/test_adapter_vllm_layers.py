@@ -59,9 +59,11 @@ def boot(d, model, fmt="bf16", **kw):
 def test_registered_name_and_entry_point(vllm_present):
     from vllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
                                                          get_quantization_config)
-    cls = vllm_quant.register()
+    from tierstore import settings
+    with settings.override(metrics=False):   # register() would point this process's
+        cls = vllm_quant.register()          # stores at a scrape directory (a server's)
     assert "tierstore" in QUANTIZATION_METHODS and get_quantization_config("tierstore") is cls
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, "pyproject.toml"), "rb") as f:
         eps = tomllib.load(f)["project"]["entry-points"]["vllm.general_plugins"]
     assert eps["tierstore"] == "tierstore.adapters.vllm_quant:register"

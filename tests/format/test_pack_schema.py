@@ -13,7 +13,7 @@ from tierstore.format.sidecar import RowLayout, RowSection, Sidecar
 from tierstore.testing.packs import make_random_pack
 
 jsonschema = pytest.importorskip("jsonschema")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMA = json.load(open(os.path.join(ROOT, "docs", "pack.schema.json")))
 HOSTILE = os.path.join(ROOT, "tests", "data", "hostile_packs")
 

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from tierstore.cli import main
 from tierstore.testing.packs import make_random_pack
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_main(argv):

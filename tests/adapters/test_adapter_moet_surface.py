@@ -329,7 +329,7 @@ def test_plugin_warns_once_that_the_base_cache_stays_vllm_moets(monkeypatch):
 def test_entry_point_is_declared():
     import tomllib
     from pathlib import Path
-    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+    with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
         eps = tomllib.load(f)["project"]["entry-points"]["vllm.general_plugins"]
     assert eps["tierstore_moet"] == "tierstore.adapters.vllm_moet:register"
 

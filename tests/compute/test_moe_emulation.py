@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tierstore.testing.model import random_expert_rows
 from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe_reference
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_emulated_mma_kernel_middle_tiles(emulator, tmp_path):
 def test_emulated_mma_property_random_slot_tables(emulator, tmp_path_factory, T, k, n_res, bf16, seed):
     """Random slot tables (-1 mixes, slots out of expert order, stale slots >= n_slots) and
     ids with -1 / >= E holes: the grouped kernels match fp64 (the GPU twin of this test is
-    tests/test_moe_mma_gpu.py::test_mma_property_random_slot_tables)."""
+    tests/compute/test_moe_mma_gpu.py::test_mma_property_random_slot_tables)."""
     E, H, I = 6, 64, 32
     g = torch.Generator().manual_seed(seed)
     pool, base = _setup(E=E, H=H, I=I, seed=seed % 1000)

@@ -13,7 +13,7 @@ lazy pass got a defined tie order (``sim.demand.hottest_nonresident``: the n hig
 ties to the lower key id, where ``np.argpartition`` had picked among equal scores in an
 unspecified order) and went native (csrc/store/src/lazy_replay.cpp). That changed
 them by at most 23 hits of 98,304 accesses (FLAME 205: 53,304 -> 53,327); the Python loop and
-the native one agree on the new values (tests/test_native_lazy.py)."""
+the native one agree on the new values (tests/policies/test_native_lazy.py)."""
 from __future__ import annotations
 
 import os

@@ -86,7 +86,7 @@ def test_ci_vllm_requirements_are_pinned_and_never_name_torch():
     did not change); a torch-family or unpinned line would let pip move torch."""
     import os
     import re
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, ".ci", "vllm-requirements.txt")) as f:
         lines = [l.split("#")[0].strip() for l in f]
     reqs = [l for l in lines if l]

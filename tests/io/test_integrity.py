@@ -20,7 +20,7 @@ from tierstore.testing.packs import make_random_pack, random_layer_rows
 
 from cli_process import child_env
 
-from store_helpers import assert_store_consistent
+from store_helpers import assert_store_consistent, corrupt_in_place as _corrupt_in_place
 
 L, E, SLOT = 3, 16, 5000
 
@@ -28,22 +28,6 @@ L, E, SLOT = 3, 16, 5000
 @pytest.fixture
 def pack(tmp_path):
     return make_random_pack(tmp_path, L, E, SLOT, seed=4)
-
-
-def _corrupt_in_place(pack, layer, expert, nbytes=7):
-    """Flip bytes of one row in place, keeping size and (restored) mtime, so only the
-    checksum can tell."""
-    st = os.stat(pack.path)
-    fd = os.open(pack.path, os.O_RDWR)
-    try:
-        off = pack.row_offset(layer, expert) + 100
-        old = os.pread(fd, nbytes, off)
-        os.pwrite(fd, bytes(b ^ 0xFF for b in old), off)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.utime(pack.path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    os.posix_fadvise(os.open(pack.path, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _run_with_timeout(fn, seconds=20):

@@ -1,4 +1,4 @@
-"""Targeted regressions of what the stress tests found (tests/test_store_stress.py).
+"""Targeted regressions of what the stress tests found (tests/store/test_store_stress.py).
 
 The hang: a fire that needs a key another batch is loading waited for that batch's
 ``done`` event. A pipelined fire's batch is only done once its owner publishes it

@@ -107,7 +107,7 @@ def test_the_simulators_victim_query_names_the_fills_victims():
     try:
         pf = Prefetcher(5, 24, slots, read_ratio=1.5, top_k=4)
         # The Python loop, whose Filler this instruments (the native loop equals it:
-        # tests/test_prefetch_native.py).
+        # tests/sim/test_prefetch_native.py).
         replay_prefetching(prep, policies.make("lru", prep.n_keys, slots), slots, pf,
                            native=False)
     finally:

@@ -2,7 +2,7 @@
 residency.cpp, through ExpertStore.device_residency): decisions equal the Python oracle's
 (tests/residency_helpers.py) decide for decide, bytes equal the pack's, victims are never
 routed in the same decide, the store keeps off the pool while attached and takes it back.
-The CUDA kernels are checked against the same oracle in tests/test_residency_gpu.py."""
+The CUDA kernels are checked against the same oracle in tests/store/test_residency_gpu.py."""
 from __future__ import annotations
 
 import numpy as np

@@ -72,7 +72,7 @@ def test_corrupted_row_fails_alone_with_ebadmsg_and_intact_rows_pass(pack, land,
 
 def test_split_rows_are_verified_whole(pack):
     """A row larger than one stage is hashed segment by segment; its digest is the whole
-    row's (tests/test_verify_stream.py covers sizes, landings and corruption spots)."""
+    row's (tests/io/test_verify_stream.py covers sizes, landings and corruption spots)."""
     path, data = pack
     with Engine(path, threads=2, direct="off", stage_bytes=ROW // 4) as eng:
         sums = _sums(data, [0, ROW], 2 * ROW)

@@ -283,7 +283,7 @@ def test_missing_required_field_names_the_format(tmp_path, raw, reason):
         read_warm_file(write(tmp_path, raw))
 
 
-HOSTILE = os.path.join(os.path.dirname(__file__), "data", "warm")
+HOSTILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "warm")
 
 
 @pytest.mark.parametrize("name", sorted(os.listdir(HOSTILE)))

@@ -84,7 +84,7 @@ def test_summary_counts_layers_and_problems():
 
 
 def test_json_schema_names_exactly_the_struct_fields():
-    here = os.path.dirname(__file__)
+    here = os.path.dirname(os.path.dirname(__file__))
     schema = json.load(open(os.path.join(here, "..", "docs", "warmstart.schema.json")))
     assert set(schema["properties"]) == set(Poolmon.__struct_fields__)
     assert set(schema["properties"]["pack"]["properties"]) == set(PackIdentity.__struct_fields__)

@@ -21,7 +21,7 @@ from tierstore.plan.engines import gib_text
 from tierstore.plan.geometry import Geometry, from_hf_config
 from tierstore.store import sizing
 
-DATA = Path(__file__).parent / "data" / "plan"
+DATA = Path(__file__).parent.parent / "data" / "plan"
 GIB = 1 << 30
 REAL_TRACE = Path("/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy")
 DS4_ROW_FP4, DS4_ROW_BASE2 = 12_582_912, 7_077_888   # shared/COMPAT.md "Slot / row layouts"

@@ -22,7 +22,7 @@ from tierstore.errors import ConfigError
 from tierstore.testing.packs import make_random_pack
 
 L, E, SLOT = 4, 16, 8192
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

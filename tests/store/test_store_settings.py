@@ -10,7 +10,7 @@ import pytest
 from tierstore import settings
 from tierstore.errors import ConfigError
 
-DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "SETTINGS.md"
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "SETTINGS.md"
 
 
 @pytest.fixture(autouse=True)

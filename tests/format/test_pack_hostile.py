@@ -14,7 +14,7 @@ import pytest
 from tierstore import FormatError, Pack
 from tierstore.cli import main
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "hostile_packs")
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "hostile_packs")
 CASES = sorted(os.path.basename(d) for d in glob.glob(os.path.join(DATA, "*")) if os.path.isdir(d))
 
 

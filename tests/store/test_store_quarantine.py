@@ -12,8 +12,7 @@ import pytest
 import tierstore as ts
 from tierstore.testing.packs import make_random_pack
 
-from store_helpers import assert_store_consistent
-from test_integrity import _corrupt_in_place
+from store_helpers import assert_store_consistent, corrupt_in_place as _corrupt_in_place
 
 L, E, SLOT = 3, 16, 5000
 
