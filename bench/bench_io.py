@@ -5,6 +5,7 @@
 The config is a JSON object of ``tierstore bench io`` flags (without the dashes);
 flags after it override the config. Results: see bench/results/io.md.
 """
+
 from __future__ import annotations
 
 import json

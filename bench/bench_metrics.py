@@ -25,6 +25,7 @@ Measured per mode:
 
 Results: bench/RESULTS.md ("Metrics").
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -48,11 +49,11 @@ def store(request, pack, tmp_path_factory):
     mode = request.param
     overrides = {"metrics": mode != "off"}
     if mode == "on+writer":
-        overrides.update(metrics_dir=str(tmp_path_factory.mktemp("prom")),
-                         metrics_interval_s=0.05)
+        overrides.update(metrics_dir=str(tmp_path_factory.mktemp("prom")), metrics_interval_s=0.05)
     with settings.override(**overrides):
-        s = ts.ExpertStore(pack, vram_slots=1024, ram_gb=2048 * pack.stride / 2**30,
-                           device="cpu", lazy_per_step=0, threads=2)
+        s = ts.ExpertStore(
+            pack, vram_slots=1024, ram_gb=2048 * pack.stride / 2**30, device="cpu", lazy_per_step=0, threads=2
+        )
         handle = metrics.register_store(s, {"bench": mode}) if mode != "off" else None
         s.mode = mode
         yield s
@@ -69,13 +70,14 @@ def routing(seed: int) -> list[np.ndarray]:
 def test_fired_step(benchmark, store):
     ids = routing(0)
     routed = np.array([(layer, int(e)) for layer in range(L) for e in ids[layer][0]])
-    store.release(store.fire(routed))     # resident from here on
+    store.release(store.fire(routed))  # resident from here on
 
     def fired_step():
         for layer in range(L):
             store.record(layer, ids[layer])
         store.release(store.fire(routed))
         store.step()
+
     benchmark.group = "fired step (43 records + fire of 258 resident + release + step)"
     benchmark(fired_step)
 
@@ -89,6 +91,7 @@ def test_fire_64_new(benchmark, store):
 
     def fire():
         store.release(store.fire(keys))
+
     benchmark.group = "fire of 64 new keys from the arena"
     benchmark.pedantic(fire, setup=evict, rounds=300, warmup_rounds=10)
 
@@ -97,6 +100,7 @@ def test_collect(benchmark, store):
     if store.mode == "off":
         pytest.skip("nothing registered")
     from prometheus_client import generate_latest
+
     registry = metrics.scrape_registry() if store.mode == "on" else None
     benchmark.group = "collect (families of one DS4 store)"
     if registry is not None:

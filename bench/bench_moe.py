@@ -14,6 +14,7 @@ with R different routings, so consecutive calls do not hit in L2.
 
 --json PATH writes the numbers as JSON too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,7 @@ from tierstore.testing.model import make_moe_model, pool_benefit, random_expert_
 
 def _routings(R, T, E, k, seed, device):
     g = torch.Generator().manual_seed(seed)
-    ids = torch.stack([torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
-                       for _ in range(R)])
+    ids = torch.stack([torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]) for _ in range(R)])
     w = torch.rand(R, T, k, generator=g) + 0.1
     return w.to(device), ids.to(device)
 
@@ -63,7 +63,7 @@ def copy_bandwidth(nbytes=1 << 30, iters=20) -> float:
 
 def _graph_time(calls, iters) -> float:
     """Seconds per replay of a CUDA graph of ``calls`` (median of 3 runs of ``iters``)."""
-    calls()                                          # warm-up and module load, eager
+    calls()  # warm-up and module load, eager
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         calls()
@@ -111,6 +111,7 @@ def _bf16_gemm_floor(x, w, ids, W13, W2, iters=5) -> float:
     def run():
         g = torch.bmm(xin, w13.transpose(1, 2))
         torch.bmm(torch.nn.functional.silu(g[..., :I]) * g[..., I:], w2.transpose(1, 2))
+
     t = _event_time(run, iters)
     del w13, w2
     return t
@@ -120,12 +121,15 @@ def bench_gpu(args) -> list[dict]:
     import importlib.util
 
     from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode, fused_moe_mma, mma_workspace
+
     H, I, E, k = args.H, args.I, args.E, args.k
     pool = StaticPool(random_expert_rows(E, "fp4", H, I, 0, "cuda").reshape(1, E, -1), E, "cuda")
     base = BaseWeights(random_expert_rows(E, "base", H, I, 1, "cuda").reshape(1, E, -1), H, I, "cuda")
     bw = copy_bandwidth()
     vllm = importlib.util.find_spec("vllm") is not None
-    print(f"copy roofline {bw:.0f} GB/s (read + write); vLLM {'found' if vllm else 'not installed'}", flush=True)
+    print(
+        f"copy roofline {bw:.0f} GB/s (read + write); vLLM {'found' if vllm else 'not installed'}", flush=True
+    )
     W13 = torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16) if args.baseline else None
     W2 = torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16) if args.baseline else None
     rows = []
@@ -140,12 +144,13 @@ def bench_gpu(args) -> list[dict]:
             base_us = floor_us = None
             if args.baseline:
                 xb = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-                base_us = 1e6 * _event_time(lambda: fused_moe_reference(
-                    xb, w[0], ids[0], 0, pool, base, dtype=torch.bfloat16))
+                base_us = 1e6 * _event_time(
+                    lambda: fused_moe_reference(xb, w[0], ids[0], 0, pool, base, dtype=torch.bfloat16)
+                )
                 floor_us = 1e6 * _bf16_gemm_floor(xb, w[0], ids[0], W13, W2)
             for dtype in [getattr(torch, d) for d in args.dtypes]:
                 xs = torch.randn(R, T, H, device="cuda").to(dtype)
-                for kernel in (["mma", "gemv"] if T <= 16 else ["mma"]):
+                for kernel in ["mma", "gemv"] if T <= 16 else ["mma"]:
                     if kernel not in args.kernels:
                         continue
                     outs = torch.empty_like(xs)
@@ -155,30 +160,55 @@ def bench_gpu(args) -> list[dict]:
                     else:
                         wss = [decode_workspace(T, k, H, I, "cuda") for _ in range(R)]
                         fn = fused_moe_decode
-                    calls = lambda: [fn(xs[r], w[r], ids[r], 0, pool, base, out=outs[r], workspace=wss[r])
-                                     for r in range(R)]
+                    calls = lambda: [
+                        fn(xs[r], w[r], ids[r], 0, pool, base, out=outs[r], workspace=wss[r])
+                        for r in range(R)
+                    ]
                     t = _graph_time(calls, args.iters if T <= 64 else max(3, args.iters // 4)) / R
-                    rel = None                   # fp64 oracle only where it is quick (tests cover the rest)
+                    rel = None  # fp64 oracle only where it is quick (tests cover the rest)
                     if T <= args.max_check_T:
                         ref = fused_moe_reference(xs[0], w[0], ids[0], 0, pool, base, dtype=torch.float64)
                         rel = float((outs[0].double() - ref).norm() / ref.norm())
                     gbs = nbytes / t / 1e9
                     tflops = 2 * T * k * 3 * H * I / t / 1e12
-                    rows.append({"resident": resident, "T": T, "dtype": str(dtype).split(".")[-1],
-                                 "kernel": kernel, "us": t * 1e6, "MB_read": nbytes / 1e6, "GB_s": gbs,
-                                 "copy_GB_s": bw, "ratio": gbs / bw, "TFLOP_s": tflops,
-                                 "rel_err_vs_fp64": rel, "baseline_dequant_bf16_gemm_us": base_us,
-                                 "baseline_bf16_gemm_floor_us": floor_us, "vllm_fused_moe": None if not vllm else "not run"})
-                    extra = "" if base_us is None else f"  | dequant+bf16 GEMM {base_us:9.1f} us, bf16 GEMM floor {floor_us:8.1f} us"
-                    print(f"{kernel:4s} resident={resident:4s} T={T:3d} {rows[-1]['dtype']:8s} {t * 1e6:8.1f} us "
-                          f"{nbytes / 1e6:7.1f} MB {gbs:6.0f} GB/s = {gbs / bw:.2f} x copy {tflops:6.1f} TFLOP/s "
-                          f"rel {'-' if rel is None else f'{rel:.1e}'}{extra}", flush=True)
+                    rows.append(
+                        {
+                            "resident": resident,
+                            "T": T,
+                            "dtype": str(dtype).split(".")[-1],
+                            "kernel": kernel,
+                            "us": t * 1e6,
+                            "MB_read": nbytes / 1e6,
+                            "GB_s": gbs,
+                            "copy_GB_s": bw,
+                            "ratio": gbs / bw,
+                            "TFLOP_s": tflops,
+                            "rel_err_vs_fp64": rel,
+                            "baseline_dequant_bf16_gemm_us": base_us,
+                            "baseline_bf16_gemm_floor_us": floor_us,
+                            "vllm_fused_moe": None if not vllm else "not run",
+                        }
+                    )
+                    extra = (
+                        ""
+                        if base_us is None
+                        else f"  | dequant+bf16 GEMM {base_us:9.1f} us, bf16 GEMM floor {floor_us:8.1f} us"
+                    )
+                    print(
+                        f"{kernel:4s} resident={resident:4s} T={T:3d} {rows[-1]['dtype']:8s} {t * 1e6:8.1f} us "
+                        f"{nbytes / 1e6:7.1f} MB {gbs:6.0f} GB/s = {gbs / bw:.2f} x copy {tflops:6.1f} TFLOP/s "
+                        f"rel {'-' if rel is None else f'{rel:.1e}'}{extra}",
+                        flush=True,
+                    )
                     del wss, outs
     if args.kernel_split:
         rows_split = _kernel_split(pool, base, H, I, E, k)
         for r in rows_split:
-            print(f"kernel split T={r['T']:2d} resident={r['resident']}: " +
-                  "  ".join(f"{n} {us:.1f} us" for n, us in r["kernels_us"].items()), flush=True)
+            print(
+                f"kernel split T={r['T']:2d} resident={r['resident']}: "
+                + "  ".join(f"{n} {us:.1f} us" for n, us in r["kernels_us"].items()),
+                flush=True,
+            )
     return rows
 
 
@@ -186,9 +216,11 @@ def _kernel_split(pool, base, H, I, E, k) -> list[dict]:
     """Mean device time of each decode kernel (torch profiler, eager calls), to see
     which stage the time goes to. Best effort: returns [] when the profiler fails."""
     from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode
+
     out = []
     try:
         from torch.profiler import ProfilerActivity, profile
+
         for resident in ("all", "none"):
             pool.clear()
             if resident == "all":
@@ -212,7 +244,7 @@ def _kernel_split(pool, base, H, I, E, k) -> list[dict]:
                         dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
                         times[name] = dev_us / max(ev.count, 1)
                 out.append({"T": T, "resident": resident, "kernels_us": times})
-    except Exception as exc:            # diagnostics only; never fail the bench
+    except Exception as exc:  # diagnostics only; never fail the bench
         print(f"kernel split skipped: {type(exc).__name__}: {exc}", flush=True)
     return out
 
@@ -234,8 +266,11 @@ def bench_cpu(args) -> list[dict]:
         t = (time.perf_counter() - t0) / n
         nbytes = _bytes_read(ids, pool.slot_table[0], H, I)
         rows.append({"T": T, "ms": t * 1e3, "MB_read": nbytes / 1e6, "GB_s": nbytes / t / 1e9})
-        print(f"cpu reference T={T:2d} E={E} half resident: {t * 1e3:8.1f} ms, "
-              f"{nbytes / 1e6:.1f} MB of rows -> {nbytes / t / 1e9:.2f} GB/s", flush=True)
+        print(
+            f"cpu reference T={T:2d} E={E} half resident: {t * 1e3:8.1f} ms, "
+            f"{nbytes / 1e6:.1f} MB of rows -> {nbytes / t / 1e9:.2f} GB/s",
+            flush=True,
+        )
     return rows
 
 
@@ -246,21 +281,34 @@ def bench_pool_benefit(args) -> dict:
         r = pool_benefit(m, n_tokens=args.pb_tokens, top_k=args.pb_topk)
         out[dist] = r
         errs = "  ".join(f"{f:.2f}:{e:.3f}" for f, e in zip(r["fractions"], r["rel_err"]))
-        print(f"pool benefit {dist:9s} L={args.pb_layers} E={args.pb_experts} H={args.pb_H} "
-              f"I={args.pb_I} top{args.pb_topk} T={args.pb_tokens}: fraction FP4 -> rel err  {errs}",
-              flush=True)
+        print(
+            f"pool benefit {dist:9s} L={args.pb_layers} E={args.pb_experts} H={args.pb_H} "
+            f"I={args.pb_I} top{args.pb_topk} T={args.pb_tokens}: fraction FP4 -> rel err  {errs}",
+            flush=True,
+        )
     return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--T", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4, 16, 32, 64, 128, 256, 512])
-    p.add_argument("--kernels", type=lambda s: s.split(","), default=["mma", "gemv"],
-                   help="mma: tensor-core grouped kernels (any T); gemv: the v2 decode kernel (T <= 16)")
+    p.add_argument(
+        "--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu"
+    )
+    p.add_argument(
+        "--T", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4, 16, 32, 64, 128, 256, 512]
+    )
+    p.add_argument(
+        "--kernels",
+        type=lambda s: s.split(","),
+        default=["mma", "gemv"],
+        help="mma: tensor-core grouped kernels (any T); gemv: the v2 decode kernel (T <= 16)",
+    )
     p.add_argument("--max-check-T", type=int, default=64, help="largest T checked against fp64")
-    p.add_argument("--baseline", action="store_true",
-                   help="also time dequantise-then-bf16-GEMM (torch) and the bf16 GEMM floor")
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also time dequantise-then-bf16-GEMM (torch) and the bf16 GEMM floor",
+    )
     p.add_argument("--H", type=int, default=4096)
     p.add_argument("--I", type=int, default=2048)
     p.add_argument("--E", type=int, default=256)
@@ -280,8 +328,12 @@ def main(argv=None) -> int:
     p.add_argument("--pb-tokens", type=int, default=64)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    result = {"machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-              "argv": sys.argv[1:], "torch": torch.__version__}
+    result = {
+        "machine": platform.node(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "argv": sys.argv[1:],
+        "torch": torch.__version__,
+    }
     if args.pool_benefit:
         result["pool_benefit"] = bench_pool_benefit(args)
     elif args.device == "cuda":

@@ -28,6 +28,7 @@ one event sync), on the same file and rows, in the same run. Two layers of N
 experts alternate, so each fire evicts the previous one's rows; every fire's rows
 are checked in the pool (per-row byte sums). Writes JSON with every sample.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,7 +58,7 @@ def drop_cache(path: str) -> None:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("1\n")
     except OSError:
-        pass   # not root: fadvise alone (clean pages of this file go)
+        pass  # not root: fadvise alone (clean pages of this file go)
 
 
 def warm_cache(path: str) -> None:
@@ -78,8 +79,7 @@ class PlainPythonStore:
         self.fd = os.open(path, os.O_RDONLY)
         self.E, self.sb, self.stride, self.dev = n_experts, slot_bytes, stride, dev
         self.pool_ex = ThreadPoolExecutor(threads)
-        self.stage = torch.empty(n_rows, slot_bytes, dtype=torch.uint8,
-                                 pin_memory=dev.type == "cuda")
+        self.stage = torch.empty(n_rows, slot_bytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
         self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
 
     def fire(self, pairs, pool, slots):
@@ -87,12 +87,13 @@ class PlainPythonStore:
 
         def read(i):
             li, ei = pairs[i]
-            off, row, done = (li * self.E + ei) * self.stride, mv[i * self.sb:(i + 1) * self.sb], 0
+            off, row, done = (li * self.E + ei) * self.stride, mv[i * self.sb : (i + 1) * self.sb], 0
             while done < self.sb:
                 got = os.preadv(self.fd, [row[done:]], off + done)
                 if got <= 0:
                     raise OSError(f"short read at {off + done}")
                 done += got
+
         list(self.pool_ex.map(read, range(len(pairs))))
         if self.stream is None:
             for i, s in enumerate(slots):
@@ -120,25 +121,35 @@ def main() -> None:
     ap.add_argument("--plain-threads", type=int, default=8)
     ap.add_argument("--dir", default=None, help="pack directory (default: a temp dir)")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--sources", nargs="+", default=["arena", "pagecache", "disk", "disk_odirect"],
-                    help="which sources to time (plain_* runs with pagecache / disk)")
+    ap.add_argument(
+        "--sources",
+        nargs="+",
+        default=["arena", "pagecache", "disk", "disk_odirect"],
+        help="which sources to time (plain_* runs with pagecache / disk)",
+    )
     args = ap.parse_args()
     from tierstore.adapters import vllm_moet as moe_w2_delta
 
     dev = torch.device(args.device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", 0)
-    n, E = max(args.rows, 8), max(args.rows, 8)   # an explicit pool has >= 8 slots
+    n, E = max(args.rows, 8), max(args.rows, 8)  # an explicit pool has >= 8 slots
     row = int(args.row_mib * 2**20) // 4096 * 4096
     w13 = row // 3 * 2 // 4096 * 4096
     w2 = row - w13
     d = args.dir or tempfile.mkdtemp(prefix="tierstore-moet-bench-")
     rng = np.random.default_rng(0)
     sums = {}
-    base_env = {P + "STORE_DIR": d, P + "CKPT_ID": f"bench-{n}x{row}", P + "NUM_LAYERS": "1",
-                P + "GATE": "1", P + "DELTA_POLICY": "need",          # no lazy promotion
-                P + "DELTA_GB": repr(n * row / 2**30), P + "FORCE_POOL": "1",
-                P + "STORE_THREADS": str(args.threads)}
+    base_env = {
+        P + "STORE_DIR": d,
+        P + "CKPT_ID": f"bench-{n}x{row}",
+        P + "NUM_LAYERS": "1",
+        P + "GATE": "1",
+        P + "DELTA_POLICY": "need",  # no lazy promotion
+        P + "DELTA_GB": repr(n * row / 2**30),
+        P + "FORCE_POOL": "1",
+        P + "STORE_THREADS": str(args.threads),
+    }
 
     def boot(extra):
         moe_w2_delta.reset_env({**base_env, **extra})
@@ -154,13 +165,20 @@ def main() -> None:
 
     tier, write_s = boot({})
     from tierstore.format.pack import Pack
+
     pack = Pack.open(tier._store.path)
     for layer in range(2):
         for e in range(E):
             sums[(layer, e)] = int(pack.read_row(layer, e).astype(np.int64).sum())
     moe_w2_delta.shutdown()
-    results = {"device": str(dev), "rows": n, "row_bytes": row, "pack": pack.path,
-               "pack_write_s": round(write_s, 3), "samples_ms": {}}
+    results = {
+        "device": str(dev),
+        "rows": n,
+        "row_bytes": row,
+        "pack": pack.path,
+        "pack_write_s": round(write_s, 3),
+        "samples_ms": {},
+    }
 
     def check(tier, layer):
         slots = tier.slot_table[layer].cpu().numpy()
@@ -202,10 +220,10 @@ def main() -> None:
             tier.step_end()
             return dt
 
-        face(0)                      # warm-up: both layers once
+        face(0)  # warm-up: both layers once
         store_fire(1)
-        for i in range(args.repeat):   # the face loads layer 0, the store layer 1: each evicts
-            before(i)                  # the other's rows
+        for i in range(args.repeat):  # the face loads layer 0, the store layer 1: each evicts
+            before(i)  # the other's rows
             fp_times.append(face(0))
             before(i)
             fire_times.append(store_fire(1))
@@ -247,13 +265,16 @@ def main() -> None:
         results["samples_ms"][name] = [round(t, 3) for t in times]
 
     arena_gb = repr(2 * n * pack.stride / 2**30 + 0.01)
-    warm = lambda i: warm_cache(pack.path)          # noqa: E731
-    cold = lambda i: drop_cache(pack.path)          # noqa: E731
+    warm = lambda i: warm_cache(pack.path)  # noqa: E731
+    cold = lambda i: drop_cache(pack.path)  # noqa: E731
     h2d_case()
     srcs = set(args.sources)
-    for source, extra, before in (("arena", {P + "TIERSTORE_RAM_GB": arena_gb}, lambda i: None),
-                                  ("pagecache", {}, warm), ("disk", {}, cold),
-                                  ("disk_odirect", {P + "TIERSTORE_DIRECT": "on"}, cold)):
+    for source, extra, before in (
+        ("arena", {P + "TIERSTORE_RAM_GB": arena_gb}, lambda i: None),
+        ("pagecache", {}, warm),
+        ("disk", {}, cold),
+        ("disk_odirect", {P + "TIERSTORE_DIRECT": "on"}, cold),
+    ):
         if source not in srcs:
             continue
         tier_case(source, extra, before)
@@ -261,8 +282,10 @@ def main() -> None:
             plain_case(f"plain_{source}", before)
     pack.close()
     gb = n * row / 1e9
-    print(f"force_promote of {n} rows x {row / 2**20:.2f} MiB ({gb:.3f} GB) on {dev}, "
-          f"{args.repeat} fires each, every fire byte-checked")
+    print(
+        f"force_promote of {n} rows x {row / 2**20:.2f} MiB ({gb:.3f} GB) on {dev}, "
+        f"{args.repeat} fires each, every fire byte-checked"
+    )
     bound = results["samples_ms"].get("h2d_bound")
     bound_gbs = gb / (statistics.median(bound) / 1e3) if bound else None
     print("| source/path | median ms | min ms | GB/s (median) | of H2D bound |")
@@ -276,13 +299,15 @@ def main() -> None:
         print(f"| {name} | {med:.1f} | {min(ts):.1f} | {gbs:.1f} | {frac} |")
     if results.get("face_over_fire"):
         print()
-        print("The face over the store, back to back on one store (median force_promote / "
-              "median store fire):")
+        print(
+            "The face over the store, back to back on one store (median force_promote / median store fire):"
+        )
         for src, r in results["face_over_fire"].items():
             print(f"  {src}: {r:.3f}")
     try:
-        results["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                        capture_output=True).stdout.strip()
+        results["git"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], text=True, capture_output=True
+        ).stdout.strip()
     except OSError:
         pass
     if args.json:

@@ -9,6 +9,7 @@
 - open: Pack.open of a DS4-geometry pack (43 x 256 x 13,369,344 B, every layer
   listed with checksums) -- a sparse 147 GB file, no row read.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,15 +46,14 @@ def bench_write_verify(d: str, total_mib: int, slot: int) -> dict:
     t_raw_write = time.perf_counter() - t
 
     t = time.perf_counter()
-    with PackWriter(d, tag="fp4", n_layers=n_layers, n_experts=E, slot_bytes=slot,
-                    ckpt_id="bench") as w:
+    with PackWriter(d, tag="fp4", n_layers=n_layers, n_experts=E, slot_bytes=slot, ckpt_id="bench") as w:
         for layer in range(n_layers):
             w.write_layer(layer, rows)
         path = w.path
     t_write = time.perf_counter() - t
 
     buf = np.empty(64 << 20, np.uint8)
-    for _ in range(2):   # second pass: page cache warm
+    for _ in range(2):  # second pass: page cache warm
         t = time.perf_counter()
         off = 0
         size = n_layers * E * stride
@@ -67,26 +67,44 @@ def bench_write_verify(d: str, total_mib: int, slot: int) -> dict:
         xxhash.xxh3_64_intdigest(memoryview(rows[e]))
     t_hash = (time.perf_counter() - t) * n_layers
     with Pack.open(path) as p:
-        p.verify()          # warm
+        p.verify()  # warm
         t = time.perf_counter()
         p.verify()
         t_verify = time.perf_counter() - t
-    return {"bytes": nbytes, "layers": n_layers, "E": E, "slot": slot,
-            "write": _gbps(nbytes, t_write), "raw_write": _gbps(nbytes, t_raw_write),
-            "verify": _gbps(nbytes, t_verify), "raw_read": _gbps(nbytes, t_raw_read),
-            "hash_mem": _gbps(nbytes, t_hash)}
+    return {
+        "bytes": nbytes,
+        "layers": n_layers,
+        "E": E,
+        "slot": slot,
+        "write": _gbps(nbytes, t_write),
+        "raw_write": _gbps(nbytes, t_raw_write),
+        "verify": _gbps(nbytes, t_verify),
+        "raw_read": _gbps(nbytes, t_raw_read),
+        "hash_mem": _gbps(nbytes, t_hash),
+    }
 
 
 def bench_open_ds4(d: str) -> dict:
     import json
 
     from tierstore.format.sidecar import PackName, key20_of
+
     L, E, slot = 43, 256, 13_369_344
     rng = np.random.default_rng(1)
-    side = {"version": 2, "tag": "fp4", "E": E, "n_layers": L, "slot_bytes": slot,
-            "stride": slot, "ckpt_id": "ds4", "zero_mode": "none", "quantizer_abi": "x",
-            "layers": list(range(L)), "checksum": "xxh3_64",
-            "checksums": {str(l): [int(v) for v in rng.integers(0, 2**63, E)] for l in range(L)}}
+    side = {
+        "version": 2,
+        "tag": "fp4",
+        "E": E,
+        "n_layers": L,
+        "slot_bytes": slot,
+        "stride": slot,
+        "ckpt_id": "ds4",
+        "zero_mode": "none",
+        "quantizer_abi": "x",
+        "layers": list(range(L)),
+        "checksum": "xxh3_64",
+        "checksums": {str(l): [int(v) for v in rng.integers(0, 2**63, E)] for l in range(L)},
+    }
     stem = PackName("fp4", key20_of(side), 0, 1, None).filename()[: -len(".pack")]
     with open(os.path.join(d, stem + ".pack"), "wb") as f:
         f.truncate(L * E * slot)
@@ -97,8 +115,10 @@ def bench_open_ds4(d: str) -> dict:
         t = time.perf_counter()
         Pack.open(os.path.join(d, stem + ".pack")).close()
         times.append(time.perf_counter() - t)
-    return {"open_ms_median": 1e3 * float(np.median(times)),
-            "sidecar_bytes": os.path.getsize(os.path.join(d, stem + ".json"))}
+    return {
+        "open_ms_median": 1e3 * float(np.median(times)),
+        "sidecar_bytes": os.path.getsize(os.path.join(d, stem + ".json")),
+    }
 
 
 def main() -> None:
@@ -113,10 +133,14 @@ def main() -> None:
         op = bench_open_ds4(d)
     print(f"machine: {platform.node()} {os.cpu_count()} cores, {platform.platform()}")
     print(f"pack {wv['layers']} layers x {wv['E']} experts x {wv['slot']} B = {wv['bytes'] / 1e9:.2f} GB")
-    print(f"write   PackWriter {wv['write']:.2f} GB/s   raw pwrite+fdatasync {wv['raw_write']:.2f} GB/s"
-          f"   ratio {wv['write'] / wv['raw_write']:.2f}")
-    print(f"verify  Pack.verify {wv['verify']:.2f} GB/s   raw pread (cached) {wv['raw_read']:.2f} GB/s"
-          f"   xxh3 in memory {wv['hash_mem']:.2f} GB/s   ratio to min {wv['verify'] / min(wv['raw_read'], wv['hash_mem']):.2f}")
+    print(
+        f"write   PackWriter {wv['write']:.2f} GB/s   raw pwrite+fdatasync {wv['raw_write']:.2f} GB/s"
+        f"   ratio {wv['write'] / wv['raw_write']:.2f}"
+    )
+    print(
+        f"verify  Pack.verify {wv['verify']:.2f} GB/s   raw pread (cached) {wv['raw_read']:.2f} GB/s"
+        f"   xxh3 in memory {wv['hash_mem']:.2f} GB/s   ratio to min {wv['verify'] / min(wv['raw_read'], wv['hash_mem']):.2f}"
+    )
     print(f"open    DS4 geometry, {op['sidecar_bytes']} B sidecar: {op['open_ms_median']:.2f} ms median")
 
 

@@ -17,6 +17,7 @@ keys out of 43 x 256. Measured per policy and batch 1/16/64/256:
   (tierstore.policies.prefetch) and, as the layer below, the native core's calls alone.
 Results: bench/results/hits.md ("Policy overhead"), bench/RESULTS.md.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,6 +51,7 @@ def test_step(benchmark, name, batch):
     def one_step():
         p.on_access(keys)
         p.decay()
+
     benchmark.group = f"step batch={batch}"
     benchmark(one_step)
     p.check_invariants()
@@ -65,6 +67,7 @@ def test_per_layer(benchmark, name, batch):
         for keys in layers:
             p.on_access(keys)
         p.decay()
+
     benchmark.group = f"per_layer batch={batch}"
     benchmark(one_step)
 
@@ -90,11 +93,12 @@ def _prefetch_steps(n_ticks: int = 96):
     """(layer, experts, keys) per read of the synthetic DS4 trace's decode ticks."""
     from tierstore.sim.counting import Prepared
     from tierstore.sim.synth import synthetic_trace
+
     prep = Prepared(synthetic_trace(n_ticks, seed=0, prefill_tokens=0))
     E, g = prep.trace.n_experts, prep.gstarts
     ticks: list[list] = [[]]
     for i in range(g.size - 1):
-        keys = prep.dkeys[g[i]:g[i + 1]]
+        keys = prep.dkeys[g[i] : g[i + 1]]
         layer = int(keys[0]) // E
         ticks[-1].append((layer, keys - layer * E, keys))
         if prep.g_tick_end[i]:
@@ -107,6 +111,7 @@ def test_prefetch_step(benchmark, level):
     """One decode step of the prefetcher over a full 1101-slot (10 %) tier: per layer
     on_read + propose (victims from the tier's policy), then end_tick."""
     from tierstore.policies.prefetch import Prefetcher
+
     n_layers, n_experts, ticks = _prefetch_steps()
     slots = n_layers * n_experts // 10
     pf = Prefetcher(n_layers, n_experts, slots, top_k=6)
@@ -120,6 +125,7 @@ def test_prefetch_step(benchmark, level):
 
     state = {"t": 0}
     if level == "face":
+
         def one_step():
             for layer, experts, keys in ticks[state["t"] % len(ticks)]:
                 pf.on_read(layer, experts, resident[keys], experts.size)
@@ -136,6 +142,7 @@ def test_prefetch_step(benchmark, level):
                 core.propose(layer, core.predict(layer, m, wraps), resident, victims)
             core.end_tick()
             state["t"] += 1
+
     for _ in range(len(ticks) // 2):  # learned past the first ticks
         one_step()
     benchmark.group = "prefetch step (43 layers)"

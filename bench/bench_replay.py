@@ -17,6 +17,7 @@ people's work; the wall figure is kept in the json). Native = the median of
 first ``--auto-python-ticks`` ticks. Both paths are
 checked to agree on the hits and reads of what the Python loop replayed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ def make(prep, name, slots):
     if name in MIN:
         return MIN[name](prep.n_keys, slots, next_use=prep.next_use)
     if name.endswith(PREFETCH):
-        return policies.make(name[:-len(PREFETCH)], prep.n_keys, slots, prefetching=True)
+        return policies.make(name[: -len(PREFETCH)], prep.n_keys, slots, prefetching=True)
     return policies.make(name, prep.n_keys, slots)
 
 
@@ -67,13 +68,14 @@ def run_model(prep, name, slots, native):
     on): ``lazy`` (the store's step()), ``reference`` (vLLM-Moet's manager), ``predict`` and
     ``prefetch`` (the co-routing predictor with and without demand fill)."""
     if name == "lazy":
-        return replay_lazy(prep, policies.make(LAZY_POLICY, prep.n_keys, slots), slots,
-                           LAZY_PER_TICK, native=native)
+        return replay_lazy(
+            prep, policies.make(LAZY_POLICY, prep.n_keys, slots), slots, LAZY_PER_TICK, native=native
+        )
     if name == "reference":
-        heat = policies.make("heat", prep.n_keys, slots,
-                             half_life=REFERENCE_HALF_LIFE_S * DEFAULT_TICKS_PER_SECOND)
-        return replay_lazy(prep, heat, slots, REFERENCE_PROMOTE_PER_TICK, candidates="hottest",
-                           native=native)
+        heat = policies.make(
+            "heat", prep.n_keys, slots, half_life=REFERENCE_HALF_LIFE_S * DEFAULT_TICKS_PER_SECOND
+        )
+        return replay_lazy(prep, heat, slots, REFERENCE_PROMOTE_PER_TICK, candidates="hottest", native=native)
     return replay_predict(prep, slots, demand_fill=name == "predict", native=native)
 
 
@@ -98,26 +100,36 @@ def timed(prep, name, slots, native, repeat):
 def head(trace: Trace, n_ticks: int) -> Trace:
     """The first ``n_ticks`` ticks of ``trace``."""
     end = int(trace.tick_starts[min(n_ticks, trace.n_ticks)])
-    return Trace(trace.ticks[:end], trace.layers[:end], trace.experts[:end], trace.layer_ids,
-                 trace.n_experts, trace.name)
+    return Trace(
+        trace.ticks[:end],
+        trace.layers[:end],
+        trace.experts[:end],
+        trace.layer_ids,
+        trace.n_experts,
+        trace.name,
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--flame", default=None, help="the FLAME-MoE-290M routing trace (.npy), "
-                                                   "replayed before the synthetic one")
+    ap.add_argument(
+        "--flame",
+        default=None,
+        help="the FLAME-MoE-290M routing trace (.npy), replayed before the synthetic one",
+    )
     ap.add_argument("--synth-ticks", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--auto-python-ticks", type=int, default=48)
     ap.add_argument("--policies", default=",".join(NAMES))
     ap.add_argument("--out", default="bench/results/replay")
-    argv = list(argv) if argv is not None else __import__('sys').argv[1:]
+    argv = list(argv) if argv is not None else __import__("sys").argv[1:]
     a = ap.parse_args(argv)
     traces = []
     if a.flame:
         traces.append(("flame", load_trace(a.flame)))
-    traces.append((f"synthetic_ds4 ({a.synth_ticks} ticks, batch 1)",
-                   synthetic_trace(a.synth_ticks, batch=1)))
+    traces.append(
+        (f"synthetic_ds4 ({a.synth_ticks} ticks, batch 1)", synthetic_trace(a.synth_ticks, batch=1))
+    )
     rows = []
     for label, trace in traces:
         prep = Prepared(trace)
@@ -128,37 +140,63 @@ def main(argv=None) -> int:
                 py = short if name == "auto" else prep
                 tp, _, cp = timed(py, name, slots, False, 1)
                 cs = cn if py is prep else timed(py, name, slots, True, 1)[2]
-                assert (np.array_equal(cs.hit, cp.hit) and cs.demand_reads == cp.demand_reads
-                        and cs.prefetched == cp.prefetched and cs.unserved == cp.unserved), \
-                    f"{label} {name} {slots}: native and Python disagree"
-                rows.append({"trace": label, "n_keys": prep.n_keys, "accesses": prep.accesses,
-                             "policy": name, "slots": slots,
-                             "native_macc_s": prep.accesses / tn / 1e6,
-                             "native_wall_macc_s": prep.accesses / wn / 1e6,
-                             "python_macc_s": py.accesses / tp / 1e6,
-                             "python_accesses": py.accesses,
-                             "speedup": (prep.accesses / tn) / (py.accesses / tp),
-                             "hits": int(cn.hit.sum())})
-                print(f"{label:40s} {name:14s} {slots:6d}  native {rows[-1]['native_macc_s']:7.2f}"
-                      f"  python {rows[-1]['python_macc_s']:6.3f} M acc/s", flush=True)
-    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-               f"(shared VM), Python {platform.python_version()}, one thread")
+                assert (
+                    np.array_equal(cs.hit, cp.hit)
+                    and cs.demand_reads == cp.demand_reads
+                    and cs.prefetched == cp.prefetched
+                    and cs.unserved == cp.unserved
+                ), f"{label} {name} {slots}: native and Python disagree"
+                rows.append(
+                    {
+                        "trace": label,
+                        "n_keys": prep.n_keys,
+                        "accesses": prep.accesses,
+                        "policy": name,
+                        "slots": slots,
+                        "native_macc_s": prep.accesses / tn / 1e6,
+                        "native_wall_macc_s": prep.accesses / wn / 1e6,
+                        "python_macc_s": py.accesses / tp / 1e6,
+                        "python_accesses": py.accesses,
+                        "speedup": (prep.accesses / tn) / (py.accesses / tp),
+                        "hits": int(cn.hit.sum()),
+                    }
+                )
+                print(
+                    f"{label:40s} {name:14s} {slots:6d}  native {rows[-1]['native_macc_s']:7.2f}"
+                    f"  python {rows[-1]['python_macc_s']:6.3f} M acc/s",
+                    flush=True,
+                )
+    machine = (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+        f"(shared VM), Python {platform.python_version()}, one thread"
+    )
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
-    md = ["# Replay speed (bench/bench_replay.py), layer granularity", "",
-          f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: "
-          f"`PYTHONPATH=$PWD taskset -c 1 python3 bench/bench_replay.py {' '.join(argv or [])}`.", "",
-          f"Machine: {machine}. M accesses/s of CPU time (process_time), token-weighted; "
-          f"native = median of {a.repeat}; Python auto over the first {a.auto_python_ticks} "
-          "ticks only.", "",
-          "| trace | policy | slots | native M acc/s | Python M acc/s | speedup |",
-          "|---|---|---:|---:|---:|---:|"]
-    md += [f"| {r['trace']} | {r['policy']} | {r['slots']} | {r['native_macc_s']:.2f} | "
-           f"{r['python_macc_s']:.4f} | {r['speedup']:.0f}x |" for r in rows]
-    md += ["", f"auto's Python figure covers only the first {a.auto_python_ticks} ticks (the Python "
-           "loop is too slow for the whole trace); the native figure covers the whole trace, "
-           "so auto's speedup compares different spans."]
+    md = [
+        "# Replay speed (bench/bench_replay.py), layer granularity",
+        "",
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Command: "
+        f"`PYTHONPATH=$PWD taskset -c 1 python3 bench/bench_replay.py {' '.join(argv or [])}`.",
+        "",
+        f"Machine: {machine}. M accesses/s of CPU time (process_time), token-weighted; "
+        f"native = median of {a.repeat}; Python auto over the first {a.auto_python_ticks} "
+        "ticks only.",
+        "",
+        "| trace | policy | slots | native M acc/s | Python M acc/s | speedup |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    md += [
+        f"| {r['trace']} | {r['policy']} | {r['slots']} | {r['native_macc_s']:.2f} | "
+        f"{r['python_macc_s']:.4f} | {r['speedup']:.0f}x |"
+        for r in rows
+    ]
+    md += [
+        "",
+        f"auto's Python figure covers only the first {a.auto_python_ticks} ticks (the Python "
+        "loop is too slow for the whole trace); the native figure covers the whole trace, "
+        "so auto's speedup compares different spans.",
+    ]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     return 0
 

@@ -23,6 +23,7 @@ What one decode step of DeepSeek-V4-Flash costs the store on the CPU
 
 Results: bench/results/store.md.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,16 +43,18 @@ def pack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def store(pack):
-    s = ts.ExpertStore(pack, vram_slots=1024, ram_gb=2048 * pack.stride / 2**30, device="cpu",
-                       lazy_per_step=0, threads=4)
+    s = ts.ExpertStore(
+        pack, vram_slots=1024, ram_gb=2048 * pack.stride / 2**30, device="cpu", lazy_per_step=0, threads=4
+    )
     yield s
     s.close()
 
 
 def routing(batch: int, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [np.stack([rng.choice(E, K, replace=False) for _ in range(batch)]).astype(np.int64)
-            for _ in range(L)]
+    return [
+        np.stack([rng.choice(E, K, replace=False) for _ in range(batch)]).astype(np.int64) for _ in range(L)
+    ]
 
 
 @pytest.mark.parametrize("batch", [1, 256])
@@ -64,6 +67,7 @@ def test_record_one_ds4_step(benchmark, store, batch, kind):
     def step_records():
         for layer in range(L):
             store.record(layer, ids[layer])
+
     benchmark.group = f"record batch={batch}"
     benchmark(step_records)
     store.step()  # drain the queue so the next benchmark starts clean
@@ -77,6 +81,7 @@ def test_record_and_step_one_ds4_step(benchmark, store, batch):
         for layer in range(L):
             store.record(layer, ids[layer])
         store.step()
+
     benchmark.group = f"record+step batch={batch}"
     benchmark(one_step)
 
@@ -87,14 +92,16 @@ def test_floor_policies_on_access(benchmark, store, batch):
     for layer in range(L):
         store.record(layer, ids[layer])
     with store.lock:
-        keys, weights, _ = store._recorder.take(None, store._pool.resident_slot,
-                                                store._arena.resident_slot, store._seen)
+        keys, weights, _ = store._recorder.take(
+            None, store._pool.resident_slot, store._arena.resident_slot, store._seen
+        )
         keys, weights = keys.copy(), weights.copy()
     store.step()
 
     def policies():
         store.pool_policy.on_access(keys, weights=weights)
         store.arena_policy.on_access(keys, weights=weights)
+
     benchmark.group = f"record+step batch={batch}"
     benchmark(policies)
 
@@ -102,6 +109,7 @@ def test_floor_policies_on_access(benchmark, store, batch):
 @pytest.mark.parametrize("batch", [1, 256])
 def test_floor_native_fold(benchmark, batch):
     from tierstore import _C
+
     ids = routing(batch, seed=1)
     fold = _C.RoutingFold(L, E)
     fold.bind(np.zeros(L * E, bool), np.full(L * E, -1, np.int32), np.full(L * E, -1, np.int32))
@@ -110,6 +118,7 @@ def test_floor_native_fold(benchmark, batch):
         for layer in range(L):
             fold.add(layer, ids[layer])
         fold.take()
+
     benchmark.group = f"record+step batch={batch}"
     benchmark(add_take)
 
@@ -124,6 +133,7 @@ def test_floor_python_appends_and_bincount(benchmark, batch):
         for layer in range(L):
             q.append((layer, ids[layer]))
         np.bincount(keys, minlength=L * E)
+
     benchmark.group = f"record batch={batch}"
     benchmark(floor)
 
@@ -136,6 +146,7 @@ def test_floor_python_appends(benchmark, batch):
         q = []
         for layer in range(L):
             q.append((layer, ids[layer]))
+
     benchmark.group = f"record batch={batch}"
     benchmark(floor)
 
@@ -148,6 +159,7 @@ def test_fire_all_resident_bookkeeping(benchmark, store):
 
     def fire_release():
         store.release(store.fire(routed))
+
     benchmark.group = "fire"
     benchmark(fire_release)
 
@@ -166,14 +178,22 @@ def test_fire_64_arena_hits(benchmark, store):
         fr = store.fire(keys)
         assert fr.promoted == 64 and fr.sources["arena"] == 64
         store.release(fr)
+
     benchmark.group = "fire"
     benchmark.pedantic(fire_release, setup=setup, rounds=200, warmup_rounds=5)
 
 
 @pytest.fixture(scope="module")
 def prefetch_store(pack):
-    s = ts.ExpertStore(pack, vram_slots=1101, ram_gb=2048 * pack.stride / 2**30, device="cpu",
-                       lazy_per_step=0, threads=4, prefetch={"top_k": K})
+    s = ts.ExpertStore(
+        pack,
+        vram_slots=1101,
+        ram_gb=2048 * pack.stride / 2**30,
+        device="cpu",
+        lazy_per_step=0,
+        threads=4,
+        prefetch={"top_k": K},
+    )
     yield s
     s.close()
 
@@ -183,9 +203,12 @@ def test_record_and_step_one_ds4_step_prefetch(benchmark, prefetch_store, batch)
     """A decode step of synthetic DS4 routing (learnable, unlike ``routing``'s), cycling
     through 64 ticks after 32 to learn from."""
     from tierstore.sim.synth import synthetic_trace
+
     tr = synthetic_trace(96, batch=batch, prefill_tokens=0, seed=2)
-    ticks = [[tr.experts[(tr.ticks == t) & (tr.layers == layer)].astype(np.int64)
-              for layer in range(L)] for t in range(96)]
+    ticks = [
+        [tr.experts[(tr.ticks == t) & (tr.layers == layer)].astype(np.int64) for layer in range(L)]
+        for t in range(96)
+    ]
     state = {"t": 0}
 
     def one_step():
@@ -193,6 +216,7 @@ def test_record_and_step_one_ds4_step_prefetch(benchmark, prefetch_store, batch)
             prefetch_store.record(layer, ids)
         prefetch_store.step()
         state["t"] += 1
+
     for step in ticks[:32]:
         for layer, ids in enumerate(step):
             prefetch_store.record(layer, ids)

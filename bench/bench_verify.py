@@ -15,6 +15,7 @@ its median fire time and the median of its per-round ratio to ``off``'s fire in 
 round. Round 0 is a warm-up (its time is ``first_ms``), so medians are the steady state.
 Every published row is byte-checked once per mode. The GPU run: bench/device/verify.sh.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,13 +38,14 @@ def _sync(device):
 def run(args) -> dict:
     import glob
     import os
+
     ROW = int(args.row_mib * (1 << 20))
-    where = os.path.join(args.dir, f"rows{args.rows}x{ROW}")   # one pack per shape
+    where = os.path.join(args.dir, f"rows{args.rows}x{ROW}")  # one pack per shape
     os.makedirs(where, exist_ok=True)
     found = glob.glob(os.path.join(where, "*.pack"))
     pack = ts.Pack.open(found[0]) if found else make_random_pack(where, 1, args.rows, ROW, seed=3)
     keys = [(0, e) for e in range(args.rows)]
-    with open(pack.path, "rb") as f:          # warm the page cache
+    with open(pack.path, "rb") as f:  # warm the page cache
         while f.read(64 << 20):
             pass
     out = {"rows": args.rows, "row_bytes": ROW, "device": args.device, "modes": {}}
@@ -51,12 +53,22 @@ def run(args) -> dict:
     # One store per mode, open together, fired in rotating order within each round: a
     # drift of the machine (page cache, clocks, other tenants) hits every mode alike,
     # and each mode's cost is its median ratio to the ``off`` fire of the same round.
-    stores = {m: ts.ExpertStore(pack, vram_slots=args.rows, ram_gb=args.ram_gb, device=args.device,
-                                verify=m, lazy_per_step=0, threads=args.threads) for m in modes}
+    stores = {
+        m: ts.ExpertStore(
+            pack,
+            vram_slots=args.rows,
+            ram_gb=args.ram_gb,
+            device=args.device,
+            verify=m,
+            lazy_per_step=0,
+            threads=args.threads,
+        )
+        for m in modes
+    }
     times: dict[str, list[float]] = {m: [] for m in modes}
     try:
-        for i in range(args.repeats + 1):          # round 0 warms up
-            for m in modes[i % len(modes):] + modes[:i % len(modes)]:
+        for i in range(args.repeats + 1):  # round 0 warms up
+            for m in modes[i % len(modes) :] + modes[: i % len(modes)]:
                 store = stores[m]
                 store.evict(keys)
                 _sync(args.device)
@@ -73,10 +85,15 @@ def run(args) -> dict:
             steady = times[m][1:]
             ratios = [t / o for t, o in zip(steady, times["off"][1:])]
             med = statistics.median(steady)
-            out["modes"][m] = [{"median_ms": med * 1e3, "gbps": args.rows * ROW / med / 1e9,
-                                "first_ms": times[m][0] * 1e3,
-                                "ratio_to_off": statistics.median(ratios),
-                                "verified_rows": store.engine.stats().get("verified_rows")}]
+            out["modes"][m] = [
+                {
+                    "median_ms": med * 1e3,
+                    "gbps": args.rows * ROW / med / 1e9,
+                    "first_ms": times[m][0] * 1e3,
+                    "ratio_to_off": statistics.median(ratios),
+                    "verified_rows": store.engine.stats().get("verified_rows"),
+                }
+            ]
     finally:
         for store in stores.values():
             store.close()
@@ -89,8 +106,9 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if ts.cuda_available() else "cpu")
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--row-mib", type=float, default=12.0,
-                   help="row size in MiB (17, 40: bigger than one 16 MiB stage)")
+    p.add_argument(
+        "--row-mib", type=float, default=12.0, help="row size in MiB (17, 40: bigger than one 16 MiB stage)"
+    )
     p.add_argument("--ram-gb", type=float, default=0.0, help="arena size (0: no arena rows)")
     p.add_argument("--threads", type=int, default=16, help="engine reader threads")
     p.add_argument("--json")
@@ -99,6 +117,7 @@ def main() -> None:
     text = json.dumps(res, indent=1)
     if args.json:
         from tierstore.files.atomic import write_atomic
+
         write_atomic(args.json, text.encode())
     print(text)
 

@@ -20,6 +20,7 @@ POSIX_FADV_DONTNEED), next to the engine's own ceiling measured in the same run.
 
     python bench/bench_warm.py --preheat --device cuda --pool-gb 6
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,27 +36,35 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-
 # ------------------------------------------------------------------ trace replay
 def load_trace(path: str | None):
     """(per-tick dense key arrays, n_layers, n_experts, Trace): the trace at ``path``, or
     with None a synthetic one of FLAME-MoE-290M's shape."""
     from tierstore.sim.synth import synthetic_trace
     from tierstore.sim.traces import load_trace as _load
-    trace = _load(path) if path else synthetic_trace(2048, n_layers=8, n_experts=64, top_k=6,
-                                                     prefill_tokens=0)
+
+    trace = (
+        _load(path) if path else synthetic_trace(2048, n_layers=8, n_experts=64, top_k=6, prefill_tokens=0)
+    )
     keys, starts = trace.keys, trace.tick_starts
-    ticks = [keys[starts[i]:starts[i + 1]] for i in range(starts.size - 1)]
+    ticks = [keys[starts[i] : starts[i + 1]] for i in range(starts.size - 1)]
     return ticks, trace.n_layers, trace.n_experts, trace
 
 
 def sim_window(trace, first_tick: int, n_ticks: int):
     """The measured window as its own Trace, for tierstore.sim's cold references."""
     from tierstore.sim.traces import Trace
+
     starts = trace.tick_starts
     a, b = int(starts[first_tick]), int(starts[first_tick + n_ticks])
-    return Trace(trace.ticks[a:b], trace.layers[a:b], trace.experts[a:b], trace.layer_ids,
-                 trace.n_experts, f"{trace.name}[{first_tick}:{first_tick + n_ticks}]")
+    return Trace(
+        trace.ticks[a:b],
+        trace.layers[a:b],
+        trace.experts[a:b],
+        trace.layer_ids,
+        trace.n_experts,
+        f"{trace.name}[{first_tick}:{first_tick + n_ticks}]",
+    )
 
 
 class ReplayPool:
@@ -65,6 +74,7 @@ class ReplayPool:
 
     def __init__(self, policy_name: str, n_keys: int, capacity: int):
         from tierstore import policies
+
         self.policy = policies.make(policy_name, n_keys, capacity)
         self.resident = np.zeros(n_keys, bool)
         self.capacity = capacity
@@ -75,6 +85,7 @@ class ReplayPool:
         (never a ``pinned`` key), through its admission filter when it has one
         (the same order of calls as tierstore.sim's demand fill)."""
         from tierstore.policies.base import Policy
+
         keys = keys[~self.resident[keys]]
         if not len(keys):
             return
@@ -84,7 +95,7 @@ class ReplayPool:
             if filters:
                 keys = self.policy.rank(keys)  # the hottest misses take the free slots
             victims = self.policy.victims(len(keys) - free, pinned=pinned)
-            contenders = keys[free:free + len(victims)]
+            contenders = keys[free : free + len(victims)]
             if filters and len(victims):
                 ok = np.asarray(self.policy.admit(contenders, victims), dtype=bool)
                 victims, contenders = victims[ok], contenders[ok]
@@ -114,22 +125,32 @@ class ReplayPool:
 def replay_snapshot_file(pool: ReplayPool, pack, path: str, fmt: str) -> None:
     """Write the replayed pool's state with the real writer, as the store would."""
     from tierstore import warm as ws
+
     res = np.flatnonzero(pool.resident)
     heat = pool.policy.scores()[res]
     order = np.argsort(-heat, kind="stable")
     E = pack.n_experts
     keys = np.stack([res[order] // E, res[order] % E], axis=1)
-    wf = ws.WarmFile("<replay>", "poolmon", ws.PackIdentity.of_pack(pack),
-                     ws.WarmTier(keys, heat[order], pool.capacity), ws.WarmTier.empty(),
-                     wall_time=time.time(), steps=0, policy=pool.policy.name)
+    wf = ws.WarmFile(
+        "<replay>",
+        "poolmon",
+        ws.PackIdentity.of_pack(pack),
+        ws.WarmTier(keys, heat[order], pool.capacity),
+        ws.WarmTier.empty(),
+        wall_time=time.time(),
+        steps=0,
+        policy=pool.policy.name,
+    )
     ws.write_warm_file(wf, path, fmt)
 
 
-def warm_started(policy: str, n_keys: int, capacity: int, pack, path: str,
-                 pool_fill: float, seed_heat) -> ReplayPool:
+def warm_started(
+    policy: str, n_keys: int, capacity: int, pack, path: str, pool_fill: float, seed_heat
+) -> ReplayPool:
     """A fresh pool preheated from ``path`` the way warmstart.preheat does it;
     ``seed_heat``: True (preheat's scaled seed), "raw" (the file's heat), False."""
     from tierstore.warm import load_hint
+
     wf = load_hint(path, pack)
     pool = ReplayPool(policy, n_keys, capacity)
     n = min(len(wf.pool), int(pool_fill * capacity))
@@ -139,20 +160,29 @@ def warm_started(policy: str, n_keys: int, capacity: int, pack, path: str,
         pool.policy.on_access(dense, weights=wf.pool.heat[:n])
     elif seed_heat:
         from tierstore.warm.preheat import seed_weights
+
         pool.policy.on_access(dense, weights=seed_weights(wf.pool.heat[:n]))
     return pool
 
 
-def live_store_replay(pack, ticks, cap: int, policy: str, warm_src=None,
-                      pool_fill: float = 0.9) -> float:
+def live_store_replay(pack, ticks, cap: int, policy: str, warm_src=None, pool_fill: float = 0.9) -> float:
     """The same window through a real ExpertStore on the CPU pool: record the
     routing, fire (demand fill: every routed miss promoted), release, step; no
     lazy promotions. ``warm_src`` goes through ``ExpertStore(warm_start=...)``
     semantics via ``store.preheat``. Returns the store's own pool hit rate."""
     from tierstore.store.expert_store import ExpertStore
+
     E = pack.n_experts
-    with ExpertStore(pack, vram_slots=cap, ram_gb=0.0, device="cpu", policy=policy,
-                     lazy_per_step=0, max_promote=pack.n_layers * E, force=True) as store:
+    with ExpertStore(
+        pack,
+        vram_slots=cap,
+        ram_gb=0.0,
+        device="cpu",
+        policy=policy,
+        lazy_per_step=0,
+        max_promote=pack.n_layers * E,
+        force=True,
+    ) as store:
         if warm_src is not None:
             store.preheat(warm_src, pool_fill=pool_fill, progress=False)
         base = store.stats().pool
@@ -170,12 +200,15 @@ def live_store_replay(pack, ticks, cap: int, policy: str, warm_src=None,
 def bench_hits(args) -> dict:
     from tierstore import sim
     from tierstore.testing.packs import make_random_pack
+
     ticks, n_layers, n_experts, trace = load_trace(args.trace)
     n_keys = n_layers * n_experts
     warm_end = len(ticks) - args.steps if args.warmup is None else args.warmup
     if warm_end <= 0 or warm_end + args.steps > len(ticks):
-        raise SystemExit(f"{args.trace or trace.name}: {len(ticks)} ticks, cannot take {args.steps} "
-                         f"after a warm-up of {warm_end}")
+        raise SystemExit(
+            f"{args.trace or trace.name}: {len(ticks)} ticks, cannot take {args.steps} "
+            f"after a warm-up of {warm_end}"
+        )
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         pack = make_random_pack(tmp, n_layers, n_experts, 64)
@@ -189,18 +222,19 @@ def bench_hits(args) -> dict:
             for fmt in ("poolmon", "pool-heat"):
                 path = os.path.join(tmp, f"{fmt}.json")
                 replay_snapshot_file(earlier, pack, path, fmt)
-                variants[f"warm_{fmt}"] = (lambda p=path: warm_started(
-                    args.policy, n_keys, cap, pack, p, args.pool_fill, True))
+                variants[f"warm_{fmt}"] = lambda p=path: warm_started(
+                    args.policy, n_keys, cap, pack, p, args.pool_fill, True
+                )
             variants["warm_poolmon_raw_heat_seed"] = lambda: warm_started(
-                args.policy, n_keys, cap, pack, os.path.join(tmp, "poolmon.json"),
-                args.pool_fill, "raw")
+                args.policy, n_keys, cap, pack, os.path.join(tmp, "poolmon.json"), args.pool_fill, "raw"
+            )
             variants["warm_poolmon_no_heat_seed"] = lambda: warm_started(
-                args.policy, n_keys, cap, pack, os.path.join(tmp, "poolmon.json"),
-                args.pool_fill, False)
+                args.policy, n_keys, cap, pack, os.path.join(tmp, "poolmon.json"), args.pool_fill, False
+            )
             for name, make in variants.items():
                 pool = make()
                 hits_at = {}
-                for i, keys in enumerate(ticks[warm_end:warm_end + args.steps]):
+                for i, keys in enumerate(ticks[warm_end : warm_end + args.steps]):
                     pool.step(keys)
                     if i + 1 in (10, 100):
                         hits_at[i + 1] = pool.hit_rate
@@ -213,23 +247,37 @@ def bench_hits(args) -> dict:
             # policy (must equal our cold replay), Belady's MIN, the unbounded
             # cache; and the sim's layer-by-layer model of the same policy.
             window = sim_window(trace, warm_end, args.steps)
-            for r in sim.replay(window, (args.policy, "belady", "unbounded"), (cap,),
-                                granularity="tick"):
+            for r in sim.replay(window, (args.policy, "belady", "unbounded"), (cap,), granularity="tick"):
                 row[f"sim_{r.policy}_cold"] = round(r.hit_rate, 4)
             for r in sim.replay(window, (args.policy,), (cap,), granularity="layer"):
                 row[f"sim_{r.policy}_cold_layer_granular"] = round(r.hit_rate, 4)
             row["replay_matches_sim"] = row["cold"] == row[f"sim_{args.policy}_cold"]
             if args.live:
-                window_ticks = ticks[warm_end:warm_end + args.steps]
-                row["live_store_cold"] = round(live_store_replay(
-                    pack, window_ticks, cap, args.policy), 4)
-                row["live_store_warm_poolmon"] = round(live_store_replay(
-                    pack, window_ticks, cap, args.policy, os.path.join(tmp, "poolmon.json"),
-                    args.pool_fill), 4)
+                window_ticks = ticks[warm_end : warm_end + args.steps]
+                row["live_store_cold"] = round(live_store_replay(pack, window_ticks, cap, args.policy), 4)
+                row["live_store_warm_poolmon"] = round(
+                    live_store_replay(
+                        pack,
+                        window_ticks,
+                        cap,
+                        args.policy,
+                        os.path.join(tmp, "poolmon.json"),
+                        args.pool_fill,
+                    ),
+                    4,
+                )
             results.append(row)
-    return {"bench": "warm_hits", "trace": args.trace or trace.name, "policy": args.policy,
-            "warmup_ticks": warm_end, "steps": args.steps, "pool_fill": args.pool_fill,
-            "n_layers": n_layers, "n_experts": n_experts, "results": results}
+    return {
+        "bench": "warm_hits",
+        "trace": args.trace or trace.name,
+        "policy": args.policy,
+        "warmup_ticks": warm_end,
+        "steps": args.steps,
+        "pool_fill": args.pool_fill,
+        "n_layers": n_layers,
+        "n_experts": n_experts,
+        "results": results,
+    }
 
 
 def bench_snapshot(args) -> dict:
@@ -239,12 +287,14 @@ def bench_snapshot(args) -> dict:
     from tierstore import warm as ws
     from tierstore.store.expert_store import ExpertStore
     from tierstore.testing.packs import make_random_pack
+
     L, E = 43, 256
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(dir=args.dir or ".", prefix=".bench-warm-") as tmp:
         pack = make_random_pack(tmp, L, E, 1000)
-        with ExpertStore(pack, vram_slots=512, ram_gb=2048 * pack.stride / 2**30,
-                         device="cpu", lazy_per_step=0) as store:
+        with ExpertStore(
+            pack, vram_slots=512, ram_gb=2048 * pack.stride / 2**30, device="cpu", lazy_per_step=0
+        ) as store:
             hot = rng.permutation(L * E)[:2048]
             store.load_arena(np.stack([hot // E, hot % E], axis=1))
             store.promote(np.stack([hot[:512] // E, hot[:512] % E], axis=1)).wait()
@@ -263,33 +313,51 @@ def bench_snapshot(args) -> dict:
                 t3 = time.perf_counter()
                 for k, v in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
                     times[k].append(v * 1e3)
-    return {"bench": "warm_snapshot", "keys": L * E, "pool_owners": len(snap.pool),
-            "arena_owners": len(snap.arena), "file_bytes": len(data), "repeat": args.repeat,
-            **{k: round(float(np.median(v)), 3) for k, v in times.items()}}
+    return {
+        "bench": "warm_snapshot",
+        "keys": L * E,
+        "pool_owners": len(snap.pool),
+        "arena_owners": len(snap.arena),
+        "file_bytes": len(data),
+        "repeat": args.repeat,
+        **{k: round(float(np.median(v)), 3) for k, v in times.items()},
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=None,
-                    help="routing trace .npy (default: a synthetic one of FLAME-MoE-290M's shape)")
+    ap.add_argument(
+        "--trace",
+        default=None,
+        help="routing trace .npy (default: a synthetic one of FLAME-MoE-290M's shape)",
+    )
     ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--warmup", type=int, default=None,
-                    help="ticks before the measured window (default: all the rest)")
+    ap.add_argument(
+        "--warmup", type=int, default=None, help="ticks before the measured window (default: all the rest)"
+    )
     ap.add_argument("--policy", default="heat")
     ap.add_argument("--pool-fill", type=float, default=0.9)
     ap.add_argument("--shares", type=float, nargs="+", default=[0.1, 0.2, 0.4])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--no-live", dest="live", action="store_false",
-                    help="skip the replay through a real ExpertStore (CPU pool)")
+    ap.add_argument(
+        "--no-live",
+        dest="live",
+        action="store_false",
+        help="skip the replay through a real ExpertStore (CPU pool)",
+    )
     ap.add_argument("--preheat", action="store_true", help="GPU preheat timing instead")
-    ap.add_argument("--snapshot", action="store_true",
-                    help="cost of one DS4-sized snapshot (lock hold, encode, write) instead")
+    ap.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="cost of one DS4-sized snapshot (lock hold, encode, write) instead",
+    )
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pool-gb", type=float, default=6.0)
     ap.add_argument("--slot-bytes", type=int, default=12 << 20)
-    ap.add_argument("--dir", default=None,
-                    help="where the preheat pack is written (default: a temp dir under the cwd)")
+    ap.add_argument(
+        "--dir", default=None, help="where the preheat pack is written (default: a temp dir under the cwd)"
+    )
     args = ap.parse_args(argv)
     warnings.simplefilter("error")  # a warning here means the bench measured a cold start
     if args.snapshot:
@@ -297,6 +365,7 @@ def main(argv=None) -> int:
         return 0
     if args.preheat:
         from bench_warm_preheat import bench_preheat
+
         out = bench_preheat(args)
         print(json.dumps(out, indent=2))
         return 0
@@ -304,19 +373,35 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"{out['trace']}: policy {out['policy']}, warm-up {out['warmup_ticks']} ticks, "
-              f"measured {out['steps']} steps, pool_fill {out['pool_fill']}")
-        cols = ["cold", "warm_poolmon", "warm_pool-heat", "warm_poolmon_raw_heat_seed",
-                "warm_poolmon_no_heat_seed",
-                "sim_belady_cold", "sim_unbounded_cold"]
+        print(
+            f"{out['trace']}: policy {out['policy']}, warm-up {out['warmup_ticks']} ticks, "
+            f"measured {out['steps']} steps, pool_fill {out['pool_fill']}"
+        )
+        cols = [
+            "cold",
+            "warm_poolmon",
+            "warm_pool-heat",
+            "warm_poolmon_raw_heat_seed",
+            "warm_poolmon_no_heat_seed",
+            "sim_belady_cold",
+            "sim_unbounded_cold",
+        ]
         cols += [c for c in ("live_store_cold", "live_store_warm_poolmon") if c in out["results"][0]]
         print(f"{'slots':>6} " + " ".join(f"{c:>28}" for c in cols))
         for r in out["results"]:
-            print(f"{r['slots']:>6} " + " ".join(
-                f"{r[c]:>12.4f}" + (f" ({r[c + '_first10']:.3f} / {r[c + '_first100']:.3f})"
-                                    if c + "_first10" in r else " " * 16) for c in cols))
-        print("hit rate over all measured steps (first 10 / first 100 steps); "
-              "sim_* = tierstore.sim, cold")
+            print(
+                f"{r['slots']:>6} "
+                + " ".join(
+                    f"{r[c]:>12.4f}"
+                    + (
+                        f" ({r[c + '_first10']:.3f} / {r[c + '_first100']:.3f})"
+                        if c + "_first10" in r
+                        else " " * 16
+                    )
+                    for c in cols
+                )
+            )
+        print("hit rate over all measured steps (first 10 / first 100 steps); sim_* = tierstore.sim, cold")
         if not all(r["replay_matches_sim"] for r in out["results"]):
             print("WARNING: the cold replay differs from tierstore.sim's")
     return 0

@@ -9,6 +9,7 @@ main-thread figure is what an engine's forward thread pays; before the journal
 DS4 geometry (43 layers x 256 experts, top-6: 257 distinct keys), CPU pool, 64-byte
 rows (bookkeeping only), median of 3000 calls, best of 3 rounds.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -24,6 +25,7 @@ def measure() -> str:
 
     import tierstore as ts
     from tierstore.testing.packs import make_random_pack
+
     L, E = 43, 256
     pack = make_random_pack(tempfile.mkdtemp(), L, E, 64, seed=1)
     store = ts.ExpertStore(pack, vram_slots=2000, device="cpu", lazy_per_step=0)
@@ -38,14 +40,17 @@ def measure() -> str:
             store.release(store.fire(keys))
             times.append(time.perf_counter() - t0)
         return statistics.median(times) * 1e6
+
     main = min(run() for _ in range(3))
     worker: list[float] = []
     t = threading.Thread(target=lambda: worker.extend(run() for _ in range(3)))
     t.start()
     t.join()
     store.close()
-    return (f"{ts.__file__.rsplit('/tierstore/', 1)[0]}: fire+release of {len(keys)} resident "
-            f"keys, median us: main thread {main:.1f}, worker thread {min(worker):.1f}")
+    return (
+        f"{ts.__file__.rsplit('/tierstore/', 1)[0]}: fire+release of {len(keys)} resident "
+        f"keys, median us: main thread {main:.1f}, worker thread {min(worker):.1f}"
+    )
 
 
 def main() -> None:
@@ -54,10 +59,12 @@ def main() -> None:
         print(measure())
         return
     for tree in trees:
-        code = ("import sys; sys.path.insert(0, %r); "
-                "sys.meta_path = [f for f in sys.meta_path if 'Redirecting' not in "
-                "type(f).__name__]; sys.path.insert(0, %r); import fire_release_threads as b; "
-                "print(b.measure())" % (tree, sys.path[0]))
+        code = (
+            "import sys; sys.path.insert(0, %r); "
+            "sys.meta_path = [f for f in sys.meta_path if 'Redirecting' not in "
+            "type(f).__name__]; sys.path.insert(0, %r); import fire_release_threads as b; "
+            "print(b.measure())" % (tree, sys.path[0])
+        )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         print(out.stdout.strip() or out.stderr.strip().splitlines()[-1])
 

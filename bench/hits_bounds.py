@@ -17,6 +17,7 @@ Rows, at 10 / 20 / 40 % pools, layer granularity, every miss read once:
   NEXT W ticks: what predicting popularity shifts W ticks ahead would give.
 The loop is the auto shadows' (the one fill routine, policies/fill.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,6 +41,7 @@ FUTURE = (16, 64, 256)
 
 class _Future(DensePolicy):
     """Order and admission by the true use count of the next ``window`` ticks."""
+
     name = "future"
 
     def __init__(self, n_keys, capacity, cum, window):
@@ -67,7 +69,7 @@ class _Future(DensePolicy):
 def _groups(prep):
     """[(tick, keys)] per (tick, layer) group, in read order."""
     g = prep.gstarts
-    return [(int(prep.dtick[g[i]]), prep.dkeys[g[i]:g[i + 1]]) for i in range(g.size - 1)]
+    return [(int(prep.dtick[g[i]]), prep.dkeys[g[i] : g[i + 1]]) for i in range(g.size - 1)]
 
 
 def demand(prep, groups, pol, upcoming=None) -> float:
@@ -88,8 +90,11 @@ def demand(prep, groups, pol, upcoming=None) -> float:
             if miss.size > free and adm.filters:
                 miss = pol.rank(miss)
             blocked[keys] = True
-            fill = _oracle_fill(pol, miss, free, blocked, adm, upcoming[i]) if upcoming \
+            fill = (
+                _oracle_fill(pol, miss, free, blocked, adm, upcoming[i])
+                if upcoming
                 else plan_fill(pol, miss, free, blocked, adm)
+            )
             blocked[keys] = False
             if fill.victims.size:
                 pol.on_evict(fill.victims)
@@ -114,6 +119,7 @@ def _oracle_fill(pol, miss, free, blocked, adm, up):
         def victims(n, pinned):
             extra = pol.victims(n - first.size, pinned | np.isin(np.arange(pinned.size), first))
             return np.concatenate((first, np.asarray(extra, dtype=np.int64)))[:n]
+
     return plan_fill(_Order if n_need > 0 else pol, miss, free, blocked, adm)
 
 
@@ -125,23 +131,25 @@ def bounds(trace) -> dict:
     ends = np.append(np.flatnonzero(np.diff([t for t, _ in groups])), len(groups) - 1)
     upcoming, start = [], 0
     for e in ends:  # per group: keys of the later groups of its tick
-        tick = groups[start:e + 1]
+        tick = groups[start : e + 1]
         for j in range(len(tick)):
-            rest = [k for _, k in tick[j + 1:]]
+            rest = [k for _, k in tick[j + 1 :]]
             upcoming.append(np.concatenate(rest) if rest else np.empty(0, np.int64))
         start = e + 1
     counts = np.zeros((prep.n_ticks, n))
     np.add.at(counts, (prep.dtick, prep.dkeys), 1)
     cum = np.vstack([np.zeros(n), np.cumsum(counts, axis=0)])
-    ref = {(r.policy, r.slots): r.bandwidth_hit_rate
-           for r in sim.replay(prep, ["lru", "belady"], slots)}
+    ref = {(r.policy, r.slots): r.bandwidth_hit_rate for r in sim.replay(prep, ["lru", "belady"], slots)}
     rows = []
     for s in slots:
-        row = {"slots": s, "lru": ref["lru", s], "belady": ref["belady", s],
-               "blend64": demand(prep, groups, make("blend", n, s, half_life=64.0)),
-               "oracle_tick": demand(prep, groups, make("blend", n, s, half_life=64.0),
-                                     upcoming),
-               "static_lfu": float(np.sort(counts.sum(0))[::-1][:s].sum() / counts.sum())}
+        row = {
+            "slots": s,
+            "lru": ref["lru", s],
+            "belady": ref["belady", s],
+            "blend64": demand(prep, groups, make("blend", n, s, half_life=64.0)),
+            "oracle_tick": demand(prep, groups, make("blend", n, s, half_life=64.0), upcoming),
+            "static_lfu": float(np.sort(counts.sum(0))[::-1][:s].sum() / counts.sum()),
+        }
         for w in FUTURE:
             row[f"future_{w}"] = demand(prep, groups, _Future(n, s, cum, w))
         rows.append(row)
@@ -151,26 +159,38 @@ def bounds(trace) -> dict:
 
 def markdown(blocks) -> str:
     cols = ["blend64", "oracle_tick", "static_lfu"] + [f"future_{w}" for w in FUTURE]
-    out = ["Bounds (bandwidth hit, share of the LRU -> MIN gap in brackets; oracle_tick and "
-           "future_W use future knowledge, for bounding only):", "",
-           "| trace | slots | lru | MIN | " + " | ".join(cols) + " |",
-           "|---|---:|---:|---:|" + "---:|" * len(cols)]
+    out = [
+        "Bounds (bandwidth hit, share of the LRU -> MIN gap in brackets; oracle_tick and "
+        "future_W use future knowledge, for bounding only):",
+        "",
+        "| trace | slots | lru | MIN | " + " | ".join(cols) + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(cols),
+    ]
     for b in blocks:
         for r in b["rows"]:
             gap = r["belady"] - r["lru"]
             cell = [f"{r[c]:.3f} ({(r[c] - r['lru']) / gap:+.2f})" for c in cols]
-            out.append(f"| {b['trace'].split('[')[0]} | {r['slots']} | {r['lru']:.3f} | "
-                       f"{r['belady']:.3f} | " + " | ".join(cell) + " |")
+            out.append(
+                f"| {b['trace'].split('[')[0]} | {r['slots']} | {r['lru']:.3f} | "
+                f"{r['belady']:.3f} | " + " | ".join(cell) + " |"
+            )
     return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--flame", type=Path, default=None,
-                    help="the FLAME-MoE-290M routing trace (.npy) for the 'flame' bounds")
-    ap.add_argument("--traces", default=None, help="flame and/or synthetic, comma-separated "
-                                                   "(default: flame with --flame, else synthetic)")
+    ap.add_argument(
+        "--flame",
+        type=Path,
+        default=None,
+        help="the FLAME-MoE-290M routing trace (.npy) for the 'flame' bounds",
+    )
+    ap.add_argument(
+        "--traces",
+        default=None,
+        help="flame and/or synthetic, comma-separated (default: flame with --flame, else synthetic)",
+    )
     args = ap.parse_args(argv)
     which = (args.traces or ("flame" if args.flame else "synthetic")).split(",")
     if "flame" in which and args.flame is None:
@@ -181,11 +201,12 @@ def main(argv=None) -> int:
     if "flame" in which:
         blocks.append(bounds(traces.load_trace(args.flame)))
     if "synthetic" in which:
-        blocks.append(bounds(synth.synthetic_trace(256, seed=0, prefill_tokens=256,
-                                                   prefill_every=1024)))
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": "python3 bench/hits_bounds.py " + " ".join(argv or sys.argv[1:]),
-            "seconds": time.perf_counter() - t0}
+        blocks.append(bounds(synth.synthetic_trace(256, seed=0, prefill_tokens=256, prefill_every=1024)))
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": "python3 bench/hits_bounds.py " + " ".join(argv or sys.argv[1:]),
+        "seconds": time.perf_counter() - t0,
+    }
     tag = "_".join(which)
     body = json.dumps({**meta, "traces": blocks}, indent=1)
     write_atomic_with(Path(args.out) / f"hits_bounds_{tag}.json", lambda f: f.write(body.encode()))

@@ -115,6 +115,7 @@ What cannot run on a CPU: ``moe_w2_cubit`` (kernels, custom op) and CUDA-graph c
 (``notify_capture`` is called once, outside any capture). Everything the tier, the gate
 and the store do runs as written.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -139,8 +140,14 @@ import torch
 PATCH = "patch/vllm-moet-v0.24.0.patch"
 UTILS = "vllm/model_executor/layers/quantization/utils/"
 PKG = UTILS.replace("/", ".")
-THEIRS = ("moe_w2_planes", "moe_w2_planes_cache", "moe_w2_looka", "moe_w2_store",
-          "moe_w2_gate", "moe_w2_delta")
+THEIRS = (
+    "moe_w2_planes",
+    "moe_w2_planes_cache",
+    "moe_w2_looka",
+    "moe_w2_store",
+    "moe_w2_gate",
+    "moe_w2_delta",
+)
 P = "VLLM_MOE_W2_"
 # the glue's ``dev``: cpu:0 for vLLM-Moet (its DeltaTier maps an index-less device to cuda:N)
 DEV = {"moet": torch.device("cpu", 0), "tierstore": torch.device("cpu")}
@@ -164,8 +171,9 @@ def one_line(exc: BaseException) -> str:
 def read_patch(repo: str) -> tuple[str, str]:
     """The patch text and the repository's HEAD commit (a bare mirror or a checkout)."""
     if not os.path.isdir(repo):
-        raise Fatal(f"vLLM-Moet repository not found at {repo} (fetch kacper-daftcode/vLLM-Moet "
-                    f"or pass --moet-repo)")
+        raise Fatal(
+            f"vLLM-Moet repository not found at {repo} (fetch kacper-daftcode/vLLM-Moet or pass --moet-repo)"
+        )
     git = ["git", "-C", repo]
     head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=False)
     commit = head.stdout.strip() if head.returncode == 0 else "unknown"
@@ -185,8 +193,8 @@ def new_files(patch: str, wanted: list[str]) -> dict[str, str]:
     their hunks, each hunk checked against its header's line count."""
     lines, out, i = patch.split("\n"), {}, 0
     while i < len(lines):
-        if lines[i] == "--- /dev/null" and lines[i + 1: i + 2] and lines[i + 1].startswith("+++ b/"):
-            path = lines[i + 1][len("+++ b/"):]
+        if lines[i] == "--- /dev/null" and lines[i + 1 : i + 2] and lines[i + 1].startswith("+++ b/"):
+            path = lines[i + 1][len("+++ b/") :]
             body, i = _hunks(lines, i + 2, path)
             if path in wanted:
                 out[path] = body
@@ -208,7 +216,7 @@ def _hunks(lines: list[str], i: int, path: str) -> tuple[str, int]:
         got = 0
         while got < want and i < len(lines):
             line, i = lines[i], i + 1
-            if line.startswith("\\"):          # "\ No newline at end of file"
+            if line.startswith("\\"):  # "\ No newline at end of file"
                 continue
             if not line.startswith("+"):
                 raise Fatal(f"{PATCH}: {path}: a new file's hunk has {line[:40]!r}")
@@ -271,12 +279,20 @@ def _layer_cutoff():
 
 def build_tree(root: str, files: dict[str, str]) -> None:
     """The stand-in ``vllm`` package with vLLM-Moet's real modules in it."""
-    for pkg in ("vllm", "vllm/model_executor", "vllm/model_executor/layers",
-                "vllm/model_executor/layers/quantization", UTILS.rstrip("/")):
+    for pkg in (
+        "vllm",
+        "vllm/model_executor",
+        "vllm/model_executor/layers",
+        "vllm/model_executor/layers/quantization",
+        UTILS.rstrip("/"),
+    ):
         os.makedirs(os.path.join(root, pkg), exist_ok=True)
         open(os.path.join(root, pkg, "__init__.py"), "w").close()
-    standins = {"vllm/logger.py": STANDIN_LOGGER, "vllm/config.py": STANDIN_CONFIG,
-                UTILS + "moe_w2_cubit.py": STANDIN_CUBIT}
+    standins = {
+        "vllm/logger.py": STANDIN_LOGGER,
+        "vllm/config.py": STANDIN_CONFIG,
+        UTILS + "moe_w2_cubit.py": STANDIN_CUBIT,
+    }
     for rel, text in {**standins, **files}.items():
         with open(os.path.join(root, rel), "w", encoding="utf-8") as f:
             f.write(text)
@@ -304,7 +320,7 @@ class GpuClock:
 
 
 CLOCK = GpuClock()
-CALLS: collections.Counter = collections.Counter()   # stand-in calls, per name
+CALLS: collections.Counter = collections.Counter()  # stand-in calls, per name
 
 
 class StandInEvent:
@@ -348,6 +364,7 @@ class StandInStream:
 
 class CpuCuda:
     """``torch.cuda`` as vLLM-Moet's modules see it here (module doc: Stand-ins)."""
+
     Stream, Event = StandInStream, StandInEvent
 
     def __init__(self):
@@ -403,6 +420,7 @@ def _unpinned(factory):
         if kwargs.pop("pin_memory", False):
             CALLS["pin_memory"] += 1
         return factory(*args, **kwargs)
+
     return make
 
 
@@ -412,21 +430,31 @@ STAND_INS = [
     "vllm.logger.init_logger: stdlib logger + warning_once/info_once/debug_once",
     "vllm.config.get_current_vllm_config: parallel_config without ubatching only",
     "vllm.distributed: absent (packs are named rank0of1, as both engines fall back to)",
-    ("moe_w2_cubit: _PREFILL_T, _EXL3_BASE, enabled(), _layer_cutoff() from the same env vars; "
-     "the real glue (Triton, CUDA cubins, custom op) cannot import on a CPU"),
-    ("torch.cuda for their modules (a proxy of torch bound to their global name): Stream, "
-     "stream(), current_stream, current_device, set_device, synchronize, Event, mem_get_info, "
-     "is_available (False), is_current_stream_capturing (False)"),
+    (
+        "moe_w2_cubit: _PREFILL_T, _EXL3_BASE, enabled(), _layer_cutoff() from the same env vars; "
+        "the real glue (Triton, CUDA cubins, custom op) cannot import on a CPU"
+    ),
+    (
+        "torch.cuda for their modules (a proxy of torch bound to their global name): Stream, "
+        "stream(), current_stream, current_device, set_device, synchronize, Event, mem_get_info, "
+        "is_available (False), is_current_stream_capturing (False)"
+    ),
     "pin_memory=True dropped by their modules' tensor factories (no CUDA driver)",
-    ("dev=torch.device('cpu', 0) for vLLM-Moet (DeltaTier maps an index-less device to "
-     "cuda:current_device()), torch.device('cpu') for tierstore"),
+    (
+        "dev=torch.device('cpu', 0) for vLLM-Moet (DeltaTier maps an index-less device to "
+        "cuda:current_device()), torch.device('cpu') for tierstore"
+    ),
     "tierstore finalize_auto(free_bytes=) and vLLM-Moet's mem_get_info get the same free bytes",
-    ("scenario 2 'gpu' order: stand-in events complete at the next step's wait_manager_idle; "
-     "a tierstore tier with a snapshot hand-off (before the one-store refactor) gets one for "
-     "its CPU step_end snapshot via a per-instance _fold_seen wrapper; the forward sleeps "
-     "--gpu-forward-ms"),
-    ("VLLM_MOE_W2_DELTA_DECAY_S=1e9 (wall-clock decay off), CKPT_ID, NUM_LAYERS=L-1, "
-     "STORE_THREADS=2 for both arms"),
+    (
+        "scenario 2 'gpu' order: stand-in events complete at the next step's wait_manager_idle; "
+        "a tierstore tier with a snapshot hand-off (before the one-store refactor) gets one for "
+        "its CPU step_end snapshot via a per-instance _fold_seen wrapper; the forward sleeps "
+        "--gpu-forward-ms"
+    ),
+    (
+        "VLLM_MOE_W2_DELTA_DECAY_S=1e9 (wall-clock decay off), CKPT_ID, NUM_LAYERS=L-1, "
+        "STORE_THREADS=2 for both arms"
+    ),
 ]
 
 
@@ -469,13 +497,14 @@ def load_moet(ctx, environ: dict) -> types.SimpleNamespace:
     mods = {n: importlib.import_module(PKG + n) for n in THEIRS}
     for m in mods.values():
         m.torch = ctx.proxy
-    return types.SimpleNamespace(**{n[len("moe_w2_"):]: m for n, m in mods.items()})
+    return types.SimpleNamespace(**{n[len("moe_w2_") :]: m for n, m in mods.items()})
 
 
 @contextlib.contextmanager
 def open_arm(ctx, kind: str, environ: dict, geo, planes, gpu_forward_s: float = 0.0):
     """One arm over fresh vLLM-Moet modules; teardown calls the module's ``shutdown``."""
     from tierstore.adapters import vllm_moet as vm
+
     mods = load_moet(ctx, environ)
     if kind == "tierstore":
         vm.reset_env()
@@ -484,15 +513,14 @@ def open_arm(ctx, kind: str, environ: dict, geo, planes, gpu_forward_s: float = 
     try:
         yield arm
     finally:
-        for module in (mods.delta, mods.gate):      # the worker's teardown order
+        for module in (mods.delta, mods.gate):  # the worker's teardown order
             try:
                 module.shutdown()
             except Exception as exc:  # noqa: BLE001 - reported, the next arm must still start
-                arm.errors.append(f"{module.__name__.rsplit('.', 1)[-1]}.shutdown: "
-                                  f"{one_line(exc)}")
+                arm.errors.append(f"{module.__name__.rsplit('.', 1)[-1]}.shutdown: {one_line(exc)}")
         if kind == "tierstore":
             vm.uninstall()
-            if vm._TIER is not None:   # a failed shutdown: forget the tier (harness cleanup)
+            if vm._TIER is not None:  # a failed shutdown: forget the tier (harness cleanup)
                 vm._TIER = None
             vm.reset_env()
 
@@ -513,22 +541,31 @@ class Geometry:
         return self.w13 + self.w2
 
     @property
-    def fire_floor(self) -> int:      # V1, no spec, 1 seq, GATE_FP_MAX 3
+    def fire_floor(self) -> int:  # V1, no spec, 1 seq, GATE_FP_MAX 3
         return int(self.layers * self.top_k * 1.0 * 1 * 1.7)
 
     def env(self, **extra) -> dict:
-        e = {P + "NUM_LAYERS": str(self.layers - 1), P + "CKPT_ID": "moet-side-by-side",
-             P + "GATE": "1", P + "STORE_THREADS": "2", P + "DELTA_DECAY_S": "1e9",
-             P + "DELTA_GB": repr(self.slots * self.slot_bytes / 2**30)}
+        e = {
+            P + "NUM_LAYERS": str(self.layers - 1),
+            P + "CKPT_ID": "moet-side-by-side",
+            P + "GATE": "1",
+            P + "STORE_THREADS": "2",
+            P + "DELTA_DECAY_S": "1e9",
+            P + "DELTA_GB": repr(self.slots * self.slot_bytes / 2**30),
+        }
         e.update({P + k: str(v) for k, v in extra.items()})
         return e
 
 
 def make_planes(geo: Geometry, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {k: (torch.randint(0, 256, (geo.experts, geo.w13), dtype=torch.uint8, generator=g),
-                torch.randint(0, 256, (geo.experts, geo.w2), dtype=torch.uint8, generator=g))
-            for k in range(geo.layers)}
+    return {
+        k: (
+            torch.randint(0, 256, (geo.experts, geo.w13), dtype=torch.uint8, generator=g),
+            torch.randint(0, 256, (geo.experts, geo.w2), dtype=torch.uint8, generator=g),
+        )
+        for k in range(geo.layers)
+    }
 
 
 def digest(*arrays) -> str:
@@ -549,22 +586,27 @@ class Arm:
         self.errors: list[str] = []
         self.events: list[dict] = []
         self.last_mapped = set()
-        self.at_step_end = None     # (mapped, scores) just before the last step_end
+        self.at_step_end = None  # (mapped, scores) just before the last step_end
 
     @property
     def tier(self):
         return self.m.delta._TIER
 
     # -- boot ---------------------------------------------------------------------------------
-    def boot(self, profile_route, runner: str = "v1", free_bytes: int | None = None,
-             n_stage: int | None = None, info: dict | None = None) -> dict:
+    def boot(
+        self,
+        profile_route,
+        runner: str = "v1",
+        free_bytes: int | None = None,
+        n_stage: int | None = None,
+        info: dict | None = None,
+    ) -> dict:
         """Boot as the glue, the V1 (or V2) runner and the worker do; fills and returns
         ``info`` (given: still filled in part when a call raises). ``n_stage``: stop after
         staging that many layers (a boot that dies while writing its pack)."""
         d, g = self.m.delta, self.geo
         info = {} if info is None else info
-        tier = d.get_tier(n_experts=g.experts, dev=DEV[self.kind], w13_bytes=g.w13,
-                          w2_bytes=g.w2)
+        tier = d.get_tier(n_experts=g.experts, dev=DEV[self.kind], w13_bytes=g.w13, w2_bytes=g.w2)
         info["tier"] = type(tier).__name__ if tier is not None else None
         if tier is None:
             return info
@@ -576,16 +618,20 @@ class Arm:
         if runner == "v1":
             try:
                 d.check_pool_floor(g.top_k, 0, 1)
-            except ValueError as exc:       # the V1 runner re-raises: boot fails
+            except ValueError as exc:  # the V1 runner re-raises: boot fails
                 info["refused"] = one_line(exc)
                 return info
             except Exception as exc:  # noqa: BLE001 - the V1 runner only logs these
                 info["floor_check_logged"] = one_line(exc)
-        self.forward(profile_route, {})     # determine_available_memory: eager profile run
+        self.forward(profile_route, {})  # determine_available_memory: eager profile run
         self.finalize(tier, free_bytes, info)
-        tier.notify_capture()               # the glue's call while capturing (no capture here)
-        info.update(n_slots=int(tier.n_slots), pool_rows=int(tier.pool.shape[0]),
-                    layers_in_store=len(tier._store), sub_floor=getattr(tier, "_sub_floor", None))
+        tier.notify_capture()  # the glue's call while capturing (no capture here)
+        info.update(
+            n_slots=int(tier.n_slots),
+            pool_rows=int(tier.pool.shape[0]),
+            layers_in_store=len(tier._store),
+            sub_floor=getattr(tier, "_sub_floor", None),
+        )
         return info
 
     def finalize(self, tier, free_bytes, info: dict) -> None:
@@ -616,6 +662,7 @@ class Arm:
                 ev = StandInEvent()
                 ev.record()
                 tier._snapshot_event = ev
+
         tier._fold_seen = fold_with_event
         return True
 
@@ -661,12 +708,11 @@ class Arm:
             if self.cuda.is_current_stream_capturing():
                 tier.notify_capture()
             d.mark_seen(tier.seen[layer], ids.view(-1))
-            slots = tier.slot_table[layer].index_select(0, ids).numpy()   # even with 0 slots
-            served.update((layer * E + int(e), int(sl))
-                          for e, sl in zip(route[layer], slots) if sl >= 0)
+            slots = tier.slot_table[layer].index_select(0, ids).numpy()  # even with 0 slots
+            served.update((layer * E + int(e), int(sl)) for e, sl in zip(route[layer], slots) if sl >= 0)
         self.last_mapped = self.mapped()
         if self.gpu_forward_s:
-            time.sleep(self.gpu_forward_s)                       # the kernels' time
+            time.sleep(self.gpu_forward_s)  # the kernels' time
         wrong = self.wrong_keys()
         rec["wrong"] = max(rec.get("wrong", 0), len(wrong))
         rec["wrong_served"] = rec.get("wrong_served", 0) + len(wrong & served.keys())
@@ -677,17 +723,32 @@ class Arm:
         before it, ``key``: what it ranked by)."""
         after = self.mapped()
         ins, outs = sorted(after - before), sorted(before - after)
-        self.events.append({
-            "label": label, "state": digest(sorted(before), state),
-            "ins": ins, "outs": outs, "in_scores": sorted(key[ins].tolist()),
-            "out_scores": sorted(key[outs].tolist())})
+        self.events.append(
+            {
+                "label": label,
+                "state": digest(sorted(before), state),
+                "ins": ins,
+                "outs": outs,
+                "in_scores": sorted(key[ins].tolist()),
+                "out_scores": sorted(key[outs].tolist()),
+            }
+        )
 
     # -- one step of the V1 runner ------------------------------------------------------------
     def step(self, s: int, routes: np.ndarray, logits: torch.Tensor) -> dict:
         d, g = self.m.delta, self.m.gate
-        rec = {"step": s, "fired": False, "promoted": [], "served": [], "lost": 0,
-               "lost_unmapped": 0, "lost_rerouted": 0, "wrong": 0, "wrong_served": 0,
-               "errors": []}
+        rec = {
+            "step": s,
+            "fired": False,
+            "promoted": [],
+            "served": [],
+            "lost": 0,
+            "lost_unmapped": 0,
+            "lost_rerouted": 0,
+            "wrong": 0,
+            "wrong_served": 0,
+            "errors": [],
+        }
         self.events = []
         CLOCK.boundary += 1
         # lazy promotions land between the last step_end and this forward (published by
@@ -760,8 +821,15 @@ def _reroute(prev: np.ndarray, p: np.ndarray, rng, frac: float) -> np.ndarray:
     return out
 
 
-def zipf_router(geo: Geometry, steps: int, rounds: int, seed: int, drift_every: int = 20,
-                exponent: float = 1.1, reroute: float = 0.25):
+def zipf_router(
+    geo: Geometry,
+    steps: int,
+    rounds: int,
+    seed: int,
+    drift_every: int = 20,
+    exponent: float = 1.1,
+    reroute: float = 0.25,
+):
     """Per layer a Zipf-like popularity over a seeded permutation of the experts; every
     ``drift_every`` steps one hot expert per layer swaps rank with a cold one."""
     rng = np.random.default_rng([seed, 1])
@@ -775,6 +843,7 @@ def zipf_router(geo: Geometry, steps: int, rounds: int, seed: int, drift_every: 
         for layer in range(L):
             p[layer, perms[layer]] = base
         return p
+
     p = probs()
     profile = _draw(rng, p, k)
     routes = np.empty((steps, rounds + 1, L, k), np.int64)
@@ -790,8 +859,7 @@ def zipf_router(geo: Geometry, steps: int, rounds: int, seed: int, drift_every: 
     return routes, profile
 
 
-def trace_router(path: str, steps: int, rounds: int, seed: int, slots: int,
-                 reroute: float = 0.25):
+def trace_router(path: str, steps: int, rounds: int, seed: int, slots: int, reroute: float = 0.25):
     """The trace's ticks as decode steps (tick 0 = the profile forward), in its own
     geometry (layers renumbered from 0); replays re-draw from each layer's popularity."""
     a = np.load(path)
@@ -799,14 +867,16 @@ def trace_router(path: str, steps: int, rounds: int, seed: int, slots: int,
     E, ticks = int(a[:, 2].max()) + 1, len(np.unique(a[:, 0]))
     k = len(a) // (ticks * len(layers))
     if k * ticks * len(layers) != len(a) or steps + 1 > ticks:
-        raise Fatal(f"{path}: expected [tick, layer, expert] rows, the same top-k for every "
-                    f"tick and layer, and more than {steps} ticks")
+        raise Fatal(
+            f"{path}: expected [tick, layer, expert] rows, the same top-k for every "
+            f"tick and layer, and more than {steps} ticks"
+        )
     per = a[:, 2].reshape(ticks, len(layers), k).astype(np.int64)
-    if not np.array_equal(a[:, 1].reshape(ticks, len(layers), k)[:, :, 0],
-                          np.broadcast_to(layers, (ticks, len(layers)))):
+    if not np.array_equal(
+        a[:, 1].reshape(ticks, len(layers), k)[:, :, 0], np.broadcast_to(layers, (ticks, len(layers)))
+    ):
         raise Fatal(f"{path}: rows are not sorted by tick, then layer")
-    p = np.stack([np.bincount(per[:, i].ravel(), minlength=E) + 1.0
-                  for i in range(len(layers))])
+    p = np.stack([np.bincount(per[:, i].ravel(), minlength=E) + 1.0 for i in range(len(layers))])
     p /= p.sum(1, keepdims=True)
     rng = np.random.default_rng([seed, 2])
     routes = np.empty((steps, rounds + 1, len(layers), k), np.int64)
@@ -834,9 +904,21 @@ def gate_logits(steps: int, seed: int, fire_rate: float, vocab: int = 64) -> tor
 
 
 # == 6. serving runs and their comparison ====================================================
-def serve(ctx, kind: str, geo: Geometry, environ: dict, planes, routes, profile, logits,
-          steps: int, runner: str = "v1", free_bytes=None, lag: bool = False,
-          gpu_ms: float = 0.0) -> dict:
+def serve(
+    ctx,
+    kind: str,
+    geo: Geometry,
+    environ: dict,
+    planes,
+    routes,
+    profile,
+    logits,
+    steps: int,
+    runner: str = "v1",
+    free_bytes=None,
+    lag: bool = False,
+    gpu_ms: float = 0.0,
+) -> dict:
     CLOCK.reset(lag)
     CALLS.clear()
     ctx.warnings.reset()
@@ -852,9 +934,15 @@ def serve(ctx, kind: str, geo: Geometry, environ: dict, planes, routes, profile,
             except Exception as exc:  # noqa: BLE001 - the runner's step fails: serving stops
                 boot["serving_error"] = f"step {len(hist)}: {one_line(exc)}"
             boot["final_mapped"] = len(arm.mapped())
-    return {"boot": boot, "steps": hist, "totals": totals(hist), "errors": arm.errors,
-            "warnings": ctx.warnings.of(kind), "cuda_stand_in_calls": dict(CALLS),
-            "seconds": round(time.perf_counter() - t0, 2)}
+    return {
+        "boot": boot,
+        "steps": hist,
+        "totals": totals(hist),
+        "errors": arm.errors,
+        "warnings": ctx.warnings.of(kind),
+        "cuda_stand_in_calls": dict(CALLS),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
 
 
 def totals(hist: list[dict]) -> dict:
@@ -885,28 +973,38 @@ def compare(a: list[dict], b: list[dict], experts: int) -> dict:
     eq = collections.Counter()
     first, same_state = None, []
     for ra, rb in zip(a, b):
-        same = {"gate_fire": ra["fired"] == rb["fired"],
-                "promote_counts": ra["promoted"] == rb["promoted"],
-                "fp4_served": ra["served"] == rb["served"],
-                "lost": ra["lost"] == rb["lost"],
-                "mapped_set_at_final_forward": ra["mapped_digest"] == rb["mapped_digest"]}
+        same = {
+            "gate_fire": ra["fired"] == rb["fired"],
+            "promote_counts": ra["promoted"] == rb["promoted"],
+            "fp4_served": ra["served"] == rb["served"],
+            "lost": ra["lost"] == rb["lost"],
+            "mapped_set_at_final_forward": ra["mapped_digest"] == rb["mapped_digest"],
+        }
         eq.update(k for k, v in same.items() if v)
         if first is None and not all(same.values()):
-            first = {"step": ra["step"], "differs": [k for k, v in same.items() if not v],
-                     "moet": _brief(ra), "tierstore": _brief(rb)}
+            first = {
+                "step": ra["step"],
+                "differs": [k for k, v in same.items() if not v],
+                "moet": _brief(ra),
+                "tierstore": _brief(rb),
+            }
         for ea, eb in zip(ra["events"], rb["events"]):
             if ea["label"] != eb["label"]:
                 break
             if ea["state"] == eb["state"] and (ea["ins"], ea["outs"]) != (eb["ins"], eb["outs"]):
                 same_state.append(_event_diff(ra["step"], ea, eb, experts))
     n = min(len(a), len(b))
-    return {"steps": n, "equal_steps": {k: eq[k] for k in (
-                "gate_fire", "promote_counts", "fp4_served", "lost",
-                "mapped_set_at_final_forward")},
-            "first_differing_step": first,
-            "same_state_events_that_differ": len(same_state),
-            "of_which_tie_breaking": sum(d["tie_breaking"] for d in same_state),
-            "examples": same_state[:6]}
+    return {
+        "steps": n,
+        "equal_steps": {
+            k: eq[k]
+            for k in ("gate_fire", "promote_counts", "fp4_served", "lost", "mapped_set_at_final_forward")
+        },
+        "first_differing_step": first,
+        "same_state_events_that_differ": len(same_state),
+        "of_which_tie_breaking": sum(d["tie_breaking"] for d in same_state),
+        "examples": same_state[:6],
+    }
 
 
 def _brief(r: dict) -> dict:
@@ -916,14 +1014,23 @@ def _brief(r: dict) -> dict:
 def _event_diff(step: int, ea: dict, eb: dict, E: int) -> dict:
     def pair(keys):
         return [[k // E, k % E] for k in keys]
+
     tie = ea["in_scores"] == eb["in_scores"] and ea["out_scores"] == eb["out_scores"]
-    return {"step": step, "event": ea["label"], "tie_breaking": tie,
-            "moet_only_in": pair(sorted(set(ea["ins"]) - set(eb["ins"]))),
-            "tierstore_only_in": pair(sorted(set(eb["ins"]) - set(ea["ins"]))),
-            "moet_only_out": pair(sorted(set(ea["outs"]) - set(eb["outs"]))),
-            "tierstore_only_out": pair(sorted(set(eb["outs"]) - set(ea["outs"]))),
-            "scores": {"moet_in": ea["in_scores"], "tierstore_in": eb["in_scores"],
-                       "moet_out": ea["out_scores"], "tierstore_out": eb["out_scores"]}}
+    return {
+        "step": step,
+        "event": ea["label"],
+        "tie_breaking": tie,
+        "moet_only_in": pair(sorted(set(ea["ins"]) - set(eb["ins"]))),
+        "tierstore_only_in": pair(sorted(set(eb["ins"]) - set(ea["ins"]))),
+        "moet_only_out": pair(sorted(set(ea["outs"]) - set(eb["outs"]))),
+        "tierstore_only_out": pair(sorted(set(eb["outs"]) - set(ea["outs"]))),
+        "scores": {
+            "moet_in": ea["in_scores"],
+            "tierstore_in": eb["in_scores"],
+            "moet_out": ea["out_scores"],
+            "tierstore_out": eb["out_scores"],
+        },
+    }
 
 
 def side_by_side(ctx, geo, routes, profile, logits, steps, **kw) -> dict:
@@ -933,9 +1040,12 @@ def side_by_side(ctx, geo, routes, profile, logits, steps, **kw) -> dict:
     for kind in KINDS:
         progress(f"{geo.name}: {LABEL[kind]} arm, {steps} steps")
         arms[kind] = serve(ctx, kind, geo, environ, planes, routes, profile, logits, steps, **kw)
-    return {"geometry": vars(geo) | {"slot_bytes": geo.slot_bytes, "fire_floor": geo.fire_floor},
-            "env": environ, "arms": arms,
-            "comparison": compare(arms["moet"]["steps"], arms["tierstore"]["steps"], geo.experts)}
+    return {
+        "geometry": vars(geo) | {"slot_bytes": geo.slot_bytes, "fire_floor": geo.fire_floor},
+        "env": environ,
+        "arms": arms,
+        "comparison": compare(arms["moet"]["steps"], arms["tierstore"]["steps"], geo.experts),
+    }
 
 
 # == 7. the four known divergences =========================================================
@@ -966,15 +1076,16 @@ def stop_after(ctx, kind: str, environ: dict, geo, planes, n: int, directory: st
     return info
 
 
-def resume(ctx, kind: str, environ: dict, geo, planes, routes, profile, logits, steps: int,
-           directory: str) -> dict:
+def resume(
+    ctx, kind: str, environ: dict, geo, planes, routes, profile, logits, steps: int, directory: str
+) -> dict:
     """A full boot on the directory (it stages every layer; layers the pack holds are
     skipped), then ``steps`` steps with every slot checked against the planes."""
     import warnings
+
     info, hist = {}, []
     ctx.warnings.reset()
-    with warnings.catch_warnings(record=True) as caught, \
-            open_arm(ctx, kind, environ, geo, planes) as arm:
+    with warnings.catch_warnings(record=True) as caught, open_arm(ctx, kind, environ, geo, planes) as arm:
         warnings.simplefilter("always")
         try:
             arm.boot(profile, info=info)
@@ -983,8 +1094,9 @@ def resume(ctx, kind: str, environ: dict, geo, planes, routes, profile, logits, 
         except Exception as exc:  # noqa: BLE001 - reported
             info["error"] = one_line(exc)
     t = totals(hist)
-    info["served"] = {k: t[k] for k in ("steps", "gate_fires", "promoted_by_fires",
-                                         "fp4_served_final", "wrong_byte_slots")}
+    info["served"] = {
+        k: t[k] for k in ("steps", "gate_fires", "promoted_by_fires", "fp4_served_final", "wrong_byte_slots")
+    }
     info["warnings"] = ctx.warnings.of(kind)
     info["python_warnings"] = sorted({" ".join(str(w.message).split())[:200] for w in caught})
     info["errors"] = arm.errors
@@ -1000,19 +1112,26 @@ def scenario_packs(ctx, geo, routes, profile, logits, steps: int = 10) -> dict:
     for first, second in (("moet", "tierstore"), ("tierstore", "moet")):
         directory = tempfile.mkdtemp(prefix=f"{first}-first-", dir=ctx.tmpdir)
         environ = geo.env(STORE_DIR=directory)
-        progress(f"divergence 1: {LABEL[first]} writes {half}/{geo.layers} layers, stops; "
-                 f"{LABEL[second]} boots on its pack; {LABEL[first]} again")
+        progress(
+            f"divergence 1: {LABEL[first]} writes {half}/{geo.layers} layers, stops; "
+            f"{LABEL[second]} boots on its pack; {LABEL[first]} again"
+        )
         row = {"stopped": stop_after(ctx, first, environ, geo, planes, half, directory)}
-        row["resumed_by_other"] = resume(ctx, second, environ, geo, planes, routes, profile,
-                                         logits, steps, directory)
-        row["reopened_by_first"] = resume(ctx, first, environ, geo, planes, routes, profile,
-                                          logits, steps, directory)
+        row["resumed_by_other"] = resume(
+            ctx, second, environ, geo, planes, routes, profile, logits, steps, directory
+        )
+        row["reopened_by_first"] = resume(
+            ctx, first, environ, geo, planes, routes, profile, logits, steps, directory
+        )
         row["files"] = sorted(os.listdir(directory))
         row["problems"] = _pack_problems(row, half, geo.layers)
         out[f"{first}_then_{second}"] = row
-    return {"orders": out, "reproduces": any(r["problems"] for r in out.values()),
-            "expected": f"the second boot finds the {half} layers written, both boots serve "
-                        "the right bytes, the first engine accepts the completed pack"}
+    return {
+        "orders": out,
+        "reproduces": any(r["problems"] for r in out.values()),
+        "expected": f"the second boot finds the {half} layers written, both boots serve "
+        "the right bytes, the first engine accepts the completed pack",
+    }
 
 
 def _pack_problems(row: dict, half: int, layers: int) -> list[str]:
@@ -1023,8 +1142,7 @@ def _pack_problems(row: dict, half: int, layers: int) -> list[str]:
             problems.append(f"{phase}: {r['error']}")
         found = r.get("layers_in_store_before_staging")
         if found is not None and found != want:
-            problems.append(f"{phase}: found {found} packed layers before staging, "
-                            f"expected {want}")
+            problems.append(f"{phase}: found {found} packed layers before staging, expected {want}")
         if r["served"]["wrong_byte_slots"]:
             problems.append(f"{phase}: {r['served']['wrong_byte_slots']} wrong-byte slots")
     if any(".damaged" in f for f in row["files"]):
@@ -1032,21 +1150,34 @@ def _pack_problems(row: dict, half: int, layers: int) -> list[str]:
     return problems
 
 
-LOSS_KEYS = ("gate_fires", "fire_rounds", "promoted_by_fires", "promoted_lazy",
-             "fp4_served_first_forward", "lost_between_forward_and_replay",
-             "lost_and_unmapped_at_replay", "lost_and_routed_again", "fired_steps_with_loss", "wrong_byte_slots",
-             "wrong_bytes_served")
+LOSS_KEYS = (
+    "gate_fires",
+    "fire_rounds",
+    "promoted_by_fires",
+    "promoted_lazy",
+    "fp4_served_first_forward",
+    "lost_between_forward_and_replay",
+    "lost_and_unmapped_at_replay",
+    "lost_and_routed_again",
+    "fired_steps_with_loss",
+    "wrong_byte_slots",
+    "wrong_bytes_served",
+)
 
 
-def scenario_pressure(ctx, geo, routes, profile, logits, steps_cpu: int, steps_gpu: int,
-                      gpu_ms: float) -> dict:
+def scenario_pressure(
+    ctx, geo, routes, profile, logits, steps_cpu: int, steps_gpu: int, gpu_ms: float
+) -> dict:
     """(2) DELTA_PROMOTE=32, a pool at the fire floor (much smaller than the routed set):
     pairs served at FP4 in a fired step's forward that are unmapped before its replay."""
     out = {}
-    for order, lag, steps, ms in (("cpu_event_order", False, steps_cpu, 0.0),
-                                  ("modelled_gpu_event_order", True, steps_gpu, gpu_ms)):
-        r = side_by_side(ctx, geo, routes, profile, logits, steps,
-                         extra={"DELTA_PROMOTE": 32}, lag=lag, gpu_ms=ms)
+    for order, lag, steps, ms in (
+        ("cpu_event_order", False, steps_cpu, 0.0),
+        ("modelled_gpu_event_order", True, steps_gpu, gpu_ms),
+    ):
+        r = side_by_side(
+            ctx, geo, routes, profile, logits, steps, extra={"DELTA_PROMOTE": 32}, lag=lag, gpu_ms=ms
+        )
         out[order] = {"steps": steps, "forward_sleep_ms": ms}
         for kind in KINDS:
             arm = r["arms"][kind]
@@ -1055,14 +1186,16 @@ def scenario_pressure(ctx, geo, routes, profile, logits, steps_cpu: int, steps_g
             if "serving_error" in arm["boot"]:
                 out[order][kind]["serving_error"] = arm["boot"]["serving_error"]
         if lag:
-            out[order]["tierstore_gpu_order_modelled"] = \
-                r["arms"]["tierstore"]["boot"].get("gpu_order_modelled")
-    return {"pool_slots": geo.slots, "routed_set": geo.layers * geo.experts,
-            "orders": out,
-            "reproduces": any(o["tierstore"]["lost_between_forward_and_replay"] > 0
-                              for o in out.values()),
-            "moet_loses_too": any(o["moet"]["lost_between_forward_and_replay"] > 0
-                                  for o in out.values())}
+            out[order]["tierstore_gpu_order_modelled"] = r["arms"]["tierstore"]["boot"].get(
+                "gpu_order_modelled"
+            )
+    return {
+        "pool_slots": geo.slots,
+        "routed_set": geo.layers * geo.experts,
+        "orders": out,
+        "reproduces": any(o["tierstore"]["lost_between_forward_and_replay"] > 0 for o in out.values()),
+        "moet_loses_too": any(o["moet"]["lost_between_forward_and_replay"] > 0 for o in out.values()),
+    }
 
 
 def scenario_auto(ctx, geo, routes, profile, logits, steps: int = 15) -> dict:
@@ -1070,21 +1203,41 @@ def scenario_auto(ctx, geo, routes, profile, logits, steps: int = 15) -> dict:
     for 0 slots, and above the floor (control); V1 (checks the floor) and V2 (does not)."""
     planes, sb = make_planes(geo, ctx.seed), geo.slot_bytes
     environ = geo.env(DELTA_GB="auto", DELTA_RESERVE_GB=0)
-    cases = {"free_under_floor": (geo.fire_floor - 16) * sb, "free_for_0_slots": sb // 2,
-             "free_above_floor": (geo.fire_floor + 24) * sb}
+    cases = {
+        "free_under_floor": (geo.fire_floor - 16) * sb,
+        "free_for_0_slots": sb // 2,
+        "free_above_floor": (geo.fire_floor + 24) * sb,
+    }
     out = {}
     for runner in ("v1", "v2"):
         for case, free in cases.items():
             progress(f"divergence 3: auto pool, {runner}, {case}")
             row = out.setdefault(runner, {}).setdefault(case, {"free_slots": free // sb})
             for kind in KINDS:
-                r = serve(ctx, kind, geo, environ, planes, routes, profile, logits, steps,
-                          runner=runner, free_bytes=free)
+                r = serve(
+                    ctx,
+                    kind,
+                    geo,
+                    environ,
+                    planes,
+                    routes,
+                    profile,
+                    logits,
+                    steps,
+                    runner=runner,
+                    free_bytes=free,
+                )
                 row[kind] = _auto_outcome(r, geo.fire_floor)
-    served = [out["v1"][c]["tierstore"]["outcome"].startswith("serves")
-              for c in ("free_under_floor", "free_for_0_slots")]
-    return {"fire_floor": geo.fire_floor, "runners": out, "reproduces": any(served),
-            "expected": "V1 refuses a pool under the fire floor at boot (after sizing it)"}
+    served = [
+        out["v1"][c]["tierstore"]["outcome"].startswith("serves")
+        for c in ("free_under_floor", "free_for_0_slots")
+    ]
+    return {
+        "fire_floor": geo.fire_floor,
+        "runners": out,
+        "reproduces": any(served),
+        "expected": "V1 refuses a pool under the fire floor at boot (after sizing it)",
+    }
 
 
 def _auto_outcome(r: dict, floor: int) -> dict:
@@ -1092,22 +1245,33 @@ def _auto_outcome(r: dict, floor: int) -> dict:
     if "refused" in b:
         return {"outcome": "boot refused", "why": b["refused"]}
     if "serving_error" in b and not r["steps"]:
-        return {"outcome": "refuses the first step", "why": b["serving_error"],
-                "finalize_auto_warning": b.get("finalize_auto_warning")}
+        return {
+            "outcome": "refuses the first step",
+            "why": b["serving_error"],
+            "finalize_auto_warning": b.get("finalize_auto_warning"),
+        }
     n = b.get("n_slots", 0)
     t = r["totals"]
-    what = "serves 0-slot inert tier, gate armed" if n == 0 else (
-        "serves sub-floor" if n < floor else "serves")
-    return {"outcome": what, "n_slots": n, "layers_in_store": b.get("layers_in_store"),
-            "finalize_auto_warning": b.get("finalize_auto_warning"),
-            "gate_fires": t["gate_fires"], "promoted_by_fires": t["promoted_by_fires"],
-            "fp4_served_final": t["fp4_served_final"], "wrong_byte_slots": t["wrong_byte_slots"]}
+    what = (
+        "serves 0-slot inert tier, gate armed" if n == 0 else ("serves sub-floor" if n < floor else "serves")
+    )
+    return {
+        "outcome": what,
+        "n_slots": n,
+        "layers_in_store": b.get("layers_in_store"),
+        "finalize_auto_warning": b.get("finalize_auto_warning"),
+        "gate_fires": t["gate_fires"],
+        "promoted_by_fires": t["promoted_by_fires"],
+        "fp4_served_final": t["fp4_served_final"],
+        "wrong_byte_slots": t["wrong_byte_slots"],
+    }
 
 
 def scenario_register(ctx, geo, routes, profile, logits) -> dict:
     """(4) VLLM_MOE_W2_TIERSTORE unset and malformed values: does register() raise? And
     what vLLM-Moet's own boot does with the same values (no STORE_DIR)."""
     from tierstore.adapters import vllm_moet as vm
+
     bad = {"ZERO_MODE": "abc", "DELTA_RESERVE_GB": "nan", "DELTA_MAX_GB": "inf"}
     cases = [(f"{k}={v}", {P + k: v}) for k, v in bad.items()]
     cases.append(("all three", {P + k: v for k, v in bad.items()}))
@@ -1118,64 +1282,83 @@ def scenario_register(ctx, geo, routes, profile, logits) -> dict:
         vm.reset_env()
         try:
             vm.register()
-            row = {"register": "returned", "raises": False,
-                   "installed": vm._TARGET is not None}
+            row = {"register": "returned", "raises": False, "installed": vm._TARGET is not None}
         except Exception as exc:  # noqa: BLE001 - the point of the scenario
             row = {"register": f"raised {one_line(exc)}", "raises": True}
         finally:
             vm.uninstall()
             vm.reset_env()
         try:
-            r = serve(ctx, "moet", geo, {**geo.env(), **bad_env}, planes, routes, profile,
-                      logits, 3)
+            r = serve(ctx, "moet", geo, {**geo.env(), **bad_env}, planes, routes, profile, logits, 3)
             row["moet_boot"] = "ok" if not r["boot"].get("refused") else r["boot"]["refused"]
         except Exception as exc:  # noqa: BLE001 - reported
             row["moet_boot"] = f"error {one_line(exc)}"
         rows[name] = row
-    return {"cases": rows, "reproduces": any(r["raises"] for r in rows.values()),
-            "expected": "register() does nothing when VLLM_MOE_W2_TIERSTORE is not 1"}
+    return {
+        "cases": rows,
+        "reproduces": any(r["raises"] for r in rows.values()),
+        "expected": "register() does nothing when VLLM_MOE_W2_TIERSTORE is not 1",
+    }
 
 
 # == 8. report ================================================================================
-TOTAL_ROWS = (("gate_fires", "gate fires"), ("fire_rounds", "fire rounds (promote calls)"),
-              ("promoted_by_fires", "promoted by fires"), ("promoted_lazy", "promoted by manager"),
-              ("evicted", "evicted"), ("fp4_served_final", "FP4-served, final forward"),
-              ("fp4_served_first_forward", "FP4-served, first forward"),
-              ("lost_between_forward_and_replay", "lost slot between forward and replay"),
-              ("lost_and_unmapped_at_replay", "  of which unmapped at the replay"),
-              ("wrong_byte_slots", "slots with wrong bytes"), ("step_errors", "step errors"))
+TOTAL_ROWS = (
+    ("gate_fires", "gate fires"),
+    ("fire_rounds", "fire rounds (promote calls)"),
+    ("promoted_by_fires", "promoted by fires"),
+    ("promoted_lazy", "promoted by manager"),
+    ("evicted", "evicted"),
+    ("fp4_served_final", "FP4-served, final forward"),
+    ("fp4_served_first_forward", "FP4-served, first forward"),
+    ("lost_between_forward_and_replay", "lost slot between forward and replay"),
+    ("lost_and_unmapped_at_replay", "  of which unmapped at the replay"),
+    ("wrong_byte_slots", "slots with wrong bytes"),
+    ("step_errors", "step errors"),
+)
 
 
 def render(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
+
     con = Console()
     m = report["meta"]
     ts = m["tierstore"]
-    which = f"tierstore {ts.get('commit_requested') or ts.get('git') or '?'} " \
-            f"({(ts.get('sha') or '?')[:10]})"
-    con.print(f"vLLM-Moet {m['moet_commit'][:12]} ({m['moet_repo']}), files from {PATCH}: "
-              f"{', '.join(f['path'].rsplit('/', 1)[-1] for f in m['extracted'])}; "
-              f"{which} from {ts['path']}")
+    which = f"tierstore {ts.get('commit_requested') or ts.get('git') or '?'} ({(ts.get('sha') or '?')[:10]})"
+    con.print(
+        f"vLLM-Moet {m['moet_commit'][:12]} ({m['moet_repo']}), files from {PATCH}: "
+        f"{', '.join(f['path'].rsplit('/', 1)[-1] for f in m['extracted'])}; "
+        f"{which} from {ts['path']}"
+    )
     for name, run in report["runs"].items():
         if "skipped" in run:
             con.print(f"[bold]{name}[/]: skipped ({run['skipped']})")
             continue
         g, c = run["geometry"], run["comparison"]
-        t = Table(title=f"{name}: {g['layers']} layers x {g['experts']} experts, top-{g['top_k']}, "
-                        f"{g['slots']} slots (fire floor {g['fire_floor']}), {c['steps']} steps")
+        t = Table(
+            title=f"{name}: {g['layers']} layers x {g['experts']} experts, top-{g['top_k']}, "
+            f"{g['slots']} slots (fire floor {g['fire_floor']}), {c['steps']} steps"
+        )
         for col in ("", "vLLM-Moet", "tierstore", "equal steps"):
             t.add_column(col, justify="left" if not col else "right")
         eq = c["equal_steps"]
-        eq_of = {"gate_fires": "gate_fire", "fire_rounds": "promote_counts",
-                 "fp4_served_final": "fp4_served", "lost_between_forward_and_replay": "lost"}
+        eq_of = {
+            "gate_fires": "gate_fire",
+            "fire_rounds": "promote_counts",
+            "fp4_served_final": "fp4_served",
+            "lost_between_forward_and_replay": "lost",
+        }
         for key, label in TOTAL_ROWS:
             e = eq_of.get(key)
-            t.add_row(label, str(run["arms"]["moet"]["totals"][key]),
-                      str(run["arms"]["tierstore"]["totals"][key]),
-                      f"{eq[e]}/{c['steps']}" if e else "")
-        t.add_row("mapped set at the final forward", "", "",
-                  f"{eq['mapped_set_at_final_forward']}/{c['steps']}")
+            t.add_row(
+                label,
+                str(run["arms"]["moet"]["totals"][key]),
+                str(run["arms"]["tierstore"]["totals"][key]),
+                f"{eq[e]}/{c['steps']}" if e else "",
+            )
+        t.add_row(
+            "mapped set at the final forward", "", "", f"{eq['mapped_set_at_final_forward']}/{c['steps']}"
+        )
         con.print(t)
         con.print(_difference_line(c))
     d = Table(title=f"known divergences, against {which}")
@@ -1190,46 +1373,70 @@ def _difference_line(c: dict) -> str:
     f = c["first_differing_step"]
     if f is None:
         return "  identical at every step"
-    return (f"  first differing step {f['step']} ({', '.join(f['differs'])}); events that began "
-            f"in the same state and ended differently: {c['same_state_events_that_differ']}, "
-            f"of which tie-breaking (same multiset of scores): {c['of_which_tie_breaking']}")
+    return (
+        f"  first differing step {f['step']} ({', '.join(f['differs'])}); events that began "
+        f"in the same state and ended differently: {c['same_state_events_that_differ']}, "
+        f"of which tie-breaking (same multiset of scores): {c['of_which_tie_breaking']}"
+    )
 
 
 def divergence_rows(div: dict) -> list[tuple[str, ...]]:
     def yes(v):
         return "[red]yes[/]" if v else "[green]no[/]"
+
     p, rows = div["1_pack_left_unfinished"], []
     for order, r in p["orders"].items():
         res, reo = r["resumed_by_other"], r["reopened_by_first"]
         first = order.split("_then_")[0]
-        rows.append(("1", f"pack unfinished by {LABEL[first]}, resumed",
-                     _pack_cell(reo if first == "moet" else res),
-                     _pack_cell(res if first == "moet" else reo),
-                     yes(bool(r["problems"]))))
+        rows.append(
+            (
+                "1",
+                f"pack unfinished by {LABEL[first]}, resumed",
+                _pack_cell(reo if first == "moet" else res),
+                _pack_cell(res if first == "moet" else reo),
+                yes(bool(r["problems"])),
+            )
+        )
     q = div["2_lost_between_forward_and_replay"]
     for order, o in q["orders"].items():
-        rows.append(("2", f"DELTA_PROMOTE=32, pool {q['pool_slots']}: lost pairs ({order})",
-                     str(o["moet"]["lost_between_forward_and_replay"]),
-                     str(o["tierstore"]["lost_between_forward_and_replay"]),
-                     yes(o["tierstore"]["lost_between_forward_and_replay"] > 0)))
+        rows.append(
+            (
+                "2",
+                f"DELTA_PROMOTE=32, pool {q['pool_slots']}: lost pairs ({order})",
+                str(o["moet"]["lost_between_forward_and_replay"]),
+                str(o["tierstore"]["lost_between_forward_and_replay"]),
+                yes(o["tierstore"]["lost_between_forward_and_replay"] > 0),
+            )
+        )
     a = div["3_auto_pool_under_fire_floor"]
     for case in ("free_under_floor", "free_for_0_slots", "free_above_floor"):
         r = a["runners"]["v1"][case]
-        rows.append(("3", f"auto + gate, V1, {case} ({r['free_slots']} slots)",
-                     _auto_cell(r["moet"]), _auto_cell(r["tierstore"]),
-                     yes(case != "free_above_floor"
-                         and r["tierstore"]["outcome"].startswith("serves"))))
+        rows.append(
+            (
+                "3",
+                f"auto + gate, V1, {case} ({r['free_slots']} slots)",
+                _auto_cell(r["moet"]),
+                _auto_cell(r["tierstore"]),
+                yes(case != "free_above_floor" and r["tierstore"]["outcome"].startswith("serves")),
+            )
+        )
     for name, r in div["4_register_with_plugin_off"]["cases"].items():
-        rows.append(("4", f"plugin off, {name}: register()", f"boot {r['moet_boot'][:40]}",
-                     r["register"][:60], yes(r["raises"])))
+        rows.append(
+            (
+                "4",
+                f"plugin off, {name}: register()",
+                f"boot {r['moet_boot'][:40]}",
+                r["register"][:60],
+                yes(r["raises"]),
+            )
+        )
     return rows
 
 
 def _pack_cell(r: dict) -> str:
     if "error" in r:
         return r["error"][:60]
-    return (f"found {r.get('layers_in_store_before_staging')} layers, "
-            f"{r['served']['wrong_byte_slots']} wrong")
+    return f"found {r.get('layers_in_store_before_staging')} layers, {r['served']['wrong_byte_slots']} wrong"
 
 
 def _auto_cell(r: dict) -> str:
@@ -1243,6 +1450,7 @@ def write_json(path: str, report: dict) -> None:
         if isinstance(o, (np.integer, np.floating, np.bool_)):
             return o.item()
         raise TypeError(type(o).__name__)
+
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".moet_side_by_side.", dir=directory)
@@ -1261,10 +1469,27 @@ def compact_steps(run: dict) -> None:
     """Per-step rows for the JSON: both arms side by side, without the event lists."""
     rows = []
     for ra, rb in zip(run["arms"]["moet"]["steps"], run["arms"]["tierstore"]["steps"]):
-        rows.append({"step": ra["step"], **{k: {f: r[f] for f in (
-            "fired", "promoted", "served", "lost", "lost_unmapped", "lost_rerouted", "wrong",
-            "errors")}
-            for k, r in (("moet", ra), ("tierstore", rb))}})
+        rows.append(
+            {
+                "step": ra["step"],
+                **{
+                    k: {
+                        f: r[f]
+                        for f in (
+                            "fired",
+                            "promoted",
+                            "served",
+                            "lost",
+                            "lost_unmapped",
+                            "lost_rerouted",
+                            "wrong",
+                            "errors",
+                        )
+                    }
+                    for k, r in (("moet", ra), ("tierstore", rb))
+                },
+            }
+        )
     for arm in run["arms"].values():
         del arm["steps"]
     run["steps"] = rows
@@ -1272,7 +1497,7 @@ def compact_steps(run: dict) -> None:
 
 # == 9. main ===================================================================================
 def run_all(ctx, args) -> dict:
-    rounds = 3                                             # GATE_FP_MAX default
+    rounds = 3  # GATE_FP_MAX default
     syn = Geometry("synthetic", 6, 32, 4, slots=48)
     routes, profile = zipf_router(syn, args.steps, rounds, args.seed)
     logits = gate_logits(args.steps, args.seed, 0.3)
@@ -1285,12 +1510,14 @@ def run_all(ctx, args) -> dict:
         runs["trace"] = {"skipped": f"{args.trace} not found" if args.trace else "no --trace given"}
     hot = gate_logits(args.steps, args.seed + 1, 0.5)
     tight = Geometry("pressure", syn.layers, syn.experts, syn.top_k, slots=syn.fire_floor)
-    div = {"1_pack_left_unfinished": scenario_packs(ctx, syn, routes, profile, logits),
-           "2_lost_between_forward_and_replay": scenario_pressure(
-               ctx, tight, routes, profile, hot, min(args.steps, 120), min(args.steps, 60),
-               args.gpu_forward_ms),
-           "3_auto_pool_under_fire_floor": scenario_auto(ctx, syn, routes, profile, hot),
-           "4_register_with_plugin_off": scenario_register(ctx, syn, routes, profile, logits)}
+    div = {
+        "1_pack_left_unfinished": scenario_packs(ctx, syn, routes, profile, logits),
+        "2_lost_between_forward_and_replay": scenario_pressure(
+            ctx, tight, routes, profile, hot, min(args.steps, 120), min(args.steps, 60), args.gpu_forward_ms
+        ),
+        "3_auto_pool_under_fire_floor": scenario_auto(ctx, syn, routes, profile, hot),
+        "4_register_with_plugin_off": scenario_register(ctx, syn, routes, profile, logits),
+    }
     return {"runs": runs, "divergences": div}
 
 
@@ -1311,22 +1538,24 @@ def export_tierstore(rev: str, dest: str) -> tuple[str, str]:
     installed ``tierstore/_C`` linked in (found on sys.path without importing tierstore)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     git = ["git", "-C", repo]
-    sha = subprocess.run(git + ["rev-parse", "--verify", f"{rev}^{{commit}}"],
-                         capture_output=True, text=True, check=False)
+    sha = subprocess.run(
+        git + ["rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True, check=False
+    )
     if sha.returncode != 0:
         raise Fatal(f"--tierstore-commit {rev}: not a commit of {repo}")
-    if subprocess.run(git + ["diff", "--quiet", rev, "HEAD", "--", "csrc"],
-                      check=False).returncode != 0:
-        raise Fatal(f"--tierstore-commit {rev}: csrc differs from HEAD; the installed _C "
-                    f"would not match")
-    built = [os.path.join(p, "tierstore", n) for p in sys.path
-             if os.path.isdir(os.path.join(p, "tierstore"))
-             for n in os.listdir(os.path.join(p, "tierstore")) if n.startswith("_C.")]
+    if subprocess.run(git + ["diff", "--quiet", rev, "HEAD", "--", "csrc"], check=False).returncode != 0:
+        raise Fatal(f"--tierstore-commit {rev}: csrc differs from HEAD; the installed _C would not match")
+    built = [
+        os.path.join(p, "tierstore", n)
+        for p in sys.path
+        if os.path.isdir(os.path.join(p, "tierstore"))
+        for n in os.listdir(os.path.join(p, "tierstore"))
+        if n.startswith("_C.")
+    ]
     if not built:
         raise Fatal("no installed tierstore/_C*.so to link into the exported tree")
     os.makedirs(dest)
-    archive = subprocess.run(git + ["archive", rev, "tierstore"], capture_output=True,
-                             check=True)
+    archive = subprocess.run(git + ["archive", rev, "tierstore"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
     os.symlink(built[0], os.path.join(dest, "tierstore", os.path.basename(built[0])))
     return dest, sha.stdout.strip()
@@ -1340,42 +1569,61 @@ def use_tierstore(src: str | None) -> dict:
         if not os.path.isfile(os.path.join(pkg, "__init__.py")):
             raise Fatal(f"--tierstore-src {src}: no tierstore/__init__.py there")
         if not any(n.startswith("_C.") for n in os.listdir(pkg)):
-            raise Fatal(f"--tierstore-src {src}: no built tierstore/_C*.so there (link the "
-                        f"installed one)")
-        sys.meta_path[:] = [f for f in sys.meta_path
-                            if "ScikitBuild" not in type(f).__name__]
+            raise Fatal(f"--tierstore-src {src}: no built tierstore/_C*.so there (link the installed one)")
+        sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__]
         sys.path.insert(0, os.path.abspath(src))
     import tierstore
-    importlib.import_module("tierstore.adapters.vllm_moet")   # fails here, not mid-run
+
+    importlib.import_module("tierstore.adapters.vllm_moet")  # fails here, not mid-run
     where = os.path.dirname(os.path.dirname(os.path.abspath(tierstore.__file__)))
+
     def git(*a):
-        return subprocess.run(["git", "-C", where, *a], capture_output=True, text=True,
-                              check=False)
+        return subprocess.run(["git", "-C", where, *a], capture_output=True, text=True, check=False)
+
     head, desc = git("rev-parse", "HEAD"), git("describe", "--always", "--dirty")
-    return {"path": where, "sha": head.stdout.strip() if head.returncode == 0 else None,
-            "git": desc.stdout.strip() if desc.returncode == 0 else None}
+    return {
+        "path": where,
+        "sha": head.stdout.strip() if head.returncode == 0 else None,
+        "git": desc.stdout.strip() if desc.returncode == 0 else None,
+    }
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--moet-repo", required=True,
-                    help="a checkout of vLLM-Moet (its patch/ is read at run time)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--moet-repo", required=True, help="a checkout of vLLM-Moet (its patch/ is read at run time)"
+    )
     ap.add_argument("--steps", type=int, default=200, help="decode steps per run (default 200)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--trace", default=None,
-                    help="a routing trace, [tick, layer, expert] int32 .npy, for the real-trace "
-                         "run (e.g. FLAME-MoE-290M; default: the synthetic run only)")
-    ap.add_argument("--gpu-forward-ms", type=float, default=12.0,
-                    help="forward time in scenario 2's modelled GPU order (default 12)")
-    ap.add_argument("--tierstore-commit", metavar="REV", action="append",
-                    help="run tierstore as of REV of this repository (`git archive` into the "
-                         "temp dir, the installed _C linked in; csrc must be unchanged); "
-                         "repeat it to run each in a child process and merge the reports "
-                         "('installed' = the installed tree)")
-    ap.add_argument("--tierstore-src", metavar="DIR",
-                    help="import tierstore from DIR/tierstore (e.g. a `git archive` of another "
-                         "commit with the built _C linked in) instead of the installed one")
+    ap.add_argument(
+        "--trace",
+        default=None,
+        help="a routing trace, [tick, layer, expert] int32 .npy, for the real-trace "
+        "run (e.g. FLAME-MoE-290M; default: the synthetic run only)",
+    )
+    ap.add_argument(
+        "--gpu-forward-ms",
+        type=float,
+        default=12.0,
+        help="forward time in scenario 2's modelled GPU order (default 12)",
+    )
+    ap.add_argument(
+        "--tierstore-commit",
+        metavar="REV",
+        action="append",
+        help="run tierstore as of REV of this repository (`git archive` into the "
+        "temp dir, the installed _C linked in; csrc must be unchanged); "
+        "repeat it to run each in a child process and merge the reports "
+        "('installed' = the installed tree)",
+    )
+    ap.add_argument(
+        "--tierstore-src",
+        metavar="DIR",
+        help="import tierstore from DIR/tierstore (e.g. a `git archive` of another "
+        "commit with the built _C linked in) instead of the installed one",
+    )
     ap.add_argument("--json", metavar="OUT", help="write the full report here (atomic)")
     ap.add_argument("-v", "--verbose", action="store_true", help="their and our logs to stderr")
     args = ap.parse_args(argv)
@@ -1395,9 +1643,20 @@ def run_each_commit(args) -> int:
     with tempfile.TemporaryDirectory(prefix="moet-side-by-side-runs-") as tmp:
         for i, rev in enumerate(args.tierstore_commit):
             out = os.path.join(tmp, f"{i}.json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--moet-repo", args.moet_repo,
-                   "--steps", str(args.steps), "--seed", str(args.seed),
-                   "--gpu-forward-ms", str(args.gpu_forward_ms), "--json", out]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--moet-repo",
+                args.moet_repo,
+                "--steps",
+                str(args.steps),
+                "--seed",
+                str(args.seed),
+                "--gpu-forward-ms",
+                str(args.gpu_forward_ms),
+                "--json",
+                out,
+            ]
             cmd += ["--trace", args.trace] if args.trace else []
             cmd += [] if rev == "installed" else ["--tierstore-commit", rev]
             cmd += ["-v"] if args.verbose else []
@@ -1409,10 +1668,17 @@ def run_each_commit(args) -> int:
                 reports[rev] = json.load(f)
     render_summary(reports)
     if args.json:
-        write_json(args.json, {"meta": {
-            "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-            "tierstore_runs": args.tierstore_commit,
-            "seconds": round(time.perf_counter() - t0, 1)}, "by_tierstore": reports})
+        write_json(
+            args.json,
+            {
+                "meta": {
+                    "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+                    "tierstore_runs": args.tierstore_commit,
+                    "seconds": round(time.perf_counter() - t0, 1),
+                },
+                "by_tierstore": reports,
+            },
+        )
         progress(f"wrote {args.json}")
     return 0
 
@@ -1420,6 +1686,7 @@ def run_each_commit(args) -> int:
 def render_summary(reports: dict) -> None:
     from rich.console import Console
     from rich.table import Table
+
     t = Table(title="per tierstore: does each known divergence reproduce?")
     t.add_column("")
     for rev, r in reports.items():
@@ -1435,9 +1702,11 @@ def render_summary(reports: dict) -> None:
                 cells.append("skipped")
                 continue
             c, a = run["comparison"], run["arms"]
-            cells.append(f"FP4-served {a['moet']['totals']['fp4_served_final']} vs "
-                         f"{a['tierstore']['totals']['fp4_served_final']}, mapped set equal "
-                         f"{c['equal_steps']['mapped_set_at_final_forward']}/{c['steps']}")
+            cells.append(
+                f"FP4-served {a['moet']['totals']['fp4_served_final']} vs "
+                f"{a['tierstore']['totals']['fp4_served_final']}, mapped set equal "
+                f"{c['equal_steps']['mapped_set_at_final_forward']}/{c['steps']}"
+            )
         t.add_row(f"{name}: vLLM-Moet vs tierstore", *cells)
     Console().print(t)
 
@@ -1468,9 +1737,14 @@ def main(argv=None) -> int:
             return 2
         build_tree(os.path.join(tmp, "tree"), files)
         progress(f"vLLM-Moet {commit[:12]}: {len(files)} files extracted to {tmp}/tree")
-        ctx = types.SimpleNamespace(tree=os.path.join(tmp, "tree"), tmpdir=tmp, cuda=cuda,
-                                    proxy=TorchProxy(cuda), warnings=setup_logging(args.verbose),
-                                    seed=args.seed)
+        ctx = types.SimpleNamespace(
+            tree=os.path.join(tmp, "tree"),
+            tmpdir=tmp,
+            cuda=cuda,
+            proxy=TorchProxy(cuda),
+            warnings=setup_logging(args.verbose),
+            seed=args.seed,
+        )
         try:
             report = run_all(ctx, args)
         except Fatal as exc:
@@ -1481,14 +1755,21 @@ def main(argv=None) -> int:
             compact_steps(run)
     report["meta"] = {
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "moet_repo": args.moet_repo, "moet_commit": commit, "patch": PATCH,
-        "extracted": [{"path": p, "lines": t.count("\n"),
-                       "sha256": hashlib.sha256(t.encode()).hexdigest()[:16]}
-                      for p, t in files.items()],
+        "moet_repo": args.moet_repo,
+        "moet_commit": commit,
+        "patch": PATCH,
+        "extracted": [
+            {"path": p, "lines": t.count("\n"), "sha256": hashlib.sha256(t.encode()).hexdigest()[:16]}
+            for p, t in files.items()
+        ],
         "tierstore": tierstore_info,
-        "steps": args.steps, "seed": args.seed, "torch": torch.__version__,
-        "python": sys.version.split()[0], "seconds": round(time.perf_counter() - t0, 1),
-        "stand_ins": STAND_INS}
+        "steps": args.steps,
+        "seed": args.seed,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "seconds": round(time.perf_counter() - t0, 1),
+        "stand_ins": STAND_INS,
+    }
     render(report)
     if args.json:
         write_json(args.json, report)

@@ -19,6 +19,7 @@ internals: analysis code, not library code).
     python3 bench/prefetch_bound.py --trace s0|s1|b4 --base auto
     python3 bench/prefetch_bound.py --trace flame --flame PATH/flame.npy --kinds routes
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,18 @@ from tierstore.sim.runner import compare
 SETTINGS = {  # synthetic settings: DS4 seeds 0 and 1, and a batched 32 x 128 top-8 one
     "s0": dict(n_ticks=256, seed=0, prefill_tokens=256, prefill_every=1024),
     "s1": dict(n_ticks=256, seed=1, prefill_tokens=256, prefill_every=1024),
-    "b4": dict(n_ticks=128, batch=4, seed=2, prefill_tokens=128, prefill_every=64,
-               n_layers=32, n_experts=128, top_k=8),
+    "b4": dict(
+        n_ticks=128,
+        batch=4,
+        seed=2,
+        prefill_tokens=128,
+        prefill_every=64,
+        n_layers=32,
+        n_experts=128,
+        top_k=8,
+    ),
 }
-SLOTS = {"flame": [51, 102, 205], "s0": [1101, 2202, 4403], "s1": [1101, 2202, 4403],
-         "b4": [410, 819, 1638]}
+SLOTS = {"flame": [51, 102, 205], "s0": [1101, 2202, 4403], "s1": [1101, 2202, 4403], "b4": [410, 819, 1638]}
 
 
 class _Recording(synth.SyntheticRouter):
@@ -65,8 +73,7 @@ def generator_table(setting: dict, samples: int = 128, seed: int = 12345) -> tup
     n_ticks, batch = s.pop("n_ticks"), s.pop("batch", 1)
     pt, pe = s.pop("prefill_tokens"), s.pop("prefill_every")
     shape = {k: s.pop(k) for k in ("n_layers", "n_experts", "top_k") if k in s}
-    trace = synth.synthetic_trace(n_ticks, batch=batch, prefill_tokens=pt, prefill_every=pe,
-                                  **shape, **s)
+    trace = synth.synthetic_trace(n_ticks, batch=batch, prefill_tokens=pt, prefill_every=pe, **shape, **s)
     router = _Recording(seed=s["seed"], **shape)
     router.logits = []
     ids = []
@@ -84,7 +91,7 @@ def generator_table(setting: dict, samples: int = 128, seed: int = 12345) -> tup
         absent = np.zeros((L, E))
         for tok in range(T):
             z = lg[:, tok, None, :] + rng.gumbel(size=(L, n, E))
-            kth = np.partition(-z, k - 1, axis=2)[:, :, k - 1:k]
+            kth = np.partition(-z, k - 1, axis=2)[:, :, k - 1 : k]
             incl = (-z <= kth).mean(axis=1)  # [L, E]
             absent += np.log1p(-np.minimum(incl, 1 - 1e-9))
         p = 1.0 - np.exp(absent)
@@ -97,8 +104,11 @@ def run(label: str, base: str, kinds: list[str], read_ratio: float = 1.0, flame=
     if label == "flame":
         trace, gen = traces.load_trace(flame), None
     else:
-        trace, gen = (generator_table(SETTINGS[label]) if "generator" in kinds
-                      else (synth.synthetic_trace(**SETTINGS[label]), None))
+        trace, gen = (
+            generator_table(SETTINGS[label])
+            if "generator" in kinds
+            else (synth.synthetic_trace(**SETTINGS[label]), None)
+        )
     prep = sim.Prepared(trace)
     top_k = trace.meta.get("top_k")
     results = sim.replay(prep, ["lru", "belady", base, f"{base}+prefetch"], SLOTS[label])
@@ -108,9 +118,12 @@ def run(label: str, base: str, kinds: list[str], read_ratio: float = 1.0, flame=
     for slots in SLOTS[label]:
         for kind, table in tables.items():
             t0 = time.perf_counter()
-            pf = ToldPrefetcher(table, trace.n_layers, trace.n_experts, slots, read_ratio=read_ratio,
-                       top_k=top_k)
-            cnt = replay_prefetching(prep, policies.make(base, trace.n_keys, slots, prefetching=True), slots, pf)
+            pf = ToldPrefetcher(
+                table, trace.n_layers, trace.n_experts, slots, read_ratio=read_ratio, top_k=top_k
+            )
+            cnt = replay_prefetching(
+                prep, policies.make(base, trace.n_keys, slots, prefetching=True), slots, pf
+            )
             r = cnt.result(f"{base}+{kind}-bound", slots, prep, 0, time.perf_counter() - t0)
             results.append(r)
     compare(results)
@@ -120,8 +133,9 @@ def run(label: str, base: str, kinds: list[str], read_ratio: float = 1.0, flame=
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", choices=["flame", "s0", "s1", "b4"], required=True)
-    ap.add_argument("--flame", default=None,
-                    help="the FLAME-MoE-290M routing trace (.npy), for --trace flame")
+    ap.add_argument(
+        "--flame", default=None, help="the FLAME-MoE-290M routing trace (.npy), for --trace flame"
+    )
     ap.add_argument("--base", default="auto")
     ap.add_argument("--kinds", default="routes,generator")
     ap.add_argument("--json", action="store_true")
@@ -133,9 +147,11 @@ def main(argv=None) -> int:
         json.dump([r.as_dict() for r in res], sys.stdout, indent=1)
         return 0
     for r in res:
-        print(f"{r.policy:26s} {r.slots:5d} latency {r.latency_hit_rate:.4f} reads/LRU "
-              f"{(r.reads_vs_lru or 0):.4f} gap {'' if r.latency_gap_closed is None else round(r.latency_gap_closed, 3)} "
-              f"prefetched {r.prefetched} useful {r.prefetch_hits} wasted {r.wasted_prefetch}")
+        print(
+            f"{r.policy:26s} {r.slots:5d} latency {r.latency_hit_rate:.4f} reads/LRU "
+            f"{(r.reads_vs_lru or 0):.4f} gap {'' if r.latency_gap_closed is None else round(r.latency_gap_closed, 3)} "
+            f"prefetched {r.prefetched} useful {r.prefetch_hits} wasted {r.wasted_prefetch}"
+        )
     return 0
 
 

@@ -13,6 +13,7 @@
 
 Runs on the CPU in about a second.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,21 +34,22 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=4)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)          # tiny tensors: intra-op threads only add overhead
+    torch.set_num_threads(1)  # tiny tensors: intra-op threads only add overhead
 
     with tempfile.TemporaryDirectory() as d:
         # 1. a model and its packs
         model = make_moe_model(args.layers, args.experts, H=128, I=128, seed=0)
         fp4_path, base_path = write_model_packs(model, d)
         pack = ts.Pack.open(fp4_path)
-        print(f"pack: {pack.n_layers} layers x {pack.n_experts} experts, "
-              f"{pack.slot_bytes} bytes a row (stride {pack.stride})")
+        print(
+            f"pack: {pack.n_layers} layers x {pack.n_experts} experts, "
+            f"{pack.slot_bytes} bytes a row (stride {pack.stride})"
+        )
         base = BaseWeights.from_pack(ts.Pack.open(base_path), device=args.device)
 
         # 2. the store: room for a quarter of the experts in the pool
         slots = max(8, pack.n_layers * pack.n_experts // 4)
-        with ts.ExpertStore(pack, vram_slots=slots, ram_gb=0.01, device=args.device,
-                            policy="heat") as store:
+        with ts.ExpertStore(pack, vram_slots=slots, ram_gb=0.01, device=args.device, policy="heat") as store:
             x = model.tokens(args.tokens).to(args.device)
             layer = 0
             w, ids = model.route(x.cpu(), layer, args.top_k)
@@ -65,13 +67,19 @@ def main(argv=None) -> int:
             # 4. the point of the pool
             ref = dense_moe(x.cpu(), w.cpu(), ids.cpu(), model.w13[layer], model.w2[layer])
             err = lambda out: float((out.cpu().double() - ref).norm() / ref.norm())  # noqa: E731
-            print(f"fire: promoted {fire.promoted} experts in {fire.latency_s * 1e3:.2f} ms "
-                  f"(sources {fire.sources})")
-            print(f"relative error vs full precision: 2-bit base {err(before):.4f}, "
-                  f"with FP4 promotions {err(after):.4f}")
+            print(
+                f"fire: promoted {fire.promoted} experts in {fire.latency_s * 1e3:.2f} ms "
+                f"(sources {fire.sources})"
+            )
+            print(
+                f"relative error vs full precision: 2-bit base {err(before):.4f}, "
+                f"with FP4 promotions {err(after):.4f}"
+            )
             s = store.stats()
-            print(f"stats: pool {s.pool.resident}/{s.pool.capacity} resident, "
-                  f"arena {s.arena.resident}/{s.arena.capacity}, fires {s.fires}")
+            print(
+                f"stats: pool {s.pool.resident}/{s.pool.capacity} resident, "
+                f"arena {s.arena.resident}/{s.arena.capacity}, fires {s.fires}"
+            )
             assert err(after) < err(before)
     return 0
 

@@ -26,6 +26,7 @@ calls, in order), checking after every step that each mapped pool slot holds
 exactly its row of the pack on disk. A second boot finds the pack and skips the
 layers. ``--graph`` (CUDA) captures the forward with capture_error_mode="global".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,27 +52,48 @@ def main() -> None:
 
     w13, w2 = 8192, 4096
     g = torch.Generator().manual_seed(0)
-    planes = {k: (torch.randint(0, 256, (args.experts, w13), dtype=torch.uint8, generator=g),
-                  torch.randint(0, 256, (args.experts, w2), dtype=torch.uint8, generator=g))
-              for k in range(args.layers)}
+    planes = {
+        k: (
+            torch.randint(0, 256, (args.experts, w13), dtype=torch.uint8, generator=g),
+            torch.randint(0, 256, (args.experts, w2), dtype=torch.uint8, generator=g),
+        )
+        for k in range(args.layers)
+    }
     store_dir = tempfile.mkdtemp(prefix="tierstore-moet-")
     slots = max(int(args.layers * 2 * 2 * 1.7) + 2, 8)
-    os.environ.update({P + "STORE_DIR": store_dir, P + "CKPT_ID": "example-ckpt",
-                       P + "NUM_LAYERS": str(args.layers - 1), P + "GATE": "1",
-                       P + "DELTA_GB": repr(slots * (w13 + w2) / 2**30)})
+    os.environ.update(
+        {
+            P + "STORE_DIR": store_dir,
+            P + "CKPT_ID": "example-ckpt",
+            P + "NUM_LAYERS": str(args.layers - 1),
+            P + "GATE": "1",
+            P + "DELTA_GB": repr(slots * (w13 + w2) / 2**30),
+        }
+    )
     for boot in (1, 2):
         moe_w2_delta.reset_env()
-        eng = MoetEngine(moe_w2_delta, planes, n_experts=args.experts, dev=args.device,
-                         top_k=2, tokens=2, graphs=args.graph).boot()
+        eng = MoetEngine(
+            moe_w2_delta,
+            planes,
+            n_experts=args.experts,
+            dev=args.device,
+            top_k=2,
+            tokens=2,
+            graphs=args.graph,
+        ).boot()
         tier = moe_w2_delta._TIER
         pack = Pack.open(tier._store.path)
-        print(f"boot {boot}: pack {os.path.basename(pack.path)} holds {int(pack.written.sum())}/"
-              f"{args.layers} layers; pool {tier.n_slots} slots x {tier.slot_bytes} bytes")
+        print(
+            f"boot {boot}: pack {os.path.basename(pack.path)} holds {int(pack.written.sum())}/"
+            f"{args.layers} layers; pool {tier.n_slots} slots x {tier.slot_bytes} bytes"
+        )
         for i in range(args.steps):
             rec = eng.step(fire=True)
             mapped = eng.check(lambda li, ei: torch.from_numpy(pack.read_row(li, ei).copy()))
-            print(f"step {i}: promoted {rec['promoted']} in {rec['rounds']} replays, "
-                  f"{mapped} experts mapped, pool == pack")
+            print(
+                f"step {i}: promoted {rec['promoted']} in {rec['rounds']} replays, "
+                f"{mapped} experts mapped, pool == pack"
+            )
         eng.shutdown()
     print("shutdown: moe_w2_delta._TIER is", moe_w2_delta._TIER)
 

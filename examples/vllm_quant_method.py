@@ -24,6 +24,7 @@ packs from checkpoint tensors handed to the placeholders' weight loaders as vLLM
 around a prefill, showing the MoE error (vs full precision) falling once the pool
 holds the routed experts.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,24 +41,37 @@ from tierstore.testing.model import make_moe_model
 
 def boot(model, pack_dir: str, device: str, slots: int):
     """One vLLM boot's worth of calls: create_weights, load, process_weights_after_loading."""
-    env = {"dir": None, "ram_gb": 0.0, "prefill_tokens": 16,
-           "vram_gb": slots * layouts.row_bytes("fp4", model.H, model.I) / 2**30}
-    rt = vllm_quant.Runtime(pack_dir=pack_dir, ckpt_id="example-checkpoint",
-                            n_layers=model.n_layers + 1, device=device, env=env)
+    env = {
+        "dir": None,
+        "ram_gb": 0.0,
+        "prefill_tokens": 16,
+        "vram_gb": slots * layouts.row_bytes("fp4", model.H, model.I) / 2**30,
+    }
+    rt = vllm_quant.Runtime(
+        pack_dir=pack_dir, ckpt_id="example-checkpoint", n_layers=model.n_layers + 1, device=device, env=env
+    )
     layers, skipped = [], 0
     for i in range(model.n_layers):
-        index = rt.moe_index(f"model.layers.{i + 1}.mlp.experts")   # layer 0 is dense
+        index = rt.moe_index(f"model.layers.{i + 1}.mlp.experts")  # layer 0 is dense
         method = vllm_quant.TierstoreMethodMixin(rt, index, ["w13_weight", "w2_weight"])
         layer = torch.nn.Module()
         method.create_weights(layer, model.n_experts, model.H, model.I, torch.float32)
         skipped += layer.w13_weight.weight_loader.__name__ == "_drop"
-        for e in range(model.n_experts):                  # what RoutedExperts.load_weights does
+        for e in range(model.n_experts):  # what RoutedExperts.load_weights does
             w13 = model.w13[i][e]
-            for shard, param, w in (("w1", layer.w13_weight, w13[:model.I]),
-                                    ("w3", layer.w13_weight, w13[model.I:]),
-                                    ("w2", layer.w2_weight, model.w2[i][e])):
-                param.weight_loader(param=param, loaded_weight=w, weight_name="", shard_id=shard,
-                                    expert_id=e, return_success=True)
+            for shard, param, w in (
+                ("w1", layer.w13_weight, w13[: model.I]),
+                ("w3", layer.w13_weight, w13[model.I :]),
+                ("w2", layer.w2_weight, model.w2[i][e]),
+            ):
+                param.weight_loader(
+                    param=param,
+                    loaded_weight=w,
+                    weight_name="",
+                    shard_id=shard,
+                    expert_id=e,
+                    return_success=True,
+                )
         layers.append((layer, method))
     for layer, method in layers:
         method.process_weights_after_loading(layer)
@@ -71,7 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--top-k", type=int, default=2)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)          # tiny tensors: intra-op threads only add overhead
+    torch.set_num_threads(1)  # tiny tensors: intra-op threads only add overhead
     print(f"vLLM installed: {ts_vllm.vllm_available()} (hook targets {ts_vllm.VLLM_VERSION})")
 
     with tempfile.TemporaryDirectory() as d:
@@ -82,7 +96,7 @@ def main(argv=None) -> int:
         rt, layers, skipped = boot(model, d, args.device, slots=4 * args.experts)
         print(f"second boot: {skipped} of {args.layers} layers skipped loading (served from the packs)")
         tier = rt.tier
-        tier.finalize()                   # what TierstoreWorker does after KV allocation
+        tier.finalize()  # what TierstoreWorker does after KV allocation
 
         def run(x):
             """One forward through the MoE layers: vLLM routes, then calls apply."""
@@ -98,24 +112,29 @@ def main(argv=None) -> int:
 
         def decode(step):
             errs = run(model.tokens(1, seed=50 + step).to(args.device))
-            tier.step_end()                   # what TierstoreWorker does after each step
+            tier.step_end()  # what TierstoreWorker does after each step
             tier.store.wait_idle(5.0)
-            print(f"decode {step}: rel. error per layer " + ", ".join(f"{e:.3f}" for e in errs)
-                  + f"; pool {int((tier.store.slot_table >= 0).sum())}/{tier.store.n_slots} slots used")
+            print(
+                f"decode {step}: rel. error per layer "
+                + ", ".join(f"{e:.3f}" for e in errs)
+                + f"; pool {int((tier.store.slot_table >= 0).sum())}/{tier.store.n_slots} slots used"
+            )
 
-        decode(0)                             # cold pool: the 2-bit base answers
+        decode(0)  # cold pool: the 2-bit base answers
         decode(1)
         prefill = run(model.tokens(32, seed=1).to(args.device))
         tier.step_end()
-        print("prefill (experts made resident first): rel. error per layer "
-              + ", ".join(f"{e:.3f}" for e in prefill))
-        decode(2)                             # warm pool: FP4 rows answer
+        print(
+            "prefill (experts made resident first): rel. error per layer "
+            + ", ".join(f"{e:.3f}" for e in prefill)
+        )
+        decode(2)  # warm pool: FP4 rows answer
         decode(3)
         tier.shutdown()
         if not ts_vllm.vllm_available():
             try:
                 vllm_quant.config_class()
-            except Exception as exc:          # the clear error a user without vLLM sees
+            except Exception as exc:  # the clear error a user without vLLM sees
                 print(f"without vLLM, --quantization tierstore says: {exc}")
     return 0
 

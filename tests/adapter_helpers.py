@@ -5,6 +5,7 @@ is written once per process as the ``fp4`` and ``base`` packs; each test opens i
 serving tier (the upstream vLLM face, adapters/vllm_tier.py) on it, and drives it with
 ``TinyDecoder``, a residual stack of the model's MoE layers.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -15,14 +16,14 @@ import tempfile
 import pytest
 import torch
 
-
 L, E, H, I = 3, 8, 64, 64
 P = "VLLM_MOE_W2_"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_and_dir(n_layers: int = L, n_experts: int = E, seed: int = 1):
     from tierstore.testing.model import make_moe_model, write_model_packs
+
     model = make_moe_model(n_layers, n_experts, H, I, seed=seed)
     d = tempfile.mkdtemp(prefix="tierstore-adapter-")
     atexit.register(shutil.rmtree, d, True)
@@ -36,6 +37,7 @@ def make_tier(store_dir: str, slots: int | None = 16, device="cpu", **options):
     """The serving tier over the model packs in ``store_dir``: a pool of exactly ``slots``
     slots (None: auto), sized as the worker does (finalize), a small arena."""
     from tierstore.adapters.vllm_tier import ServingTier
+
     options.setdefault("threads", 2)
     options.setdefault("ram_gb", 64 * 8192 / 2**30)
     if slots is not None:
@@ -50,12 +52,13 @@ class TinyDecoder:
     forward calls a tier as vLLM's MoE layers do (mark_seen, ensure_resident on prefill,
     moe_w2_forward)."""
 
-    def __init__(self, model, top_k: int, vocab: int = 64, device="cpu", seed: int = 0,
-                 logit_std: float = 8.0):
+    def __init__(
+        self, model, top_k: int, vocab: int = 64, device="cpu", seed: int = 0, logit_std: float = 8.0
+    ):
         self.top_k, self.n_layers = int(top_k), model.n_layers
         g = torch.Generator().manual_seed(seed + 1)
-        self.router = model.router.to(device)                       # [L, H, E]
-        scale = logit_std / model.H ** 0.5   # std ~logit_std over 64 words: sure and unsure rows
+        self.router = model.router.to(device)  # [L, H, E]
+        scale = logit_std / model.H**0.5  # std ~logit_std over 64 words: sure and unsure rows
         self.head = (torch.randn(model.H, vocab, generator=g) * scale).to(device)
 
     def route(self, h: torch.Tensor, layer: int):

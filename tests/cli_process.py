@@ -1,4 +1,5 @@
 """Driving a real ``tierstore`` process in tests: interrupt it at a point of its run."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Shared fixtures. GPU tests are marked ``gpu`` and skipped without a device."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,6 +37,7 @@ def private_temp_root(tmp_path_factory, monkeypatch):
     a shared machine must not count. Modules that check for leftover temp directories
     make it autouse: ``private_tmp = pytest.fixture(autouse=True)(private_temp_root)``."""
     import tempfile
+
     root = tmp_path_factory.mktemp("tmproot")
     monkeypatch.setenv("TMPDIR", str(root))
     monkeypatch.setattr(tempfile, "tempdir", str(root))
@@ -48,6 +50,7 @@ def _arm_sigint() -> None:
     # every Ctrl-C test would fail for a reason that is not the product's. Arm it as an
     # interactive run has it; children then start with the default disposition too.
     import signal
+
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -61,6 +64,7 @@ def _sigint_handler_left_as_found():
     SIGINT's handler changed would silently disarm every later Ctrl-C test of the run:
     put it back and fail the test that changed it."""
     import signal
+
     before = signal.getsignal(signal.SIGINT)
     yield
     after = signal.getsignal(signal.SIGINT)

@@ -1,4 +1,5 @@
 """Shared helpers for the engine tests: random files of non-zero bytes, row checks."""
+
 from __future__ import annotations
 
 import os

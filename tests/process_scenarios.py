@@ -15,6 +15,7 @@ in a loop):
 * ``fork-idle``: the child makes no call on the store; its main returns through the
   ``with store:`` block the fork happened in (JSON as above).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,12 +33,11 @@ CHILD_DEADLINE_S = 20.0
 
 
 def open_busy_store(path: str):
-    store = ts.ExpertStore(path, vram_slots=64, ram_gb=0.0, device="cpu", threads=2,
-                           lazy_per_step=0)
-    store.engine._inject_faults(delay_us=3000)   # every read attempt sleeps: reads stay in flight
+    store = ts.ExpertStore(path, vram_slots=64, ram_gb=0.0, device="cpu", threads=2, lazy_per_step=0)
+    store.engine._inject_faults(delay_us=3000)  # every read attempt sleeps: reads stay in flight
     L, E = store.pack.n_layers, store.pack.n_experts
     tickets = [store.promote([(layer, e) for e in range(E)]) for layer in range(L)]
-    time.sleep(0.05)   # the worker is inside its first batch's native wait
+    time.sleep(0.05)  # the worker is inside its first batch's native wait
     return store, tickets
 
 
@@ -47,8 +47,12 @@ def _outcome(fn) -> dict:
         value = fn()
         res = {"outcome": "returned", "value": repr(value)}
     except Exception as exc:  # noqa: BLE001 - reported to the test
-        res = {"outcome": "raised", "etype": type(exc).__name__,
-               "mro": [c.__name__ for c in type(exc).__mro__], "msg": str(exc)}
+        res = {
+            "outcome": "raised",
+            "etype": type(exc).__name__,
+            "mro": [c.__name__ for c in type(exc).__mro__],
+            "msg": str(exc),
+        }
     res["elapsed"] = time.monotonic() - t0
     return res
 
@@ -89,9 +93,13 @@ def _parent_serves(store, tickets) -> dict:
     keys = [(1, 3), (0, 5)]
     fr = store.fire(keys)
     table = store.slot_table.numpy()
-    ok = all(np.array_equal(store.pool[int(table[layer, e])].numpy()[:store.pack.slot_bytes],
-                            random_layer_rows(1, layer, store.pack.n_experts,
-                                              store.pack.slot_bytes)[e]) for layer, e in keys)
+    ok = all(
+        np.array_equal(
+            store.pool[int(table[layer, e])].numpy()[: store.pack.slot_bytes],
+            random_layer_rows(1, layer, store.pack.n_experts, store.pack.slot_bytes)[e],
+        )
+        for layer, e in keys
+    )
     store.release(fr)
     store.check_invariants(idle=True)
     store.close()
@@ -114,9 +122,9 @@ def fork_scenario(path: str, touch: bool) -> None:
     forward.start()
     time.sleep(0.05)
     findings = os.path.join(os.path.dirname(path), f"child-{os.getpid()}.json")
-    with store:   # the child leaves this block too: its exit closes the inherited store
+    with store:  # the child leaves this block too: its exit closes the inherited store
         pid = os.fork()
-        if pid == 0:   # the child: a normal interpreter exit at the end (atexit, finalizers)
+        if pid == 0:  # the child: a normal interpreter exit at the end (atexit, finalizers)
             res = {"pid": os.getpid(), "parent": os.getppid()}
             if touch:
                 res.update(_child_calls(store, tickets))
@@ -124,7 +132,7 @@ def fork_scenario(path: str, touch: bool) -> None:
                 json.dump(res, f)
             if touch:
                 sys.exit(0)
-            return   # fork-idle: main returns through the with block
+            return  # fork-idle: main returns through the with block
         child_status = _wait_child(pid)
         stop.set()
         forward.join()
@@ -134,8 +142,11 @@ def fork_scenario(path: str, touch: bool) -> None:
                 child = json.load(f)
             os.unlink(findings)
         parent = _parent_serves(store, tickets)
-    print(json.dumps({"child_status": child_status, "child": child, "parent_pid": os.getpid(),
-                      "parent": parent}))
+    print(
+        json.dumps(
+            {"child_status": child_status, "child": child, "parent_pid": os.getpid(), "parent": parent}
+        )
+    )
 
 
 def main(scenario: str, path: str) -> None:
@@ -149,12 +160,14 @@ def main(scenario: str, path: str) -> None:
     if scenario == "exit-dropped":
         del store, tickets
     if scenario == "exit-daemon":
+
         def fire_forever():
             while True:
                 try:
                     store.release(store.fire([(0, 1), (1, 2)]))
-                except ts.ClosedError:   # closed at exit: the caller's loop ends
+                except ts.ClosedError:  # closed at exit: the caller's loop ends
                     return
+
         threading.Thread(target=fire_forever, daemon=True).start()
         time.sleep(0.05)
 

@@ -1,6 +1,7 @@
 """The device-side residency rule of csrc/store/include/tierstore/store/residency.hpp,
 written again in plain Python as the tests' oracle (one slot at a time, dicts and
 lists; nothing shared with the native code), and the stores the residency tests use."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,15 +14,14 @@ class ClockOracle:
 
     def __init__(self, n_layers: int, n_experts: int, n_slots: int, arena_keys=None):
         self.E, self.n = n_experts, n_slots
-        self.table = {}                     # key -> slot
+        self.table = {}  # key -> slot
         self.owner = [-1] * n_slots
         self.stamp = [0] * n_slots
         self.ref = [0] * n_slots
         self.hand, self.epoch = 0, 0
         self.arena = None if arena_keys is None else set(int(k) for k in arena_keys)
-        self.c = dict(decides=0, routed=0, hits=0, misses=0, placed=0, no_arena=0, no_slot=0,
-                      evicted=0)
-        self.victims: list[int] = []        # keys evicted by the last decide
+        self.c = dict(decides=0, routed=0, hits=0, misses=0, placed=0, no_arena=0, no_slot=0, evicted=0)
+        self.victims: list[int] = []  # keys evicted by the last decide
 
     def decide(self, layer: int, ids) -> list[tuple[int, int]]:
         """One decide; returns the plan [(key, slot or -1)] in miss order."""
@@ -94,17 +94,28 @@ class ClockOracle:
         return out
 
 
-def residency_store(tmp_path, n_layers=3, n_experts=8, slot_bytes=256, slots=5, arena_keys=None,
-                    device="cpu", seed=1):
+def residency_store(
+    tmp_path, n_layers=3, n_experts=8, slot_bytes=256, slots=5, arena_keys=None, device="cpu", seed=1
+):
     """A store over a random pack with ``slots`` pool slots and an arena holding
     ``arena_keys`` ((layer, expert) pairs; default every key)."""
     import tierstore as ts
     from tierstore.testing.packs import make_random_pack
+
     pack = make_random_pack(tmp_path, n_layers, n_experts, slot_bytes, seed=seed)
-    keys = ([(l, e) for l in range(n_layers) for e in range(n_experts)]
-            if arena_keys is None else list(arena_keys))
-    store = ts.ExpertStore(pack, vram_slots=slots, ram_gb=max(1, len(keys)) * pack.stride / 2**30,
-                           device=device, lazy_per_step=0, threads=2)
+    keys = (
+        [(l, e) for l in range(n_layers) for e in range(n_experts)]
+        if arena_keys is None
+        else list(arena_keys)
+    )
+    store = ts.ExpertStore(
+        pack,
+        vram_slots=slots,
+        ram_gb=max(1, len(keys)) * pack.stride / 2**30,
+        device=device,
+        lazy_per_step=0,
+        threads=2,
+    )
     if keys:
         store.load_arena(keys)
     return pack, store

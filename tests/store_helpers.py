@@ -1,4 +1,5 @@
 """Shared helpers for the store / pool / arena tests (not a test module)."""
+
 from __future__ import annotations
 
 import os
@@ -20,14 +21,16 @@ def assert_store_consistent(store) -> None:
         slot = int(table[key])
         layer, expert = divmod(int(key), E)
         assert resident[key] == slot, f"slot {slot} of key {key} published, not RESIDENT"
-        assert np.array_equal(pool_bytes[slot], pack.read_row(layer, expert)), \
+        assert np.array_equal(pool_bytes[slot], pack.read_row(layer, expert)), (
             f"pool slot {slot} does not hold layer {layer} expert {expert}"
+        )
     arena_rows = arena.resident_slot()
     for key in np.flatnonzero(arena_rows >= 0):
         row = int(arena_rows[key])
         layer, expert = divmod(int(key), E)
-        assert np.array_equal(arena.row_bytes(row), pack.read_row(layer, expert)), \
+        assert np.array_equal(arena.row_bytes(row), pack.read_row(layer, expert)), (
             f"arena row {row} does not hold layer {layer} expert {expert}"
+        )
 
 
 def pairs(dense, n_experts: int) -> np.ndarray:
@@ -49,7 +52,7 @@ def corrupt_in_place(pack, layer, expert, nbytes=7):
         os.close(fd)
     os.utime(pack.path, ns=(st.st_atime_ns, st.st_mtime_ns))
     fd = os.open(pack.path, os.O_RDONLY)
-    try:   # out of the page cache: the next read comes from the disk
+    try:  # out of the page cache: the next read comes from the disk
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)

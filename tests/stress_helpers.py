@@ -1,6 +1,7 @@
 """Harness for the concurrency stress tests (not a test module): guarded threads whose
 failures and hangs become test failures with every thread's stack, and the byte check of
 every published pool slot and resident arena row against the rows the pack holds."""
+
 from __future__ import annotations
 
 import faulthandler
@@ -45,6 +46,7 @@ class Crew:
             except BaseException as exc:  # noqa: BLE001 - reported by join()
                 self.errors.append((threading.current_thread().name, exc))
                 self.stop.set()
+
         t = threading.Thread(target=run, name=name or fn.__name__, daemon=True)
         self.threads.append(t)
         t.start()
@@ -58,8 +60,9 @@ class Crew:
         if alive:
             stacks = all_stacks()
             sys.stderr.write(stacks)
-            raise AssertionError(f"threads {alive} still running {timeout:.0f} s after the "
-                                 f"round ended (a hang):\n{stacks}")
+            raise AssertionError(
+                f"threads {alive} still running {timeout:.0f} s after the round ended (a hang):\n{stacks}"
+            )
         if self.errors:
             name, exc = self.errors[0]
             raise AssertionError(f"thread {name} failed: {exc!r}") from exc
@@ -80,7 +83,7 @@ def check_published_bytes(store, rows: np.ndarray) -> int:
     """Every published pool slot and resident arena row holds exactly ``rows[key]``
     (rows: uint8 [L * E, slot_bytes], the pack's rows when the store opened it).
     Returns how many rows were compared. Works on a closed store too (tables stay)."""
-    with store.lock:   # a consistent snapshot: the worker may still be publishing
+    with store.lock:  # a consistent snapshot: the worker may still be publishing
         return _check_published_bytes(store, rows)
 
 
@@ -93,17 +96,20 @@ def _check_published_bytes(store, rows):
     for key in np.flatnonzero(table >= 0).tolist():
         slot = int(table[key])
         assert resident[key] == slot, f"slot {slot} of key {key} published, not RESIDENT"
-        got = pool_bytes[slot, :rows.shape[1]]
+        got = pool_bytes[slot, : rows.shape[1]]
         if not np.array_equal(got, rows[key]):
             bad = int(np.count_nonzero(got != rows[key]))
-            raise AssertionError(f"pool slot {slot} (key {key}): {bad} of {rows.shape[1]} "
-                                 f"bytes differ from the pack (torn or wrong row)")
+            raise AssertionError(
+                f"pool slot {slot} (key {key}): {bad} of {rows.shape[1]} "
+                f"bytes differ from the pack (torn or wrong row)"
+            )
         n += 1
     arena_rows = arena.resident_slot()
     for key in np.flatnonzero(arena_rows >= 0).tolist():
         row = int(arena_rows[key])
-        assert np.array_equal(arena.row_bytes(row)[:rows.shape[1]], rows[key]), \
+        assert np.array_equal(arena.row_bytes(row)[: rows.shape[1]], rows[key]), (
             f"arena row {row} (key {key}) differs from the pack"
+        )
         n += 1
     return n
 
@@ -112,10 +118,16 @@ def try_rewrite(pack_path: str, layer: int, rows: np.ndarray) -> bool:
     """Rewrite ``layer`` of the pack in place with PackWriter (its own identity read from
     the sidecar). False when the writer is refused (PackBusyError: a live store)."""
     from tierstore.format import Pack, PackBusyError, PackWriter
+
     with Pack.open(pack_path) as p:
-        ident = dict(tag=p.tag, n_layers=p.n_layers, n_experts=p.n_experts,
-                     slot_bytes=p.slot_bytes, ckpt_id=p.ckpt_id,
-                     quantizer_abi=p.sidecar.quantizer_abi)
+        ident = dict(
+            tag=p.tag,
+            n_layers=p.n_layers,
+            n_experts=p.n_experts,
+            slot_bytes=p.slot_bytes,
+            ckpt_id=p.ckpt_id,
+            quantizer_abi=p.sidecar.quantizer_abi,
+        )
     try:
         with PackWriter(pack_path, **ident) as w:
             w.write_layer(layer, rows)
@@ -141,5 +153,13 @@ def leaked_pack_fds(pack_path: str) -> list[str]:
     return [p for p in open_fds() if p.startswith(base[: -len(".pack")])]
 
 
-__all__ = ["Crew", "all_stacks", "check_published_bytes", "leaked_pack_fds", "open_fds",
-           "stress_seconds", "try_rewrite", "wait_ticket"]
+__all__ = [
+    "Crew",
+    "all_stacks",
+    "check_published_bytes",
+    "leaked_pack_fds",
+    "open_fds",
+    "stress_seconds",
+    "try_rewrite",
+    "wait_ticket",
+]

@@ -4,6 +4,7 @@ on CPU or CUDA, for tests/adapters/test_adapter_vllm_layers.py and test_adapter_
 vLLM is imported on first use. On a machine without CUDA vLLM resolves the
 UnspecifiedPlatform (VLLM_TARGET_DEVICE must NOT be "cpu": its CpuPlatform demands
 triton-cpu), so the VllmConfig gets an explicit DeviceConfig(device=...)."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ import torch
 
 from tierstore.adapters import vllm as hook
 
-REQUIRE = os.environ.get("TIERSTORE_TEST_REQUIRE_VLLM") == "1"   # .ci/run: absent vLLM fails
+REQUIRE = os.environ.get("TIERSTORE_TEST_REQUIRE_VLLM") == "1"  # .ci/run: absent vLLM fails
 
 
 def need_vllm():
@@ -26,6 +27,7 @@ def need_vllm():
 
 def vllm_config(device: str = "cpu"):
     from vllm.config import DeviceConfig, VllmConfig
+
     return VllmConfig(device_config=DeviceConfig(device=device))
 
 
@@ -40,26 +42,42 @@ def softmax_topk(hidden_states, gating_output, topk: int, renormalize: bool):
     return w.contiguous(), ids.to(torch.int32).contiguous()
 
 
-def build_layers(qc, prefixes, *, E: int, H: int, I: int, top_k: int, dtype=torch.bfloat16,
-                 device: str = "cpu"):
+def build_layers(
+    qc, prefixes, *, E: int, H: int, I: int, top_k: int, dtype=torch.bfloat16, device: str = "cpu"
+):
     """One MoERunner per prefix, built by vLLM's own FusedMoEFactory with ``qc``."""
     extra = {"custom_routing_function": softmax_topk}
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+
     with set_current_vllm_config(vllm_config(device)):
-        return [FusedMoEFactory(num_experts=E, top_k=top_k, hidden_size=H, intermediate_size=I,
-                                params_dtype=dtype, tp_size=1, dp_size=1, pcp_size=1,
-                                quant_config=qc, prefix=p, **extra) for p in prefixes]
+        return [
+            FusedMoEFactory(
+                num_experts=E,
+                top_k=top_k,
+                hidden_size=H,
+                intermediate_size=I,
+                params_dtype=dtype,
+                tp_size=1,
+                dp_size=1,
+                pcp_size=1,
+                quant_config=qc,
+                prefix=p,
+                **extra,
+            )
+            for p in prefixes
+        ]
 
 
 def checkpoint_weights(model, layer: int, fmt: str = "bf16"):
     """(name, tensor) pairs as a checkpoint holds MoE layer ``layer`` of ``model``
     (tierstore.testing.model), relative to the experts module, in ``fmt``."""
     from tierstore.format import fp4
+
     out = []
     for e in range(model.n_experts):
         w13, w2 = model.w13[layer][e].float(), model.w2[layer][e].float()
-        mats = {"gate_proj": w13[:model.I], "up_proj": w13[model.I:], "down_proj": w2}
+        mats = {"gate_proj": w13[: model.I], "up_proj": w13[model.I :], "down_proj": w2}
         for name, w in mats.items():
             base = f"{e}.{name}"
             if fmt == "bf16":
@@ -74,8 +92,11 @@ def checkpoint_weights(model, layer: int, fmt: str = "bf16"):
                 out += [(f"{base}.weight", q), (f"{base}.weight_scale", s)]
             elif fmt == "nvfp4":
                 q, s, g = fp4.quantize_nvfp4(w)
-                out += [(f"{base}.weight", q), (f"{base}.weight_scale", s),
-                        (f"{base}.weight_scale_2", torch.tensor(g, dtype=torch.float32))]
+                out += [
+                    (f"{base}.weight", q),
+                    (f"{base}.weight_scale", s),
+                    (f"{base}.weight_scale_2", torch.tensor(g, dtype=torch.float32)),
+                ]
             else:
                 raise ValueError(fmt)
     return out
@@ -92,5 +113,6 @@ def layer_forward(runner, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor
     RoutedExperts.forward_modular calls it (keywords)."""
     w, ids = route(runner, x, logits)
     layer = runner.routed_experts
-    return layer.quant_method.apply(layer=layer, x=x, topk_weights=w, topk_ids=ids,
-                                    shared_experts=None, shared_experts_input=None)
+    return layer.quant_method.apply(
+        layer=layer, x=x, topk_weights=w, topk_ids=ids, shared_experts=None, shared_experts_input=None
+    )

@@ -7,20 +7,38 @@
 The public names below are imported lazily so ``import tierstore`` stays cheap
 and a command that only reads a pack never initialises torch's CUDA state.
 """
+
 from __future__ import annotations
 
 import importlib
 
-from tierstore.errors import (BufferBoundsError, CapacityError, ClosedError, ConfigError,
-                              FormatError, ForkedError, TierIOError, TierstoreError)
+from tierstore.errors import (
+    BufferBoundsError,
+    CapacityError,
+    ClosedError,
+    ConfigError,
+    ForkedError,
+    FormatError,
+    TierIOError,
+    TierstoreError,
+)
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it
 _LAZY = {
-    "Pack": "format", "PackWriter": "format", "PackBusyError": "format", "PackReplacedError": "format", "RowLayout": "format", "RowSection": "format",
-    "Engine": "io", "Completion": "io",
-    "ExpertStore": "store", "Ticket": "store", "FireResult": "store", "StoreStats": "store",
+    "Pack": "format",
+    "PackWriter": "format",
+    "PackBusyError": "format",
+    "PackReplacedError": "format",
+    "RowLayout": "format",
+    "RowSection": "format",
+    "Engine": "io",
+    "Completion": "io",
+    "ExpertStore": "store",
+    "Ticket": "store",
+    "FireResult": "store",
+    "StoreStats": "store",
     "fire_floor": "store",
     "UncertaintyGate": "compute",
     "fused_moe": "compute",
@@ -42,6 +60,7 @@ def __dir__():
 
 def _native():
     from tierstore import _C
+
     return _C
 
 
@@ -57,6 +76,15 @@ def cuda_available() -> bool:
 
 
 __all__ = sorted(_LAZY) + [
-    "TierstoreError", "FormatError", "ConfigError", "CapacityError", "TierIOError",
-    "ClosedError", "ForkedError", "BufferBoundsError", "cuda_available", "built_with_cuda", "__version__",
+    "TierstoreError",
+    "FormatError",
+    "ConfigError",
+    "CapacityError",
+    "TierIOError",
+    "ClosedError",
+    "ForkedError",
+    "BufferBoundsError",
+    "cuda_available",
+    "built_with_cuda",
+    "__version__",
 ]

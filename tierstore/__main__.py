@@ -1,4 +1,5 @@
 """``python -m tierstore``: the same as the ``tierstore`` command."""
+
 import sys
 
 from tierstore.cli import main

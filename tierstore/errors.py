@@ -4,6 +4,7 @@ Every message names what a user needs to act: the file, the byte offset, the
 layer/expert, and what was expected against what was found, e.g.
 ``experts.pack: layer 3 expert 12 at offset 0x1f000: length 4096, expected 8192``.
 """
+
 from __future__ import annotations
 
 import errno as _errno
@@ -51,8 +52,11 @@ class TierIOError(TierstoreError, OSError):
         self.path = os.fspath(path)
         self.offset = int(offset)
         name = _errno.errorcode.get(err, str(err))
-        super().__init__(err, f"{self.path}: {what} at offset {self.offset:#x} failed: "
-                              f"{name} ({os.strerror(err) if err > 0 else 'unknown'})")
+        super().__init__(
+            err,
+            f"{self.path}: {what} at offset {self.offset:#x} failed: "
+            f"{name} ({os.strerror(err) if err > 0 else 'unknown'})",
+        )
         self.filename = self.path
 
     def __str__(self) -> str:  # OSError's default adds "[Errno n]" noise

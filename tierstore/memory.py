@@ -1,6 +1,7 @@
 """The one memory check before a large allocation: work that would need more than half
 of this machine's memory is refused with a CapacityError before anything is allocated
 (a trace's replay state, a synthetic trace, the prefetcher's co-routing tables)."""
+
 from __future__ import annotations
 
 import os
@@ -16,5 +17,7 @@ def check_fits_memory(need: int, what: str) -> None:
     except (ValueError, OSError):
         ram = 0
     if ram and need > ram // 2:
-        raise CapacityError(f"{what} need {need / 2**30:.1f} GiB, more than half of this "
-                            f"machine's memory ({ram / 2**30:.1f} GiB)")
+        raise CapacityError(
+            f"{what} need {need / 2**30:.1f} GiB, more than half of this "
+            f"machine's memory ({ram / 2**30:.1f} GiB)"
+        )

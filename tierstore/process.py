@@ -21,6 +21,7 @@ joined). A ticket or completion made in the parent refuses to wait in the child 
 had already finished. The parent is untouched: nothing runs there at fork, and its hot
 path pays one integer compare per wait.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -33,9 +34,9 @@ from tierstore.errors import ForkedError
 
 log = logging.getLogger("tierstore.process")
 
-_stores: weakref.WeakSet = weakref.WeakSet()    # closed first at exit
-_engines: weakref.WeakSet = weakref.WeakSet()   # then the engines (a store's may be shared)
-_pids = [os.getpid()]   # _pids[g]: the process of fork generation g (0: the first one)
+_stores: weakref.WeakSet = weakref.WeakSet()  # closed first at exit
+_engines: weakref.WeakSet = weakref.WeakSet()  # then the engines (a store's may be shared)
+_pids = [os.getpid()]  # _pids[g]: the process of fork generation g (0: the first one)
 _twins: dict[type, type] = {}
 
 
@@ -57,9 +58,11 @@ def track_engine(engine) -> None:
 def forked_error(what: str, born: int, kind: str, path: str | None = None) -> ForkedError:
     """``what`` on an object of ``kind`` made in generation ``born``, called in a child."""
     head = f"{path}: " if path else ""
-    return ForkedError(f"{head}{what} in pid {os.getpid()}: this {kind} was opened in pid "
-                       f"{_pids[born]} and a fork()ed child cannot use it (the threads that "
-                       f"run it stayed in that process): open a new ExpertStore in the child")
+    return ForkedError(
+        f"{head}{what} in pid {os.getpid()}: this {kind} was opened in pid "
+        f"{_pids[born]} and a fork()ed child cannot use it (the threads that "
+        f"run it stayed in that process): open a new ExpertStore in the child"
+    )
 
 
 def check_not_inherited(born: int, what: str, kind: str, path: str | None = None) -> None:
@@ -69,7 +72,7 @@ def check_not_inherited(born: int, what: str, kind: str, path: str | None = None
 
 
 def _snapshot(group: weakref.WeakSet) -> list:
-    while True:   # another thread may add while we copy: retry (never more than a few times)
+    while True:  # another thread may add while we copy: retry (never more than a few times)
         try:
             return list(group)
         except RuntimeError:
@@ -92,16 +95,23 @@ def _refusing_twin(cls: type) -> type:
 
     def refuse(name):
         def method(self, *args, **kwargs):
-            raise forked_error(f"{name}()", self._forked_born, type(self).__mro__[1].__name__,
-                               _path_of(self))
+            raise forked_error(f"{name}()", self._forked_born, type(self).__mro__[1].__name__, _path_of(self))
+
         method.__name__ = name
         return method
 
-    names = [name for name, _ in inspect.getmembers(cls, inspect.isfunction)
-             if not name.startswith("_") and name != "close"]
+    names = [
+        name
+        for name, _ in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("_") and name != "close"
+    ]
     namespace = {name: refuse(name) for name in names}
-    namespace.update(close=lambda self: None, __del__=lambda self: None,
-                     __exit__=lambda self, *exc: None, __module__=cls.__module__)
+    namespace.update(
+        close=lambda self: None,
+        __del__=lambda self: None,
+        __exit__=lambda self, *exc: None,
+        __module__=cls.__module__,
+    )
     twin = type(f"Inherited{cls.__name__}", (cls,), namespace)
     _twins[cls] = twin
     return twin
@@ -110,12 +120,13 @@ def _refusing_twin(cls: type) -> type:
 def _inherit(obj, born: int) -> None:
     """Make ``obj`` (a store or engine of the parent) inert in this child, for good."""
     from tierstore import _C
+
     hook = getattr(obj, "_after_fork_in_child", None)
     if hook is not None:
         hook()
     obj._forked_born = born
     obj.__class__ = _refusing_twin(type(obj))
-    _C.keep_forever(obj)   # never freed here: its native threads live in the parent
+    _C.keep_forever(obj)  # never freed here: its native threads live in the parent
 
 
 def _after_fork_in_child() -> None:
@@ -127,15 +138,15 @@ def _after_fork_in_child() -> None:
             try:
                 _inherit(obj, born)
             except Exception as exc:  # noqa: BLE001 - a fork must never fail in the child
-                log.warning("fork: could not retire an inherited %s: %s",
-                            type(obj).__name__, exc)
+                log.warning("fork: could not retire an inherited %s: %s", type(obj).__name__, exc)
 
 
 def _close_all_at_exit() -> None:
     try:
         from tierstore import _C
-        _C.mark_exit_thread()   # finalization runs on this thread (gil.hpp)
-    except ImportError:   # pragma: no cover - the native core is always built
+
+        _C.mark_exit_thread()  # finalization runs on this thread (gil.hpp)
+    except ImportError:  # pragma: no cover - the native core is always built
         pass
     for group in (_stores, _engines):
         for obj in _snapshot(group):

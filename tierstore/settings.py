@@ -27,6 +27,7 @@ raise ``ValueError(reason)``; ``boolean``, ``integer``, ``number``,
 ``fraction``, ``choice``, ``gib_or_auto`` and ``optional_path`` cover the common
 kinds.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +37,9 @@ import os
 import shlex
 import threading
 import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from tierstore.errors import ConfigError
 
@@ -68,7 +70,7 @@ def _num(v) -> str:
 
 
 def bound_text(lo, hi, lo_open: bool = False) -> str:
-    """">= 1 and <= 9" for the bounds given (either may be None)."""
+    """ ">= 1 and <= 9" for the bounds given (either may be None)."""
     parts = []
     if lo is not None:
         parts.append(f"{'>' if lo_open else '>='} {_num(lo)}")
@@ -80,6 +82,7 @@ def bound_text(lo, hi, lo_open: bool = False) -> str:
 def integer(lo: int | None = None, hi: int | None = None) -> Converter:
     """A base-10 integer in [lo, hi] (either bound may be None): an int (numpy's too), a
     float with no fraction (1.5 is refused, not truncated), or its text."""
+
     def parse(value: Any) -> int:
         v = None
         if isinstance(value, bool):
@@ -97,12 +100,14 @@ def integer(lo: int | None = None, hi: int | None = None) -> Converter:
             bound = bound_text(lo, hi, False)
             raise ValueError(f"expected an integer{' ' + bound if bound else ''}")
         return v
+
     return parse
 
 
 def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> Converter:
     """A finite float in [lo, hi] ((lo, hi] with ``lo_open``): a real number (numpy's
     too) or its text; nan, inf and what overflows a float (1e400) are refused."""
+
     def parse(value: Any) -> float:
         v = None
         if isinstance(value, bool):
@@ -115,11 +120,16 @@ def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
         elif isinstance(value, str):
             with contextlib.suppress(ValueError):
                 v = float(value.strip())
-        if (v is None or not math.isfinite(v) or (lo is not None and (v < lo or (lo_open and v == lo)))
-                or (hi is not None and v > hi)):
+        if (
+            v is None
+            or not math.isfinite(v)
+            or (lo is not None and (v < lo or (lo_open and v == lo)))
+            or (hi is not None and v > hi)
+        ):
             bound = bound_text(lo, hi, lo_open)
             raise ValueError(f"expected a finite number{' ' + bound if bound else ''}")
         return v
+
     return parse
 
 
@@ -141,6 +151,7 @@ def choice(*names: str, what: str = "value", aliases: Mapping[str, str] | None =
         if low not in names:
             raise ValueError(f"unknown {what} {str(value)!r}; expected one of {', '.join(names)}")
         return low
+
     return parse
 
 
@@ -152,9 +163,13 @@ def verify_mode(value: Any) -> str:
     """``always`` | ``off``. ``first`` named a mode that published a row re-read after an
     eviction unchecked; it is read as ``always``, with a FutureWarning."""
     if str(value).strip().lower() == "first":
-        warnings.warn("verify mode 'first' now verifies every read, as 'always' does (a row "
-                      "re-read after an eviction is hashed again): write 'always', or 'off' "
-                      "to opt out", FutureWarning, stacklevel=4)
+        warnings.warn(
+            "verify mode 'first' now verifies every read, as 'always' does (a row "
+            "re-read after an eviction is hashed again): write 'always', or 'off' "
+            "to opt out",
+            FutureWarning,
+            stacklevel=4,
+        )
         return "always"
     return choice(*VERIFY_MODES, what="verify mode")(value)
 
@@ -166,10 +181,10 @@ GIB_MAX = 1 << 30
 #: 2**22 keys, and it fits every index type the store uses.
 COUNT_MAX = (1 << 31) - 1
 
-gib = number(0.0, GIB_MAX)                   # GiB >= 0
-count = integer(0, COUNT_MAX)                # 0, 1, 2 ...
-positive_count = integer(1, COUNT_MAX)       # 1, 2 ...
-seconds = number(0.0)                        # finite seconds >= 0
+gib = number(0.0, GIB_MAX)  # GiB >= 0
+count = integer(0, COUNT_MAX)  # 0, 1, 2 ...
+positive_count = integer(1, COUNT_MAX)  # 1, 2 ...
+seconds = number(0.0)  # finite seconds >= 0
 
 
 def gib_or_auto(value: Any) -> float | None:
@@ -189,7 +204,7 @@ def timeout(name: str, value: Any) -> float | None:
 
 
 # -- API arguments: the same converters, one message ------------------------------------
-_NO_VALUE = object()   # fails every converter: its message says what the converter expects
+_NO_VALUE = object()  # fails every converter: its message says what the converter expects
 
 
 def expected(convert: Converter) -> str:
@@ -201,8 +216,7 @@ def expected(convert: Converter) -> str:
     return "a valid value"
 
 
-def argument(name: str, value: Any, convert: Converter, words: Iterable[str] = (),
-             text: bool = False) -> Any:
+def argument(name: str, value: Any, convert: Converter, words: Iterable[str] = (), text: bool = False) -> Any:
     """An API argument through the converter its environment variable and command-line
     option use (ONE validation for env, CLI and API): the typed value, or ConfigError
     ``name must be <what convert expects>, found <value>`` before anything is allocated
@@ -223,14 +237,14 @@ def argument(name: str, value: Any, convert: Converter, words: Iterable[str] = (
         except (TypeError, ValueError) as exc:
             reason = str(exc)
     if reason.startswith("expected "):
-        raise ConfigError(f"{name} must be {reason[len('expected '):]}, found {_shown(value)}")
+        raise ConfigError(f"{name} must be {reason[len('expected ') :]}, found {_shown(value)}")
     raise ConfigError(f"{name}={_shown(value)}: {reason}")
 
 
 def _shown(value: Any) -> str:
     try:
         text = repr(value)
-    except ValueError:   # an int past Python's digit limit
+    except ValueError:  # an int past Python's digit limit
         return f"an integer of {value.bit_length()} bits"
     return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
 
@@ -247,6 +261,7 @@ class Var:
     """One environment variable: its full name, the key it fills, converter, default, doc.
 
     ``show`` turns a value back into the string that parses to it (round trips)."""
+
     env: str
     key: str
     parse: Converter
@@ -255,7 +270,7 @@ class Var:
     show: Callable[[Any], str] = str
 
     @property
-    def name(self) -> str:      # settings.get(name) for TIERSTORE_* knobs
+    def name(self) -> str:  # settings.get(name) for TIERSTORE_* knobs
         return self.key
 
 
@@ -268,7 +283,7 @@ def _quote(raw: Any) -> str:
     return shlex.quote(text)
 
 
-_PREFIXES: set[str] = set()   # every EnvSpec's prefix: a nested family owns its names
+_PREFIXES: set[str] = set()  # every EnvSpec's prefix: a nested family owns its names
 
 
 class EnvSpec:
@@ -297,8 +312,11 @@ class EnvSpec:
     def unknown(self, environ: Mapping[str, str]) -> list[str]:
         """Names with this prefix that no Var lists, sorted."""
         nested = [p for p in _PREFIXES if p != self.prefix and p.startswith(self.prefix)]
-        return sorted(k for k in environ if k.startswith(self.prefix) and k not in self.vars
-                      and not any(k.startswith(p) for p in nested))
+        return sorted(
+            k
+            for k in environ
+            if k.startswith(self.prefix) and k not in self.vars and not any(k.startswith(p) for p in nested)
+        )
 
     def warn_unknown(self, environ: Mapping[str, str], stacklevel: int = 2) -> list[str]:
         """One RuntimeWarning per unknown name per process; returns the newly warned names."""
@@ -307,8 +325,11 @@ class EnvSpec:
             self._warned.update(dict.fromkeys(new))
         if new:
             known = ", ".join(self.vars)
-            warnings.warn(f"ignoring unknown {self.family} variable(s): {', '.join(new)} "
-                          f"(known: {known})", RuntimeWarning, stacklevel=stacklevel + 1)
+            warnings.warn(
+                f"ignoring unknown {self.family} variable(s): {', '.join(new)} (known: {known})",
+                RuntimeWarning,
+                stacklevel=stacklevel + 1,
+            )
         return new
 
     def convert(self, var: Var, raw: Any, origin: str | None = None) -> Any:
@@ -319,8 +340,9 @@ class EnvSpec:
             where = origin or f"{var.env}={_quote(raw)}"
             raise ConfigError(f"{where}: {exc}") from None
 
-    def parse(self, environ: Mapping[str, str] | None = None, *, defaults: bool = True,
-              warn: bool = True) -> dict[str, Any]:
+    def parse(
+        self, environ: Mapping[str, str] | None = None, *, defaults: bool = True, warn: bool = True
+    ) -> dict[str, Any]:
         """{key: value} for every variable (set ones converted; with ``defaults`` the
         others at their default). All bad values -> ONE ConfigError whose
         ``problems`` lists each ``NAME=value: reason``; unknown names warn once."""
@@ -374,53 +396,113 @@ HEAT_HALF_LIFE_STEPS = 256.0
 TEST_PREFIX = "TIERSTORE_TEST_"
 _PREFIXES.add(TEST_PREFIX)
 
-SPEC = EnvSpec("TIERSTORE_", (
-    _knob("threads", 8, integer(1, 512), "reader threads of the store's I/O engine"),
-    _knob("direct", "auto", choice("auto", "on", "off", what="O_DIRECT mode"),
-          "O_DIRECT for pack reads: auto (probe, fall back to buffered), on (require), off"),
-    _knob("lazy_per_step", 8, count,
-          "most lazy (background) promotions that one step() queues"),
-    _knob("half_life_steps", HEAT_HALF_LIFE_STEPS, _non_negative,
-          "heat half-life in decode steps (0: the policy's own default)"),
-    _knob("half_life_s", 0.0, _non_negative,
-          "heat half-life in wall-clock seconds; > 0 replaces half_life_steps"),
-    _knob("reserve_gb", 3.0, gib, "GiB left free when a pool or arena is sized \"auto\""),
-    _knob("max_gb", 0.0, gib, "cap on an \"auto\" pool in GiB (0: no cap)"),
-    _knob("max_promote", 64, count, "default cap on new promotions per fire"),
-    _knob("pool_policy", "heat", choice(*POLICY_NAMES, what="policy"),
-          "replacement policy of the VRAM pool"),
-    _knob("arena_policy", "lru", choice(*POLICY_NAMES, what="policy"),
-          "replacement policy of the pinned RAM arena"),
-    _knob("scan_keep", 0.5, fraction,
-          "share of each tier's capacity (its hottest residents) a prefill (scan) batch may not evict"),
-    _knob("fire_rounds", 3, positive_count,
-          "rounds a fire retries keys another thread was loading before giving up"),
-    _knob("latency_window", 4096, positive_count, "fire latencies kept for the p50/p99 in stats()"),
-    _knob("verify", "always", verify_mode,
-          "check each row read from the pack (disk or page cache) against its sidecar xxh3-64 "
-          "before it is published: always, or off (the opt-out); first = always (deprecated)"),
-    _knob("snapshot_every_s", 10.0, seconds,
-          "seconds between poolmon snapshots when a snapshot path is set (0: off)"),
-    _knob("metrics", True, boolean,
-          "Prometheus metrics of every store (per-layer counts, fire histogram, exporter); "
-          "0 turns them off"),
-    _knob("metrics_dir", None, optional_path,
-          "directory worker processes write metrics into for a scraping process "
-          "(PROMETHEUS_MULTIPROC_DIR wins when set)"),
-    _knob("metrics_interval_s", 1.0, number(0.05, 3600.0),
-          "seconds between a worker process's writes into the metrics directory"),
-    _knob("capture", None, optional_path,
-          "routing capture: trace file (.npy) a face writes the routed experts into"),
-    _knob("capture_max_steps", 20000, integer(1),
-          "most steps (ticks) a routing capture keeps; later steps are not recorded"),
-    _knob("capture_max_mb", 256.0, number(0.0, lo_open=True),
-          "most MiB of trace rows a routing capture keeps"),
-), family="TIERSTORE_*")
+SPEC = EnvSpec(
+    "TIERSTORE_",
+    (
+        _knob("threads", 8, integer(1, 512), "reader threads of the store's I/O engine"),
+        _knob(
+            "direct",
+            "auto",
+            choice("auto", "on", "off", what="O_DIRECT mode"),
+            "O_DIRECT for pack reads: auto (probe, fall back to buffered), on (require), off",
+        ),
+        _knob("lazy_per_step", 8, count, "most lazy (background) promotions that one step() queues"),
+        _knob(
+            "half_life_steps",
+            HEAT_HALF_LIFE_STEPS,
+            _non_negative,
+            "heat half-life in decode steps (0: the policy's own default)",
+        ),
+        _knob(
+            "half_life_s",
+            0.0,
+            _non_negative,
+            "heat half-life in wall-clock seconds; > 0 replaces half_life_steps",
+        ),
+        _knob("reserve_gb", 3.0, gib, 'GiB left free when a pool or arena is sized "auto"'),
+        _knob("max_gb", 0.0, gib, 'cap on an "auto" pool in GiB (0: no cap)'),
+        _knob("max_promote", 64, count, "default cap on new promotions per fire"),
+        _knob(
+            "pool_policy", "heat", choice(*POLICY_NAMES, what="policy"), "replacement policy of the VRAM pool"
+        ),
+        _knob(
+            "arena_policy",
+            "lru",
+            choice(*POLICY_NAMES, what="policy"),
+            "replacement policy of the pinned RAM arena",
+        ),
+        _knob(
+            "scan_keep",
+            0.5,
+            fraction,
+            "share of each tier's capacity (its hottest residents) a prefill (scan) batch may not evict",
+        ),
+        _knob(
+            "fire_rounds",
+            3,
+            positive_count,
+            "rounds a fire retries keys another thread was loading before giving up",
+        ),
+        _knob("latency_window", 4096, positive_count, "fire latencies kept for the p50/p99 in stats()"),
+        _knob(
+            "verify",
+            "always",
+            verify_mode,
+            "check each row read from the pack (disk or page cache) against its sidecar xxh3-64 "
+            "before it is published: always, or off (the opt-out); first = always (deprecated)",
+        ),
+        _knob(
+            "snapshot_every_s",
+            10.0,
+            seconds,
+            "seconds between poolmon snapshots when a snapshot path is set (0: off)",
+        ),
+        _knob(
+            "metrics",
+            True,
+            boolean,
+            "Prometheus metrics of every store (per-layer counts, fire histogram, exporter); "
+            "0 turns them off",
+        ),
+        _knob(
+            "metrics_dir",
+            None,
+            optional_path,
+            "directory worker processes write metrics into for a scraping process "
+            "(PROMETHEUS_MULTIPROC_DIR wins when set)",
+        ),
+        _knob(
+            "metrics_interval_s",
+            1.0,
+            number(0.05, 3600.0),
+            "seconds between a worker process's writes into the metrics directory",
+        ),
+        _knob(
+            "capture",
+            None,
+            optional_path,
+            "routing capture: trace file (.npy) a face writes the routed experts into",
+        ),
+        _knob(
+            "capture_max_steps",
+            20000,
+            integer(1),
+            "most steps (ticks) a routing capture keeps; later steps are not recorded",
+        ),
+        _knob(
+            "capture_max_mb",
+            256.0,
+            number(0.0, lo_open=True),
+            "most MiB of trace rows a routing capture keeps",
+        ),
+    ),
+    family="TIERSTORE_*",
+)
 
 KNOBS: dict[str, Var] = {v.key: v for v in SPEC.vars.values()}
 
 _lock = threading.Lock()
-_values: dict[str, Any] = {}    # set() values win over the environment
+_values: dict[str, Any] = {}  # set() values win over the environment
 _env: dict[str, Any] | None = None  # the parsed environment, None until first use
 
 

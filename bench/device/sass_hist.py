@@ -4,6 +4,7 @@ fp16 -> fp32 widening) without hardware counters.
 
     python bench/device/sass_hist.py path/to/_C.so [kernel-substring ...]
 """
+
 from __future__ import annotations
 
 import collections
@@ -20,15 +21,24 @@ def main(argv: list[str]) -> int:
         name = f.split("\n", 1)[0].strip()
         if not any(s in name for s in subs):
             continue
-        ops = collections.Counter(m.group(1).split(".")[0] for m in
-                                  re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", f))
+        ops = collections.Counter(
+            m.group(1).split(".")[0]
+            for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", f)
+        )
         total = sum(ops.values())
         print(f"{name[:90]}: {total} instructions")
         print("  " + ", ".join(f"{op} {n}" for op, n in ops.most_common(22)))
-        full = collections.Counter(m.group(1) for m in
-                                   re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", f))
-        print("  conversions/loads: " + ", ".join(f"{op} {n}" for op, n in full.items()
-                                                   if op.startswith(("F2F", "HADD2", "I2F", "LDG", "LDS", "PRMT"))))
+        full = collections.Counter(
+            m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", f)
+        )
+        print(
+            "  conversions/loads: "
+            + ", ".join(
+                f"{op} {n}"
+                for op, n in full.items()
+                if op.startswith(("F2F", "HADD2", "I2F", "LDG", "LDS", "PRMT"))
+            )
+        )
     return 0
 
 

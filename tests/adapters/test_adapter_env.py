@@ -1,4 +1,5 @@
 """VLLM_MOE_W2_* parsing with vLLM-Moet's meanings (its moe_w2_delta / moe_w2_gate / moe_w2_store)."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,16 +10,16 @@ from tierstore.adapters.moet_config import BASE_ONLY, VARIABLES, from_env
 from tierstore.errors import ConfigError
 
 P = "VLLM_MOE_W2_"
-SLOT = 12 << 20   # DS4's standalone FP4 slot
+SLOT = 12 << 20  # DS4's standalone FP4 slot
 
 
 def test_defaults_are_vllm_moets():
     e = from_env({})
     assert e.delta and e.delta_gb_raw == "2.0" and e.delta_gb == 2.0 and not e.delta_auto
-    assert e.enabled and e.initial_slots(SLOT) == 170          # 2 GiB / 12 MiB
+    assert e.enabled and e.initial_slots(SLOT) == 170  # 2 GiB / 12 MiB
     assert (e.reserve_gb, e.max_gb, e.promote_per_pass, e.tick_s) == (3.0, 0.0, 8, 0.005)
     assert (e.policy, e.decay, e.decay_s, e.rank, e.promo_hyst) == ("freq", 0.5, 5.0, "step_w", 0.0)
-    assert e.gate is False                                     # unset = off
+    assert e.gate is False  # unset = off
     assert (e.gate_max_promote, e.step_budget, e.gate_fp_max) == (64, 64, 3)
     assert e.gate_reforward and not e.gate_capture and not e.force_pool
     assert (e.store_dir, e.store_threads, e.ckpt_id, e.zero_mode) == ("", 8, "", "auto")
@@ -45,7 +46,7 @@ def test_explicit_sizes_have_an_8_slot_minimum():
 
 def test_delta_other_than_1_turns_the_tier_off():
     assert not from_env({P + "DELTA": "0"}).enabled
-    assert not from_env({P + "DELTA": "true"}).enabled   # only "1" counts
+    assert not from_env({P + "DELTA": "true"}).enabled  # only "1" counts
 
 
 def test_over_the_base_cache_delta_gb_must_be_explicit_and_positive():
@@ -89,8 +90,14 @@ def test_num_layers_gives_the_slot_table_rows():
 
 def test_every_bad_value_is_reported_at_once():
     with pytest.raises(ConfigError) as info:
-        from_env({P + "DELTA_GB": "six", P + "GATE_FP_MAX": "x", P + "ZERO_MODE": "typo",
-                  P + "DELTA_RESERVE_GB": "lots"})
+        from_env(
+            {
+                P + "DELTA_GB": "six",
+                P + "GATE_FP_MAX": "x",
+                P + "ZERO_MODE": "typo",
+                P + "DELTA_RESERVE_GB": "lots",
+            }
+        )
     msg = str(info.value)
     for needle in ("DELTA_GB=six", "GATE_FP_MAX=x", "ZERO_MODE=typo", "DELTA_RESERVE_GB=lots"):
         assert needle in msg

@@ -1,28 +1,49 @@
 """The upstream-vLLM hook: vLLM-free behaviour always, vLLM's signatures when importable."""
+
 from __future__ import annotations
 
 import inspect
 
 import pytest
 import torch
-
 from vllm_layer_helpers import REQUIRE, need_vllm
+
 from tierstore.adapters import vllm as hook
 from tierstore.errors import ConfigError
 
 # what tierstore.adapters.vllm relies on, in vLLM 0.34.0 (hook.VLLM_VERSION)
 EXPECTED = {
     "FusedMoEMethodBase.__init__": ["self", "moe"],
-    "FusedMoEMethodBase.create_weights": ["self", "layer", "num_experts", "hidden_size",
-                                          "intermediate_size_per_partition", "params_dtype",
-                                          "extra_weight_attrs"],
+    "FusedMoEMethodBase.create_weights": [
+        "self",
+        "layer",
+        "num_experts",
+        "hidden_size",
+        "intermediate_size_per_partition",
+        "params_dtype",
+        "extra_weight_attrs",
+    ],
     "FusedMoEMethodBase.get_fused_moe_quant_config": ["self", "layer"],
     "FusedMoEMethodBase.process_weights_after_loading": ["self", "layer"],
-    "FusedMoEMethodBase.apply": ["self", "layer", "x", "topk_weights", "topk_ids",
-                                 "shared_experts", "shared_experts_input"],
+    "FusedMoEMethodBase.apply": [
+        "self",
+        "layer",
+        "x",
+        "topk_weights",
+        "topk_ids",
+        "shared_experts",
+        "shared_experts_input",
+    ],
     "RoutedExperts._replace_quant_method": ["self", "quant_method"],
-    "RoutedExperts.weight_loader": ["self", "param", "loaded_weight", "weight_name",
-                                    "shard_id", "expert_id", "return_success"],
+    "RoutedExperts.weight_loader": [
+        "self",
+        "param",
+        "loaded_weight",
+        "weight_name",
+        "shard_id",
+        "expert_id",
+        "return_success",
+    ],
 }
 
 
@@ -38,6 +59,7 @@ def test_vllm_signature_matches_the_pinned_contract(qualname):
 def test_installed_vllm_is_the_pinned_version():
     need_vllm()
     import vllm
+
     assert vllm.__version__.split("+")[0] == hook.VLLM_VERSION
 
 
@@ -50,10 +72,15 @@ def test_vllm_backed_names_without_vllm_raise_one_clear_config_error():
         hook.install(torch.nn.Linear(2, 2), tier=None)
 
 
-@pytest.mark.parametrize("name, index", [
-    ("model.layers.0.mlp.experts", 0), ("model.layers.42.mlp.experts", 42),
-    ("language_model.model.layers.7.block_sparse_moe", 7), ("layers.3", 3),
-])
+@pytest.mark.parametrize(
+    "name, index",
+    [
+        ("model.layers.0.mlp.experts", 0),
+        ("model.layers.42.mlp.experts", 42),
+        ("language_model.model.layers.7.block_sparse_moe", 7),
+        ("layers.3", 3),
+    ],
+)
 def test_layer_index_comes_from_the_layer_name(name, index):
     assert hook.layer_index_from_name(name) == index
 
@@ -76,8 +103,17 @@ def test_expert_map_zeroes_pairs_of_other_ranks_and_keeps_shapes():
 
 def test_discard_loader_accepts_and_drops_checkpoint_tensors():
     p = torch.nn.Parameter(torch.empty(0), requires_grad=False)
-    assert hook.discard_expert_weight(param=p, loaded_weight=torch.ones(3), weight_name="w2",
-                                      shard_id="w2", expert_id=5, return_success=True) is True
+    assert (
+        hook.discard_expert_weight(
+            param=p,
+            loaded_weight=torch.ones(3),
+            weight_name="w2",
+            shard_id="w2",
+            expert_id=5,
+            return_success=True,
+        )
+        is True
+    )
     assert p.numel() == 0
 
 
@@ -86,6 +122,7 @@ def test_ci_vllm_requirements_are_pinned_and_never_name_torch():
     did not change); a torch-family or unpinned line would let pip move torch."""
     import os
     import re
+
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, ".ci", "vllm-requirements.txt")) as f:
         lines = [l.split("#")[0].strip() for l in f]

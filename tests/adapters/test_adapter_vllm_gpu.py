@@ -11,13 +11,14 @@ decode kernel's 16 tokens need the graph-capturable grouped MoE path (issue 17);
 ``tierstore.compute.moe.fused_moe`` has one, their capture fails and is reported as
 xfail naming that, not as a pass.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-
 from vllm_layer_helpers import build_layers, checkpoint_weights, need_vllm, route
+
 from tierstore.adapters import vllm_quant
 from tierstore.compute.checks import DECODE_MAX_TOKENS
 from tierstore.testing.model import make_moe_model
@@ -34,11 +35,18 @@ def booted(tmp_path_factory):
         pytest.skip("no CUDA device")
     need_vllm()
     from tierstore.format import layouts
+
     model = make_moe_model(len(PREFIXES), E, H, I, seed=5)
-    env = {"dir": None, "vram_gb": 24 * layouts.row_bytes("fp4", H, I) / 2**30, "ram_gb": 0.0,
-           "prefill_tokens": 16, "mode": "tiered"}
-    rt = vllm_quant.Runtime(pack_dir=str(tmp_path_factory.mktemp("packs")), ckpt_id="gpu-test",
-                            n_layers=4, device="cuda", env=env)
+    env = {
+        "dir": None,
+        "vram_gb": 24 * layouts.row_bytes("fp4", H, I) / 2**30,
+        "ram_gb": 0.0,
+        "prefill_tokens": 16,
+        "mode": "tiered",
+    }
+    rt = vllm_quant.Runtime(
+        pack_dir=str(tmp_path_factory.mktemp("packs")), ckpt_id="gpu-test", n_layers=4, device="cuda", env=env
+    )
     qc = vllm_quant.config_class()(None, rt)
     runners = build_layers(qc, PREFIXES, E=E, H=H, I=I, top_k=K, device="cuda")
     for i, r in enumerate(runners):
@@ -52,8 +60,9 @@ def booted(tmp_path_factory):
 
 def _apply(runner, x, w, ids):
     layer = runner.routed_experts
-    return layer.quant_method.apply(layer=layer, x=x, topk_weights=w, topk_ids=ids,
-                                    shared_experts=None, shared_experts_input=None)
+    return layer.quant_method.apply(
+        layer=layer, x=x, topk_weights=w, topk_ids=ids, shared_experts=None, shared_experts_input=None
+    )
 
 
 def _churn(tier, rng, layer: int):
@@ -75,20 +84,22 @@ def test_graph_replay_equals_eager_after_promotions_and_evictions(booted, size):
     runner = runners[size % 2]
     layer = runner.routed_experts.quant_method.layer_index
     x = model.tokens(size, seed=size).to("cuda", torch.bfloat16)
-    logits = (x.float() @ model.router[layer].cuda())
+    logits = x.float() @ model.router[layer].cuda()
     w, ids = route(runner, x, logits)
     _churn(tier, rng, layer)
-    _apply(runner, x, w, ids)                       # warm up outside capture
+    _apply(runner, x, w, ids)  # warm up outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
         with tier.quiet(), torch.cuda.graph(graph):
             out = _apply(runner, x, w, ids)
-    except Exception as exc:          # torch raises several types for a broken capture
+    except Exception as exc:  # torch raises several types for a broken capture
         torch.cuda.synchronize()
         if size > DECODE_MAX_TOKENS:
-            pytest.xfail(f"T={size} > {DECODE_MAX_TOKENS}: fused_moe has no graph-capturable "
-                         f"grouped path yet (issue 17): {type(exc).__name__}: {exc}")
+            pytest.xfail(
+                f"T={size} > {DECODE_MAX_TOKENS}: fused_moe has no graph-capturable "
+                f"grouped path yet (issue 17): {type(exc).__name__}: {exc}"
+            )
         raise
     for _ in range(3):
         _churn(tier, rng, layer)
@@ -97,5 +108,5 @@ def test_graph_replay_equals_eager_after_promotions_and_evictions(booted, size):
         torch.cuda.synchronize()
         eager = _apply(runner, x, w, ids)
         torch.testing.assert_close(out, eager, rtol=0, atol=0)
-        assert int(tier.seen[layer].sum()) > 0      # mark_seen replays in the graph
+        assert int(tier.seen[layer].sum()) > 0  # mark_seen replays in the graph
     assert int((tier.store.slot_table >= 0).sum()) > 0

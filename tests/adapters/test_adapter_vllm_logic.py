@@ -1,10 +1,11 @@
 """The upstream-vLLM quant method's logic, run without vLLM on a real MoetTier."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from adapter_helpers import E, H, I, L, make_tier, model_and_dir, one_torch_thread  # noqa: F401
+
 from tierstore.adapters.vllm import TierstoreMoEMethodLogic, check_geometry, routed_forward
 from tierstore.errors import ConfigError
 
@@ -22,17 +23,28 @@ def test_create_weights_registers_placeholders_that_drop_checkpoint_tensors(tier
     layer = torch.nn.Module()
     TierstoreMoEMethodLogic(tier, 1).create_weights(layer, E, H, I, torch.bfloat16)
     assert layer.w13_weight.numel() == 0 and layer.w2_weight.dtype == torch.bfloat16
-    assert layer.w2_weight.weight_loader(param=layer.w2_weight, loaded_weight=torch.ones(H, I),
-                                         weight_name="w2_weight", shard_id="w2", expert_id=3,
-                                         return_success=True) is True
+    assert (
+        layer.w2_weight.weight_loader(
+            param=layer.w2_weight,
+            loaded_weight=torch.ones(H, I),
+            weight_name="w2_weight",
+            shard_id="w2",
+            expert_id=3,
+            return_success=True,
+        )
+        is True
+    )
     assert layer.tierstore_layer_index == 1
 
 
-@pytest.mark.parametrize("args, needle", [
-    ((E + 1, H, I), f"num_experts {E + 1}, expected {E}"),
-    ((E, 2 * H, I), f"hidden_size {2 * H}, expected {H}"),
-    ((E, H, I // 2), f"intermediate_size {I // 2}, expected {I}"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ((E + 1, H, I), f"num_experts {E + 1}, expected {E}"),
+        ((E, 2 * H, I), f"hidden_size {2 * H}, expected {H}"),
+        ((E, H, I // 2), f"intermediate_size {I // 2}, expected {I}"),
+    ],
+)
 def test_geometry_mismatch_names_the_layer_and_values(tier, args, needle):
     with pytest.raises(ConfigError, match=rf"vLLM MoE layer 2 does not match .*{needle}"):
         TierstoreMoEMethodLogic(tier, 2).create_weights(torch.nn.Module(), *args, torch.float32)
@@ -52,7 +64,7 @@ def test_apply_marks_seen_and_returns_the_tier_forward(tier):
     out = method.apply(torch.nn.Module(), x, w, ids, None, None)
     torch.testing.assert_close(out, tier.moe_w2_forward(x, w, ids, 0))
     assert sorted(tier.seen_pairs()[:, 1].tolist()) == sorted(torch.unique(ids).tolist())
-    assert int((tier.store.slot_table >= 0).sum()) == 0            # decode-sized: no prefill promotion
+    assert int((tier.store.slot_table >= 0).sum()) == 0  # decode-sized: no prefill promotion
 
 
 def test_prefill_sized_apply_makes_the_experts_resident_first(tier):

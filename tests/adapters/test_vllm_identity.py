@@ -1,5 +1,6 @@
 """The checkpoint identity the upstream vLLM face keys its packs by: it changes when the
 experts could have changed (contents, in-place replacement), and only then."""
+
 from __future__ import annotations
 
 import os
@@ -48,13 +49,13 @@ def test_rot_in_a_small_file_changes_the_identity_even_with_the_mtime_kept(tmp_p
 
 
 def test_large_files_are_sampled_and_in_place_replacement_is_caught(tmp_path, monkeypatch):
-    monkeypatch.setattr(vllm_pack, "WHOLE_BELOW", 1 << 16)      # 1 MiB counts as large
+    monkeypatch.setattr(vllm_pack, "WHOLE_BELOW", 1 << 16)  # 1 MiB counts as large
     path = write_checkpoint(tmp_path / "m", 1 << 20)
     a = checkpoint_identity(str(tmp_path / "m"))
-    flip_keeping_mtime(path, 0)                                 # inside the first sample
+    flip_keeping_mtime(path, 0)  # inside the first sample
     b = checkpoint_identity(str(tmp_path / "m"))
     assert b != a
-    write_checkpoint(tmp_path / "m", 1 << 20, seed=1)           # replaced, same size
+    write_checkpoint(tmp_path / "m", 1 << 20, seed=1)  # replaced, same size
     assert checkpoint_identity(str(tmp_path / "m")) not in (a, b)
 
 

@@ -1,6 +1,7 @@
 """`tierstore bench fire` on the CPU pool, small sizes: every section runs, every row
 is byte-checked, the ratios are there, bad arguments are one-line errors; and the C++
 read bound (_C.measure_read_bound) reads what it says."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,40 @@ from tierstore.cli import main
 
 def test_bench_fire_cpu_end_to_end(tmp_path, capsys):
     out, png = tmp_path / "fire.json", tmp_path / "fire.png"
-    rc = main(["bench", "fire", "--dir", str(tmp_path / "d"), "--device", "cpu", "--layers", "4",
-               "--experts", "6", "--row-bytes", "32768", "--sizes", "1,4,12", "--cold-sizes", "1,4",
-               "--repeats", "2", "--h2d-gb", "0.01", "--baseline-rows", "4", "--threads", "2",
-               "--skip", "bookkeeping", "--out", str(out), "--png", str(png)])
+    rc = main(
+        [
+            "bench",
+            "fire",
+            "--dir",
+            str(tmp_path / "d"),
+            "--device",
+            "cpu",
+            "--layers",
+            "4",
+            "--experts",
+            "6",
+            "--row-bytes",
+            "32768",
+            "--sizes",
+            "1,4,12",
+            "--cold-sizes",
+            "1,4",
+            "--repeats",
+            "2",
+            "--h2d-gb",
+            "0.01",
+            "--baseline-rows",
+            "4",
+            "--threads",
+            "2",
+            "--skip",
+            "bookkeeping",
+            "--out",
+            str(out),
+            "--png",
+            str(png),
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["checks"]["mismatches"] == []
@@ -41,11 +72,42 @@ def test_bench_fire_pool_sized_for_pipelined_step_larger_than_every_fire(tmp_pat
     # rows. The pool must hold the step (before: 8 rows never read, "byte check at
     # offset 0x0 failed: EIO" on a healthy pack).
     out = tmp_path / "fire.json"
-    rc = main(["bench", "fire", "--dir", str(tmp_path / "d"), "--device", "cpu", "--layers", "4",
-               "--experts", "6", "--row-bytes", "8192", "--sizes", "1,4", "--cold-sizes", "1",
-               "--sources", "pagecache", "--step-misses", "3", "--step-groups", "0",
-               "--repeats", "1", "--h2d-gb", "0.001", "--threads", "2",
-               "--skip", "baselines,bookkeeping,window", "--out", str(out)])
+    rc = main(
+        [
+            "bench",
+            "fire",
+            "--dir",
+            str(tmp_path / "d"),
+            "--device",
+            "cpu",
+            "--layers",
+            "4",
+            "--experts",
+            "6",
+            "--row-bytes",
+            "8192",
+            "--sizes",
+            "1,4",
+            "--cold-sizes",
+            "1",
+            "--sources",
+            "pagecache",
+            "--step-misses",
+            "3",
+            "--step-groups",
+            "0",
+            "--repeats",
+            "1",
+            "--h2d-gb",
+            "0.001",
+            "--threads",
+            "2",
+            "--skip",
+            "baselines,bookkeeping,window",
+            "--out",
+            str(out),
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     res = json.loads(out.read_text())
@@ -57,6 +119,7 @@ def test_check_placed_names_the_benchmark_sizing_not_the_disk(tmp_path):
     import tierstore as ts
     from tierstore.cli import bench_fire_measure as fm
     from tierstore.errors import CapacityError
+
     pack = ts.Pack.open(fm.create_pack(str(tmp_path), 2, 4, 8192))
     with ts.ExpertStore(pack, vram_slots=2, ram_gb=0, device="cpu", lazy_per_step=0) as store:
         fr = store.fire([(0, 0), (0, 1), (1, 2)], max_promote=3)
@@ -64,18 +127,24 @@ def test_check_placed_names_the_benchmark_sizing_not_the_disk(tmp_path):
             fm.check_placed(store, fr, 3, "cold fire")
         store.release(fr)
         fr = store.fire([(0, 0), (0, 1)], max_promote=2)
-        fm.check_placed(store, fr, 2, "cold fire")   # all placed: no error
+        fm.check_placed(store, fr, 2, "cold fire")  # all placed: no error
         store.release(fr)
 
 
-@pytest.mark.parametrize("argv, words, status", [
-    (["--sizes", "0"], "--sizes", 2),
-    (["--row-bytes", "100"], "multiple of 8", 1),
-    (["--layers", "2", "--experts", "2", "--sizes", "8"], "largest fire", 1),
-    (["--sources", "tape"], "--sources", 2),
-    (["--layers", "2", "--experts", "4", "--sizes", "1", "--cold-sizes", "1", "--step-misses", "5"],
-     "--step-misses 5", 1),
-])
+@pytest.mark.parametrize(
+    "argv, words, status",
+    [
+        (["--sizes", "0"], "--sizes", 2),
+        (["--row-bytes", "100"], "multiple of 8", 1),
+        (["--layers", "2", "--experts", "2", "--sizes", "8"], "largest fire", 1),
+        (["--sources", "tape"], "--sources", 2),
+        (
+            ["--layers", "2", "--experts", "4", "--sizes", "1", "--cold-sizes", "1", "--step-misses", "5"],
+            "--step-misses 5",
+            1,
+        ),
+    ],
+)
 def test_bench_fire_bad_arguments_are_one_line_errors(tmp_path, capsys, argv, words, status):
     try:
         rc = main(["bench", "fire", "--dir", str(tmp_path), "--device", "cpu"] + argv)

@@ -1,6 +1,7 @@
 """``tierstore bench hits``: the latency view end to end: both views
 printed with the lead-time model stated, models reading more than LRU marked not
 comparable (never a gap share), read-ratio curves, the report files."""
+
 from __future__ import annotations
 
 import json
@@ -11,14 +12,28 @@ from hypothesis import strategies as st
 
 from tierstore.cli import main
 
-SMALL = ["--synthetic", "--ticks", "40", "--layers", "3", "--experts", "16", "--top-k", "2",
-         "--prefill-tokens", "8", "--prefill-every", "20"]
+SMALL = [
+    "--synthetic",
+    "--ticks",
+    "40",
+    "--layers",
+    "3",
+    "--experts",
+    "16",
+    "--top-k",
+    "2",
+    "--prefill-tokens",
+    "8",
+    "--prefill-every",
+    "20",
+]
 MODELS = "lru,hybrid,belady,lru+prefetch,hybrid+prefetch"
 
 
 def test_both_views_and_the_lead_time_model_are_printed(capsys):
-    assert main(["bench", "hits", *SMALL, "--slots", "6,10", "--policies", MODELS,
-                 "--read-ratios", "1,2"]) == 0
+    assert (
+        main(["bench", "hits", *SMALL, "--slots", "6,10", "--policies", MODELS, "--read-ratios", "1,2"]) == 0
+    )
     out = capsys.readouterr().out
     assert "bandwidth view" in out and "latency view" in out
     assert "lead-time model: a prefetch is issued after layer l reads and targets layer l+1" in out
@@ -33,13 +48,39 @@ def _rows(capsys, argv):
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 50), experts=st.integers(6, 16), slots=st.integers(3, 12),
-       ratio=st.sampled_from(["0.5", "1.2", "3"]))
+@given(
+    seed=st.integers(0, 50),
+    experts=st.integers(6, 16),
+    slots=st.integers(3, 12),
+    ratio=st.sampled_from(["0.5", "1.2", "3"]),
+)
 def test_latency_share_only_at_no_more_reads_than_lru(capsys, seed, experts, slots, ratio):
-    rows = _rows(capsys, ["--synthetic", "--ticks", "24", "--layers", "3", "--experts",
-                          str(experts), "--top-k", "2", "--prefill-tokens", "4",
-                          "--prefill-every", "12", "--seed", str(seed), "--slots", str(slots),
-                          "--policies", MODELS, "--read-ratios", f"1,{ratio}"])
+    rows = _rows(
+        capsys,
+        [
+            "--synthetic",
+            "--ticks",
+            "24",
+            "--layers",
+            "3",
+            "--experts",
+            str(experts),
+            "--top-k",
+            "2",
+            "--prefill-tokens",
+            "4",
+            "--prefill-every",
+            "12",
+            "--seed",
+            str(seed),
+            "--slots",
+            str(slots),
+            "--policies",
+            MODELS,
+            "--read-ratios",
+            f"1,{ratio}",
+        ],
+    )
     lru = next(r for r in rows if r["policy"] == "lru")
     mn = next(r for r in rows if r["policy"] == "belady")
     span = mn["latency_hit_rate"] - lru["latency_hit_rate"]
@@ -52,7 +93,8 @@ def test_latency_share_only_at_no_more_reads_than_lru(capsys, seed, experts, slo
         assert r["reads_vs_lru"] == pytest.approx(r["reads"] / lru["reads"])
         if r["latency_comparable"] and span > 0:
             assert r["latency_gap_closed"] == pytest.approx(
-                (r["latency_hit_rate"] - lru["latency_hit_rate"]) / span)
+                (r["latency_hit_rate"] - lru["latency_hit_rate"]) / span
+            )
         else:
             assert r["latency_gap_closed"] is None
         if "+prefetch" in r["policy"]:
@@ -64,8 +106,24 @@ def test_latency_share_only_at_no_more_reads_than_lru(capsys, seed, experts, slo
 
 def test_report_writes_markdown_json_and_png(capsys, tmp_path):
     prefix = tmp_path / "hits_latency_small"
-    assert main(["bench", "hits", *SMALL, "--slots", "6,10", "--policies", MODELS,
-                 "--read-ratios", "0.9,1", "--report", str(prefix)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "hits",
+                *SMALL,
+                "--slots",
+                "6,10",
+                "--policies",
+                MODELS,
+                "--read-ratios",
+                "0.9,1",
+                "--report",
+                str(prefix),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     doc = json.loads((tmp_path / "hits_latency_small.json").read_text())
     assert doc["lead_time"]["lead"] == 1 and doc["lead_time"]["timed"] is False
@@ -79,12 +137,20 @@ def test_report_writes_markdown_json_and_png(capsys, tmp_path):
 
 
 def test_timed_model_counts_unlanded_rows_as_misses_and_keeps_the_decisions(capsys):
-    base = [*SMALL, "--slots", "10", "--policies", "lru,belady,lru+prefetch",
-            "--read-ratios", "1.5", "--row-bytes", "1000"]
+    base = [
+        *SMALL,
+        "--slots",
+        "10",
+        "--policies",
+        "lru,belady,lru+prefetch",
+        "--read-ratios",
+        "1.5",
+        "--row-bytes",
+        "1000",
+    ]
     untimed = {r["policy"]: r for r in _rows(capsys, base)}
     # A row takes 100 layers of compute to read: no prefetch lands before its layer.
-    slow = {r["policy"]: r for r in _rows(capsys, [*base, "--read-gbps", "0.001",
-                                                   "--layer-us", "10"])}
+    slow = {r["policy"]: r for r in _rows(capsys, [*base, "--read-gbps", "0.001", "--layer-us", "10"])}
     pf_u, pf_s = untimed["lru+prefetch"], slow["lru+prefetch"]
     assert pf_u["prefetched"] > 0
     for key in ("hit_rate", "reads", "prefetched", "prefetch_hits", "evictions"):
@@ -94,12 +160,17 @@ def test_timed_model_counts_unlanded_rows_as_misses_and_keeps_the_decisions(caps
         assert slow[name]["latency_hit_rate"] == untimed[name]["latency_hit_rate"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--read-gbps", "2"], "a read bandwidth (2.0 GB/s) needs row bytes > 0 and a layer time"),
-    (["--read-gbps", "2", "--row-bytes", "64", "--layer-us", "5", "--policies", "lru,predict"],
-     "models predict have no timed lead-time model"),
-    (["--lead", "0"], "a prefetch must be issued at least one layer ahead, got lead 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--read-gbps", "2"], "a read bandwidth (2.0 GB/s) needs row bytes > 0 and a layer time"),
+        (
+            ["--read-gbps", "2", "--row-bytes", "64", "--layer-us", "5", "--policies", "lru,predict"],
+            "models predict have no timed lead-time model",
+        ),
+        (["--lead", "0"], "a prefetch must be issued at least one layer ahead, got lead 0"),
+    ],
+)
 def test_bad_lead_time_settings_are_one_line_errors(capsys, argv, message):
     assert main(["bench", "hits", *SMALL, "--slots", "6", *argv]) == 1
     err = capsys.readouterr().err

@@ -3,6 +3,7 @@ and what to do, a non-zero exit, no traceback, nothing left behind.
 
 A hypothesis property drives ``tierstore.cli.main`` in-process with generated bad
 arguments and paths; a few cases run as real subprocesses, signals included."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from cli_process import child_env, interrupt_after_line
 from conftest import private_temp_root
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from tierstore.cli import main
 from tierstore.testing.packs import make_random_pack
@@ -92,21 +94,56 @@ def cases(root: Path, pack: str, trunc: str):
     """(valid base argv, option, bad values): each example corrupts one option."""
     p = bad_paths(root)
     warm, trace = str(root / "warm.json"), str(root / "trace.npy")
-    small_hits = ["bench", "hits", "--synthetic", "--ticks", "8", "--layers", "2",
-                  "--experts", "8", "--top-k", "2", "--prefill-tokens", "0"]
-    io_base = ["bench", "io", "--pack", pack, "--fires", "1", "--repeats", "1",
-               "--no-baselines", "--h2d-gb", "0.001", "--ceiling-gb", "0.001", "--device", "cpu"]
+    small_hits = [
+        "bench",
+        "hits",
+        "--synthetic",
+        "--ticks",
+        "8",
+        "--layers",
+        "2",
+        "--experts",
+        "8",
+        "--top-k",
+        "2",
+        "--prefill-tokens",
+        "0",
+    ]
+    io_base = [
+        "bench",
+        "io",
+        "--pack",
+        pack,
+        "--fires",
+        "1",
+        "--repeats",
+        "1",
+        "--no-baselines",
+        "--h2d-gb",
+        "0.001",
+        "--ceiling-gb",
+        "0.001",
+        "--device",
+        "cpu",
+    ]
     return [
-        (["pack", "build", "{v}", "--synthetic", "2,4,4096"], None,
-         p["file"] + p["file_as_dir"] + ["/proc/tierstore-x"]),
-        (["pack", "build", str(root / "o"), "--synthetic", "{v}"], None,
-         ["2,4", "0,4,4096", "a,b,c", "", "2,4,-1", "1,1,99999999999"]),
-        (["pack", "build", str(root / "o"), "--from-safetensors", "{v}"], None,
-         p["file"] + p["missing"]),
-        (["pack", "build", str(root / "o"), "--synthetic", "2,4,4096", "--seed", "{v}"], None,
-         ["-1", "x"]),
-        (["pack", "build", str(root / "o"), "--synthetic", "2,4,4096", "--tag", "{v}"], None,
-         ["a b", "", "x/y"]),
+        (
+            ["pack", "build", "{v}", "--synthetic", "2,4,4096"],
+            None,
+            p["file"] + p["file_as_dir"] + ["/proc/tierstore-x"],
+        ),
+        (
+            ["pack", "build", str(root / "o"), "--synthetic", "{v}"],
+            None,
+            ["2,4", "0,4,4096", "a,b,c", "", "2,4,-1", "1,1,99999999999"],
+        ),
+        (["pack", "build", str(root / "o"), "--from-safetensors", "{v}"], None, p["file"] + p["missing"]),
+        (["pack", "build", str(root / "o"), "--synthetic", "2,4,4096", "--seed", "{v}"], None, ["-1", "x"]),
+        (
+            ["pack", "build", str(root / "o"), "--synthetic", "2,4,4096", "--tag", "{v}"],
+            None,
+            ["a b", "", "x/y"],
+        ),
         (["pack", "inspect", "{v}"], None, p["missing"] + p["file"]),
         (["pack", "verify", "{v}"], None, p["missing"]),
         (small_hits + ["--ticks", "{v}"], None, BAD_INTS),
@@ -115,8 +152,11 @@ def cases(root: Path, pack: str, trunc: str):
         (small_hits + ["--plot", "{v}"], None, p["dir"] + p["file_as_dir"] + p["unwritable"]),
         (small_hits + ["--half-life", "{v}"], None, BAD_FLOATS + ["0"]),
         (small_hits + ["--top-k", "{v}"], None, ["0", "9", "x"]),
-        (["bench", "hits", "--trace", "{v}"], None,
-         [str(root / "empty.npy"), str(root / "text.npy")] + p["missing"] + p["dir"]),
+        (
+            ["bench", "hits", "--trace", "{v}"],
+            None,
+            [str(root / "empty.npy"), str(root / "text.npy")] + p["missing"] + p["dir"],
+        ),
         (["bench", "hits", "--trace", trace, "--split", "{v}"], None, ["half", ""]),
         (io_base + ["--repeats", "{v}"], None, BAD_INTS),
         (io_base + ["--row-bytes", "{v}"], None, BAD_INTS),
@@ -124,20 +164,25 @@ def cases(root: Path, pack: str, trunc: str):
         (io_base + ["--sources", "{v}"], None, ["bogus", "", "arena,bogus"]),
         (io_base + ["--fires", "{v}"], None, ["0", "", "x"]),
         (io_base + ["--out", "{v}"], None, p["dir"] + p["file_as_dir"] + p["unwritable"]),
-        (io_base[:3] + ["{v}"] + io_base[4:], None,
-         [trunc, str(root / "nope.bin")] + p["dir"]),
+        (io_base[:3] + ["{v}"] + io_base[4:], None, [trunc, str(root / "nope.bin")] + p["dir"]),
         # --device cpu everywhere: no case may depend on whether this host has a GPU
         (["demo", "--quick", "--device", "cpu", "--steps", "{v}"], None, BAD_INTS),
-        (["demo", "--quick", "--device", "cpu", "--out", "{v}"], None,
-         p["file"] + p["file_as_dir"] + ["/proc/x"]),
+        (
+            ["demo", "--quick", "--device", "cpu", "--out", "{v}"],
+            None,
+            p["file"] + p["file_as_dir"] + ["/proc/x"],
+        ),
         (["demo", "--quick", "--device", "cpu", "--plot", "{v}"], None, p["dir"] + p["unwritable"]),
         (["demo", "--quick", "--device", "cpu", "--seed", "{v}"], None, ["-1", "x"]),
         (["warm", "inspect", warm, "--top", "{v}"], None, ["-3", "0", "x"]),
         (["warm", "inspect", "{v}"], None, p["missing"] + p["dir"]),
         (["warm", "inspect", warm, "--pack", "{v}"], None, p["missing"]),
         (["warm", "merge", warm, "-o", "{v}"], None, p["dir"] + p["file_as_dir"] + p["unwritable"]),
-        (["warm", "merge", warm, "-o", str(root / "m.json"), "--half-life-s", "{v}"], None,
-         BAD_FLOATS + ["0"]),
+        (
+            ["warm", "merge", warm, "-o", str(root / "m.json"), "--half-life-s", "{v}"],
+            None,
+            BAD_FLOATS + ["0"],
+        ),
         (["warm", "convert", warm, "--to", "poolmon", "-o", "{v}"], None, p["dir"] + p["file_as_dir"]),
         (["warm", "convert", warm, "--to", "{v}", "-o", str(root / "c.json")], None, ["json", ""]),
     ]
@@ -156,14 +201,17 @@ def test_bad_arguments_fail_cleanly(place, data):
     assert_clean_failure(rc, out, err, before, root, demos)
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["bench", "hits", "--synthetic", "--ticks", "0"], "argument --ticks: expected an integer >= 1"),
-    (["bench", "hits", "--synthetic", "--policies", ""], "expected one or more policy names"),
-    (["bench", "io", "--pack", "x", "--sources", "bogus"], "unknown source 'bogus'"),
-    (["bench", "io", "--pack", "x", "--sweep", "garbage"], "item 'garbage'"),
-    (["demo", "--steps", "0"], "argument --steps: expected an integer >= 1"),
-    (["demo", "--steps", "-5"], "found '-5'"),
-])
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (["bench", "hits", "--synthetic", "--ticks", "0"], "argument --ticks: expected an integer >= 1"),
+        (["bench", "hits", "--synthetic", "--policies", ""], "expected one or more policy names"),
+        (["bench", "io", "--pack", "x", "--sources", "bogus"], "unknown source 'bogus'"),
+        (["bench", "io", "--pack", "x", "--sweep", "garbage"], "item 'garbage'"),
+        (["demo", "--steps", "0"], "argument --steps: expected an integer >= 1"),
+        (["demo", "--steps", "-5"], "found '-5'"),
+    ],
+)
 def test_messages_name_the_option_and_what_is_expected(argv, expect, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rc, _, err = run_main(argv)
@@ -173,11 +221,14 @@ def test_messages_name_the_option_and_what_is_expected(argv, expect, tmp_path, m
 
 def test_device_cuda_without_a_gpu_is_one_line(tmp_path, monkeypatch, place):
     from tierstore import cuda_available
+
     if cuda_available():
         pytest.skip("a GPU is present")
     monkeypatch.chdir(tmp_path)
-    for argv in (["demo", "--quick", "--device", "cuda"],
-                 ["bench", "io", "--pack", place[1], "--device", "cuda"]):
+    for argv in (
+        ["demo", "--quick", "--device", "cuda"],
+        ["bench", "io", "--pack", place[1], "--device", "cuda"],
+    ):
         rc, _, err = run_main(argv)
         assert rc == 1 and "--device cuda: no CUDA device" in err and err.count("\n") == 1
     assert not os.listdir(tmp_path)
@@ -191,8 +242,10 @@ def test_truncated_pack_is_an_error_not_a_raw_file(place):
 def test_warm_convert_refuses_out_of_range_entries_like_merge(tmp_path):
     src = tmp_path / "p.json"
     # a pool-heat file of a 2 x 4 pack naming expert 9
-    src.write_text('{"meta": {"version": "pool-heat-v1", "tag": "fp4", "n_layers": 2, "E": 4, '
-                   '"slot_bytes": 4096}, "owners": [[0, 1], [1, 9]]}')
+    src.write_text(
+        '{"meta": {"version": "pool-heat-v1", "tag": "fp4", "n_layers": 2, "E": 4, '
+        '"slot_bytes": 4096}, "owners": [[0, 1], [1, 9]]}'
+    )
     for cmd in (["convert", str(src), "--to", "poolmon"], ["merge", str(src)]):
         out = tmp_path / "o.json"
         rc, _, err = run_main(["warm", *cmd, "-o", str(out)])
@@ -201,6 +254,7 @@ def test_warm_convert_refuses_out_of_range_entries_like_merge(tmp_path):
 
 def test_bad_environment_variable_is_one_line_naming_it(monkeypatch):
     from tierstore import settings
+
     monkeypatch.setenv("TIERSTORE_POOL_POLICY", "foo")
     settings.reset()
     try:
@@ -208,12 +262,18 @@ def test_bad_environment_variable_is_one_line_naming_it(monkeypatch):
     finally:
         monkeypatch.delenv("TIERSTORE_POOL_POLICY")
         settings.reset()
-    assert rc == 1 and err.count("\n") == 1 and err.startswith(
-        "tierstore: error: TIERSTORE_POOL_POLICY=foo: unknown policy 'foo'; expected one of lru, heat")
+    assert (
+        rc == 1
+        and err.count("\n") == 1
+        and err.startswith(
+            "tierstore: error: TIERSTORE_POOL_POLICY=foo: unknown policy 'foo'; expected one of lru, heat"
+        )
+    )
 
 
 def test_expert_store_caps_explicit_sizes_at_the_pack_rows(tmp_path):
     from tierstore.store.expert_store import ExpertStore
+
     pack = make_random_pack(tmp_path, 2, 4, 4096, seed=1)
     with ExpertStore(pack, vram_gb=6, ram_gb=0.001, device="cpu") as store:
         assert store.stats().pool.capacity == 8
@@ -221,26 +281,42 @@ def test_expert_store_caps_explicit_sizes_at_the_pack_rows(tmp_path):
 
 
 # -- real processes: exit status, signals, nothing left behind ----------------------------
-@pytest.mark.parametrize("argv", [
-    ["bench", "hits", "--synthetic", "--ticks", "0"],
-    ["pack", "build", "/proc/tierstore-x", "--synthetic", "2,4,4096"],
-    ["demo", "--out", "/proc/version"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "hits", "--synthetic", "--ticks", "0"],
+        ["pack", "build", "/proc/tierstore-x", "--synthetic", "2,4,4096"],
+        ["demo", "--out", "/proc/version"],
+    ],
+)
 def test_subprocess_bad_arguments(argv, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tierstore", *argv], cwd=tmp_path, env=child_env(),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "tierstore", *argv],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
     assert not os.listdir(tmp_path)
 
 
 def _interrupt(argv, cwd, sig, wait_for: str, timeout=120):
-    p = subprocess.Popen([sys.executable, "-m", "tierstore", *argv], cwd=cwd, env=child_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tierstore", *argv],
+        cwd=cwd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and p.poll() is None:
-            if any(wait_for in n for n in os.listdir(cwd)) or \
-                    any(wait_for in n for d in Path(cwd).glob("*/") for n in os.listdir(d)):
+            if any(wait_for in n for n in os.listdir(cwd)) or any(
+                wait_for in n for d in Path(cwd).glob("*/") for n in os.listdir(d)
+            ):
                 break
             time.sleep(0.02)
         time.sleep(0.2)
@@ -254,8 +330,9 @@ def _interrupt(argv, cwd, sig, wait_for: str, timeout=120):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_interrupted_create_leaves_no_temp_file(tmp_path, sig):
-    rc, _, err = _interrupt(["bench", "io", "--pack", "rows.bin", "--create-gb", "50",
-                             "--device", "cpu"], tmp_path, sig, ".tmp-")
+    rc, _, err = _interrupt(
+        ["bench", "io", "--pack", "rows.bin", "--create-gb", "50", "--device", "cpu"], tmp_path, sig, ".tmp-"
+    )
     if rc == 1 and "GB free" in err:
         pytest.skip("not enough disk for the interrupted create")
     assert rc == 128 + sig and "Traceback" not in err and "nothing partial" in err, err
@@ -264,8 +341,14 @@ def test_interrupted_create_leaves_no_temp_file(tmp_path, sig):
 
 def _interrupt_after_line(argv, cwd, sig, line: str, timeout=120):
     """Run the command and send ``sig`` the moment its stderr shows ``line``."""
-    p = subprocess.Popen([sys.executable, "-m", "tierstore", *argv], cwd=cwd, env=child_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tierstore", *argv],
+        cwd=cwd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return interrupt_after_line(p, line, sig, timeout)
 
 
@@ -275,10 +358,11 @@ def test_interrupted_fresh_pack_build_removes_what_it_wrote(tmp_path, sig):
     # layers (each a pwrite, an fdatasync and a sidecar publish) cannot all be written
     # before the signal lands, on any machine.
     rc, out, err, seen = _interrupt_after_line(
-        ["pack", "build", "out", "--synthetic", "2000,4,65536"], tmp_path, sig, "layer 1/2000")
+        ["pack", "build", "out", "--synthetic", "2000,4,65536"], tmp_path, sig, "layer 1/2000"
+    )
     assert seen, f"no progress line: {err}"
     assert rc == 128 + sig and "Traceback" not in err and "nothing partial" in err, err
-    assert out == ""                      # the path of a finished pack is never printed
+    assert out == ""  # the path of a finished pack is never printed
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
 
 
@@ -286,9 +370,12 @@ def test_terminated_demo_removes_its_temp_directory(tmp_path, private_tmp):
     before = set(os.listdir(private_tmp))
     # sent the moment the decode starts: the whole quick demo now takes ~4 s, so a fixed
     # delay could land after main() returned (Python's own SIGTERM then)
-    rc, _, err, seen = _interrupt_after_line(["demo", "--quick", "--device", "cpu", "--no-plot"],
-                                             tmp_path, signal.SIGTERM,
-                                             "[demo] decode, learning run")
+    rc, _, err, seen = _interrupt_after_line(
+        ["demo", "--quick", "--device", "cpu", "--no-plot"],
+        tmp_path,
+        signal.SIGTERM,
+        "[demo] decode, learning run",
+    )
     assert seen and rc == 128 + signal.SIGTERM and "Traceback" not in err, err
     assert set(os.listdir(private_tmp)) <= before and os.listdir(tmp_path) == []
 

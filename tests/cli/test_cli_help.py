@@ -1,5 +1,6 @@
 """--version, a top-level help that describes the tool, and help with a default shown
 for every option of every command."""
+
 from __future__ import annotations
 
 import argparse
@@ -49,18 +50,24 @@ def test_top_level_help_describes_the_tool():
 @pytest.mark.parametrize("name, parser", COMMANDS, ids=[c[0] for c in COMMANDS])
 def test_every_option_has_help_and_a_stated_default(name, parser):
     shown = HelpFormatter("tierstore")
-    parser.format_help()        # formats without error (every %(default)s expands)
-    one_of = {a for g in parser._mutually_exclusive_groups if g.required  # noqa: SLF001
-              for a in g._group_actions}  # noqa: SLF001 - "give one of": no default to show
+    parser.format_help()  # formats without error (every %(default)s expands)
+    one_of = {
+        a
+        for g in parser._mutually_exclusive_groups
+        if g.required  # noqa: SLF001
+        for a in g._group_actions
+    }  # noqa: SLF001 - "give one of": no default to show
     for action in parser._actions:  # noqa: SLF001
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):  # noqa: SLF001
             continue
         assert action.help, f"tierstore {name}: {action.option_strings or action.dest} has no help"
-        takes_value = (action.nargs != 0 and action.option_strings and not action.required
-                       and action not in one_of)
+        takes_value = (
+            action.nargs != 0 and action.option_strings and not action.required and action not in one_of
+        )
         if takes_value:
-            assert "default" in shown._get_help_string(action), \
+            assert "default" in shown._get_help_string(action), (
                 f"tierstore {name} {action.option_strings[0]}: no default shown"
+            )
 
 
 @pytest.mark.parametrize("name", [c[0] for c in COMMANDS if " " in c[0] or c[0] == "demo"])

@@ -1,5 +1,6 @@
 """`tierstore pack build | inspect | verify` through cli.main: exit codes, one-line
 errors, nothing half-written."""
+
 from __future__ import annotations
 
 import json
@@ -26,18 +27,26 @@ def test_synthetic_build_then_verify_and_inspect(tmp_path, capsys):
     assert rc == 0 and "ok, 64 rows" in out
     rc, out, _ = _run(capsys, "pack", "inspect", str(tmp_path / "out"), "--json")
     d = json.loads(out)
-    assert {k: d[k] for k in ("tag", "n_layers", "n_experts", "slot_bytes", "stride", "layers",
-                              "format")} == {"tag": "fp4", "n_layers": 4, "n_experts": 16,
-                                             "slot_bytes": 65536, "stride": 65536,
-                                             "layers": [0, 1, 2, 3], "format": "mxfp4"}
+    assert {
+        k: d[k] for k in ("tag", "n_layers", "n_experts", "slot_bytes", "stride", "layers", "format")
+    } == {
+        "tag": "fp4",
+        "n_layers": 4,
+        "n_experts": 16,
+        "slot_bytes": 65536,
+        "stride": 65536,
+        "layers": [0, 1, 2, 3],
+        "format": "mxfp4",
+    }
     assert d["key20"] == d["key20_in_name"] and d["checksum"] == "xxh3_64"
     assert d["layout"]["kind"] == "opaque" and "no (H, I) fits" in d["layout_note"]
     assert d["identity"]["E"] == 16 and d["container"] == "tierstore"
 
 
 def test_synthetic_build_with_fitting_slot_records_expert_shape(tmp_path, capsys):
-    rc, out, err = _run(capsys, "pack", "build", "--synthetic", "2,4,6528", "--format", "nvfp4",
-                        str(tmp_path))
+    rc, out, err = _run(
+        capsys, "pack", "build", "--synthetic", "2,4,6528", "--format", "nvfp4", str(tmp_path)
+    )
     assert rc == 0, err
     rc, text, _ = _run(capsys, "pack", "inspect", out.strip())
     assert rc == 0 and "fp4 linear (H=64, I=64)" in text and "w13.q" in text
@@ -65,14 +74,17 @@ def test_verify_of_corrupt_row_exits_1_naming_layer_expert_offset(tmp_path, caps
     assert open(path, "rb").read() == before
 
 
-@pytest.mark.parametrize("argv, pattern, code", [
-    (["pack", "build", "--synthetic", "4,16", "X"], "expected three integers L,E,SLOT", 2),
-    (["pack", "build", "--synthetic", "0,16,4096", "X"], "expected L,E,SLOT >= 1", 2),
-    (["pack", "build", "--synthetic", "1,1,10", "X"], "too small for one MXFP4 block", 1),
-    (["pack", "build", "--from-safetensors", "NOPE", "X"], "NOPE: no such directory", 2),
-    (["pack", "inspect", "missing.rank0of1.pack"], "missing.rank0of1.pack: no such pack", 2),
-    (["pack", "verify", "junk.pack"], "junk.pack: no such pack", 2),
-])
+@pytest.mark.parametrize(
+    "argv, pattern, code",
+    [
+        (["pack", "build", "--synthetic", "4,16", "X"], "expected three integers L,E,SLOT", 2),
+        (["pack", "build", "--synthetic", "0,16,4096", "X"], "expected L,E,SLOT >= 1", 2),
+        (["pack", "build", "--synthetic", "1,1,10", "X"], "too small for one MXFP4 block", 1),
+        (["pack", "build", "--from-safetensors", "NOPE", "X"], "NOPE: no such directory", 2),
+        (["pack", "inspect", "missing.rank0of1.pack"], "missing.rank0of1.pack: no such pack", 2),
+        (["pack", "verify", "junk.pack"], "junk.pack: no such pack", 2),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch, argv, pattern, code):
     monkeypatch.chdir(tmp_path)
     rc, out, err = _run(capsys, *argv)

@@ -1,4 +1,5 @@
 """UncertaintyGate decisions on hand-built logits, and properties of the rule."""
+
 from __future__ import annotations
 
 import math
@@ -7,13 +8,13 @@ import re
 import numpy as np
 import pytest
 import torch
+from adapter_helpers import one_torch_thread  # noqa: F401
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from tierstore.errors import ConfigError
-from adapter_helpers import one_torch_thread  # noqa: F401
 from tierstore.compute.gate import DEFAULT_TAU, GateStats, UncertaintyGate
+from tierstore.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -101,14 +102,20 @@ def test_should_fire_counts_steps_and_fires():
     assert g.stats().fire_rate == 0.0
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(signal="entropy"), "gate signal 'entropy'"),
-    (dict(signal="top1", tau=1.5), "gate tau (signal 'top1') must be a fraction in [0, 1], found 1.5"),
-    (dict(signal="margin", tau=float("nan")), "gate tau (signal 'margin') must be a finite number, found nan"),
-    (dict(signal="margin", tau=float("inf")), "must be a finite number, found inf"),
-    (dict(signal="top1", tau="0.5"), "must be a fraction in [0, 1], found '0.5'"),
-    (dict(signal="top1", tau=True), "found True"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(signal="entropy"), "gate signal 'entropy'"),
+        (dict(signal="top1", tau=1.5), "gate tau (signal 'top1') must be a fraction in [0, 1], found 1.5"),
+        (
+            dict(signal="margin", tau=float("nan")),
+            "gate tau (signal 'margin') must be a finite number, found nan",
+        ),
+        (dict(signal="margin", tau=float("inf")), "must be a finite number, found inf"),
+        (dict(signal="top1", tau="0.5"), "must be a fraction in [0, 1], found '0.5'"),
+        (dict(signal="top1", tau=True), "found True"),
+    ],
+)
 def test_bad_settings_raise_config_error_naming_the_value(kwargs, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
         UncertaintyGate(**kwargs)
@@ -122,8 +129,8 @@ def test_bad_logits_shape_is_a_config_error():
 # -- properties ---------------------------------------------------------------
 finite = st.floats(-30, 30, allow_nan=False, width=32)
 logit_batches = st.integers(1, 6).flatmap(
-    lambda rows: st.integers(2, 12).flatmap(
-        lambda vocab: arrays(np.float32, (rows, vocab), elements=finite)))
+    lambda rows: st.integers(2, 12).flatmap(lambda vocab: arrays(np.float32, (rows, vocab), elements=finite))
+)
 
 
 def reference_confidence(logits: np.ndarray, signal: str) -> np.ndarray:
@@ -143,8 +150,7 @@ def test_confidence_matches_float64_reference(logits, signal):
 
 
 @settings(max_examples=40, deadline=None)
-@given(logit_batches, st.sampled_from(["top1", "margin"]),
-       st.floats(0, 1), st.floats(0, 1))
+@given(logit_batches, st.sampled_from(["top1", "margin"]), st.floats(0, 1), st.floats(0, 1))
 def test_firing_is_monotone_in_tau(logits, signal, a, b):
     scale = 1.0 if signal == "top1" else 10.0
     lo, hi = sorted((a * scale, b * scale))
@@ -156,8 +162,9 @@ def test_firing_is_monotone_in_tau(logits, signal, a, b):
 @st.composite
 def two_batches_same_vocab(draw):
     vocab = draw(st.integers(2, 12))
-    return tuple(draw(arrays(np.float32, (draw(st.integers(1, 4)), vocab), elements=finite))
-                 for _ in range(2))
+    return tuple(
+        draw(arrays(np.float32, (draw(st.integers(1, 4)), vocab), elements=finite)) for _ in range(2)
+    )
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,4 +1,5 @@
 """The generated MoE model: real quantisation, packs that round-trip, the pool's benefit."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,9 +7,8 @@ import pytest
 import torch
 
 import tierstore as ts
-from tierstore.format import fp4
-from tierstore.format import layouts
 from tierstore.errors import ConfigError
+from tierstore.format import layouts
 from tierstore.format.layouts import expert_shape_of
 from tierstore.testing.model import make_moe_model, pool_benefit, write_model_packs
 
@@ -26,7 +26,7 @@ def test_same_seed_same_model_and_heavy_tails():
     assert torch.equal(a.w13, b.w13) and np.array_equal(a.fp4_rows, b.fp4_rows)
     g = make_moe_model(1, 2, 64, 64, seed=5, dist="gaussian")
     kurt = lambda w: float(((w - w.mean()) ** 4).mean() / w.var() ** 2)
-    assert kurt(a.w13) > 4.0 > kurt(g.w13)          # t4 is heavy-tailed, gaussian ~3
+    assert kurt(a.w13) > 4.0 > kurt(g.w13)  # t4 is heavy-tailed, gaussian ~3
     with pytest.raises(ConfigError, match="dist"):
         make_moe_model(1, 2, 64, 64, dist="cauchy")
 

@@ -1,17 +1,15 @@
 """Slot-aware fused MoE reference: FP4 from the pool when resident, 2-bit base otherwise."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from tierstore.format import fp4
-
-from tierstore.format import layouts
+from tierstore.compute.moe import BaseWeights, StaticPool, dense_moe, fused_moe, fused_moe_reference
 from tierstore.errors import ConfigError
+from tierstore.format import layouts
 from tierstore.testing.model import make_moe_model, write_model_packs
-from tierstore.compute.moe import (BaseWeights, StaticPool, dense_moe, fused_moe,
-                                   fused_moe_reference)
 
 L, E, H, I, K = 2, 8, 128, 64, 3
 
@@ -111,14 +109,16 @@ def test_duplicate_expert_within_and_across_tokens(model):
 
 def test_chunked_expert_groups_give_the_same_answer(model, monkeypatch):
     import tierstore.compute.moe as moe
+
     x, w, ids = _routing(model, 16)
     pool = StaticPool(model.fp4_rows, n_slots=E)
     pool.promote([(1, 0), (1, 3)])
     base = BaseWeights(model.base_rows, H, I)
     whole = fused_moe_reference(x, w, ids, 1, pool, base, torch.float64)
-    monkeypatch.setattr(moe, "_CHUNK_BYTES", 1)       # one expert per chunk
-    assert torch.allclose(fused_moe_reference(x, w, ids, 1, pool, base, torch.float64), whole,
-                          rtol=1e-12, atol=1e-14)
+    monkeypatch.setattr(moe, "_CHUNK_BYTES", 1)  # one expert per chunk
+    assert torch.allclose(
+        fused_moe_reference(x, w, ids, 1, pool, base, torch.float64), whole, rtol=1e-12, atol=1e-14
+    )
 
 
 def test_base_weights_from_a_written_pack(model, tmp_path):
@@ -144,6 +144,7 @@ def test_bad_arguments_are_named(model):
 
 def test_with_the_real_expert_store_on_cpu(model, tmp_path):
     from tierstore import ExpertStore
+
     fp4_path, base_path = write_model_packs(model, tmp_path)
     base = BaseWeights.from_pack(base_path)
     x, w, ids = _routing(model, 8)

@@ -2,6 +2,7 @@
 against the fp64 torch reference: catches indexing, staging and barrier mistakes on a
 machine with no GPU. Arithmetic differs from the GPU only in exp (exact here) and in
 bf16 rounding being done by the shim."""
+
 from __future__ import annotations
 
 import pathlib
@@ -11,10 +12,11 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tierstore.testing.model import random_expert_rows
 from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe_reference
+from tierstore.testing.model import random_expert_rows
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -25,9 +27,17 @@ def emulator(tmp_path_factory):
     if cxx is None:
         pytest.skip("no C++ compiler")
     exe = tmp_path_factory.mktemp("emu") / "moe_cpu_emulation"
-    cmd = [cxx, "-std=c++20", "-O2", "-pthread", "-Wno-unknown-pragmas",
-           f"-I{ROOT / 'csrc/kernels/include'}",
-           str(ROOT / "csrc/kernels/tests/moe_cpu_emulation.cpp"), "-o", str(exe)]
+    cmd = [
+        cxx,
+        "-std=c++20",
+        "-O2",
+        "-pthread",
+        "-Wno-unknown-pragmas",
+        f"-I{ROOT / 'csrc/kernels/include'}",
+        str(ROOT / "csrc/kernels/tests/moe_cpu_emulation.cpp"),
+        "-o",
+        str(exe),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         pytest.fail(f"emulator build failed:\n{res.stderr[-3000:]}")
@@ -37,8 +47,18 @@ def emulator(tmp_path_factory):
 def _run(emulator, tmp_path, x, w, ids, layer, pool, base, kernel=0):
     T, k = ids.shape
     bf16 = x.dtype == torch.bfloat16
-    meta = [T, k, base.n_experts, pool.pool.shape[0], base.H, base.I, int(bf16),
-            pool.pool.shape[1], base.rows.shape[-1], kernel]
+    meta = [
+        T,
+        k,
+        base.n_experts,
+        pool.pool.shape[0],
+        base.H,
+        base.I,
+        int(bf16),
+        pool.pool.shape[1],
+        base.rows.shape[-1],
+        kernel,
+    ]
     (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)))
     xb = x.contiguous().view(torch.int16) if bf16 else x.float().contiguous()
     xb.numpy().tofile(tmp_path / "x.bin")
@@ -69,7 +89,7 @@ def _rel(got, ref):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_emulated_kernel_matches_reference_with_mixed_residency(emulator, tmp_path, dtype):
     pool, base = _setup()
-    pool.promote([(1, 4), (1, 0), (0, 3), (1, 2)])          # slots != expert ids
+    pool.promote([(1, 4), (1, 0), (0, 3), (1, 2)])  # slots != expert ids
     ids = torch.tensor([[0, 1, 2], [3, 4, 5], [2, 0, 5], [1, 3, 4], [5, 2, 1]])
     w = torch.rand(5, 3) + 0.1
     x = torch.randn(5, 128).to(dtype)
@@ -78,7 +98,7 @@ def test_emulated_kernel_matches_reference_with_mixed_residency(emulator, tmp_pa
     rel = _rel(got, ref)
     assert rel < (1e-5 if dtype == torch.float32 else 1e-2), rel
     if dtype == torch.bfloat16:
-        assert rel > 1e-3, rel                              # really rounded to bf16
+        assert rel > 1e-3, rel  # really rounded to bf16
 
 
 def test_emulated_kernel_long_k_shared_experts_and_invalid_ids(emulator, tmp_path):
@@ -113,12 +133,13 @@ def test_emulated_kernel_small_t_batches_repeated_ids(emulator, tmp_path, ids):
 
 # ---- the tensor-core grouped kernels (kernel=1): routing, tiles, mma fragments ------
 
+
 def _mma_check(emulator, tmp_path, x, w, ids, layer, pool, base):
     got = _run(emulator, tmp_path, x, w, ids, layer, pool, base, kernel=1)
     ref = fused_moe_reference(x, w, ids, layer, pool, base, dtype=torch.float64)
     rel = _rel(got, ref)
     if x.dtype == torch.float32:
-        assert rel < 1e-5, rel                  # 3 bf16 terms of x and h: f32-exact weights
+        assert rel < 1e-5, rel  # 3 bf16 terms of x and h: f32-exact weights
     else:
         assert 1e-3 < rel < 1e-2, rel
     return rel
@@ -169,8 +190,13 @@ def test_emulated_mma_kernel_middle_tiles(emulator, tmp_path):
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(T=st.integers(1, 40), k=st.integers(1, 4), n_res=st.integers(0, 6), bf16=st.booleans(),
-       seed=st.integers(0, 2**31 - 1))
+@given(
+    T=st.integers(1, 40),
+    k=st.integers(1, 4),
+    n_res=st.integers(0, 6),
+    bf16=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_emulated_mma_property_random_slot_tables(emulator, tmp_path_factory, T, k, n_res, bf16, seed):
     """Random slot tables (-1 mixes, slots out of expert order, stale slots >= n_slots) and
     ids with -1 / >= E holes: the grouped kernels match fp64 (the GPU twin of this test is

@@ -3,22 +3,24 @@
 Every failure message carries the diagnostics needed to debug from one run: relative
 error, worst element (token, column, got, expected), NaN count, per-token errors and
 which experts were resident."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
-from tierstore.testing.model import random_expert_rows
-from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe, fused_moe_reference
 from moe_helpers import diag as _diag
+
+from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe, fused_moe_reference
+from tierstore.testing.model import random_expert_rows
 
 pytestmark = pytest.mark.gpu
 
 
 def _setup(L=2, E=16, H=256, I=128, n_slots=16, seed=0, device="cuda"):
     fp4_rows = random_expert_rows(L * E, "fp4", H, I, seed, device).reshape(L, E, -1)
-    base = BaseWeights(random_expert_rows(L * E, "base", H, I, seed + 1, device).reshape(L, E, -1),
-                       H, I, device)
+    base = BaseWeights(
+        random_expert_rows(L * E, "base", H, I, seed + 1, device).reshape(L, E, -1), H, I, device
+    )
     return StaticPool(fp4_rows, n_slots, device), base
 
 
@@ -30,8 +32,9 @@ def _routing(T, E, k, seed, device="cuda"):
 
 
 def _run(x, w, ids, layer, pool, base):
-    out = torch.full_like(x, float("nan"))                 # poison: every element must be written
+    out = torch.full_like(x, float("nan"))  # poison: every element must be written
     from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode
+
     ws = decode_workspace(x.shape[0], ids.shape[1], base.H, base.I, x.device)
     for t in ws:
         t.fill_(float("nan"))
@@ -89,9 +92,13 @@ def test_dispatch_split_batches_agree_with_the_whole_batch():
     pool, base = _setup()
     w, ids = _routing(32, 16, 4, seed=1)
     x = torch.randn(32, 256, device="cuda")
-    big = fused_moe(x, w, ids, 0, pool, base)              # one grouped call (T = 32)
-    small = torch.cat([fused_moe(x[:16], w[:16], ids[:16], 0, pool, base),
-                       fused_moe(x[16:], w[16:], ids[16:], 0, pool, base)])
+    big = fused_moe(x, w, ids, 0, pool, base)  # one grouped call (T = 32)
+    small = torch.cat(
+        [
+            fused_moe(x[:16], w[:16], ids[:16], 0, pool, base),
+            fused_moe(x[16:], w[16:], ids[16:], 0, pool, base),
+        ]
+    )
     rel, msg = _diag(small, big, "dispatch")
     assert rel < 1e-3, msg
 
@@ -102,11 +109,12 @@ def test_cuda_graph_replay_sees_slot_table_changes():
     w, ids = _routing(T, 16, k, seed=3)
     x = torch.randn(T, 256, device="cuda")
     from tierstore.compute.moe_cuda import decode_workspace, fused_moe_decode
+
     out = torch.full_like(x, float("nan"))
     ws = decode_workspace(T, k, 256, 128, "cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):                              # warm up off the capture
+    with torch.cuda.stream(s):  # warm up off the capture
         fused_moe_decode(x, w, ids, 1, pool, base, out=out, workspace=ws)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()

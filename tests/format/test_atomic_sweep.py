@@ -3,6 +3,7 @@ the next atomic write to that directory removes it -- only files of tierstore's 
 temp naming, only when their writer is dead (or they are old) -- and never a live
 writer's. Real processes, each killed inside a real write (save_poolmon, `tierstore
 warm merge`, write_atomic), blocked at the fsync of its temp file."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,8 @@ import textwrap
 import time
 
 import pytest
-
 from cli_process import child_env
+
 from tierstore.files import atomic
 from tierstore.files.atomic import TEMP_MARK, write_atomic
 
@@ -42,9 +43,13 @@ _MID_WRITE = textwrap.dedent("""
 
 
 def _mid_write(kind, target, *extra) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", _MID_WRITE, kind, str(target), *map(str, extra)],
-                         env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _MID_WRITE, kind, str(target), *map(str, extra)],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = p.stdout.readline()
     assert line.strip() == "mid-write", p.stderr.read()
     return p
@@ -59,8 +64,8 @@ def pack_and_heat(tmp_path):
     import tierstore as ts
     from tierstore import PackWriter
     from tierstore.testing.packs import random_layer_rows
-    with PackWriter(tmp_path / "pack", tag="fp4", n_layers=2, n_experts=4, slot_bytes=4096,
-                    ckpt_id="c") as w:
+
+    with PackWriter(tmp_path / "pack", tag="fp4", n_layers=2, n_experts=4, slot_bytes=4096, ckpt_id="c") as w:
         for layer in range(2):
             w.write_layer(layer, random_layer_rows(0, layer, 4, 4096))
         pack = w.path
@@ -77,49 +82,51 @@ def test_temps_of_writers_killed_mid_write_are_swept_by_the_next_write(tmp_path,
     pack, (heat_a, heat_b) = pack_and_heat
     d = tmp_path / "warm"
     d.mkdir()
-    killed = [_mid_write("save_poolmon", d / "poolmon.json", pack),
-              _mid_write("warm-merge", d / "merged.json", heat_a, heat_b),
-              _mid_write("write_atomic", d / "blob.bin")]
+    killed = [
+        _mid_write("save_poolmon", d / "poolmon.json", pack),
+        _mid_write("warm-merge", d / "merged.json", heat_a, heat_b),
+        _mid_write("write_atomic", d / "blob.bin"),
+    ]
     live = _mid_write("write_atomic", d / "live.bin")
     try:
         for p in killed:
             p.send_signal(signal.SIGKILL)
-            p.wait()                              # reaped: its pid is free
+            p.wait()  # reaped: its pid is free
         left = _temps(d)
-        assert len(left) == 4, left               # three dead writers' temps + the live one
-        assert {n.split(TEMP_MARK)[1].split("-")[0] for n in left} == \
-            {str(p.pid) for p in killed + [live]}
+        assert len(left) == 4, left  # three dead writers' temps + the live one
+        assert {n.split(TEMP_MARK)[1].split("-")[0] for n in left} == {str(p.pid) for p in killed + [live]}
         # files that are not ours, or whose writer cannot be judged dead from here
         not_ours = [".notes.tmp-12-abc", ".x.tmp-abc-deadbeef", "plain.tmp-1-deadbeef"]
         for name in not_ours:
             (d / name).write_bytes(b"keep")
         dead = killed[0].pid
-        other_host = f".y.json{TEMP_MARK}{dead}-00000000-0123abcd"     # another pid namespace
-        old_style = f".z.json{TEMP_MARK}{dead}-89abcdef"                # an older tierstore's
+        other_host = f".y.json{TEMP_MARK}{dead}-00000000-0123abcd"  # another pid namespace
+        old_style = f".z.json{TEMP_MARK}{dead}-89abcdef"  # an older tierstore's
         old_other = f".w.json{TEMP_MARK}{dead}-00000000-feedf00d"
         for name in (other_host, old_style, old_other):
             (d / name).write_bytes(b"?")
         day_ago = time.time() - 2 * 86400
-        os.utime(d / old_other, (day_ago, day_ago))   # untouched for two days: stale anyway
+        os.utime(d / old_other, (day_ago, day_ago))  # untouched for two days: stale anyway
 
-        write_atomic(d / "next.json", b"{}")      # the next write to this directory
+        write_atomic(d / "next.json", b"{}")  # the next write to this directory
 
         left = sorted(os.listdir(d))
         assert sorted(set(_temps(d)) - set(not_ours)) == sorted(
-            [n for n in left if n.startswith(".live.bin")] + [other_host, old_style]), left
+            [n for n in left if n.startswith(".live.bin")] + [other_host, old_style]
+        ), left
         assert all(n in left for n in not_ours)
-        assert "next.json" in left and not [n for n in left if n.startswith(
-            (".poolmon.json", ".merged.json", ".blob.bin"))], left
+        assert "next.json" in left and not [
+            n for n in left if n.startswith((".poolmon.json", ".merged.json", ".blob.bin"))
+        ], left
         assert live.poll() is None
     finally:
         live.kill()
         live.wait()
-    write_atomic(d / "again.json", b"{}")         # the live writer died too: now swept
+    write_atomic(d / "again.json", b"{}")  # the live writer died too: now swept
     assert sorted(set(_temps(d)) - set(not_ours)) == sorted([other_host, old_style])
 
 
-def test_a_pack_build_sigkilled_in_its_sparse_create_leaves_a_temp_the_next_write_sweeps(
-        tmp_path):
+def test_a_pack_build_sigkilled_in_its_sparse_create_leaves_a_temp_the_next_write_sweeps(tmp_path):
     # create_sized_atomic's temp (the pack file before its rename) from a killed build
     code = textwrap.dedent("""
         import os, sys, time
@@ -132,8 +139,13 @@ def test_a_pack_build_sigkilled_in_its_sparse_create_leaves_a_temp_the_next_writ
         PackWriter(sys.argv[1], tag="fp4", n_layers=8, n_experts=4, slot_bytes=4096,
                    ckpt_id="c")
     """)
-    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=child_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdout.readline().strip() == "mid-write", p.stderr.read()
     p.kill()
     p.wait()
@@ -147,4 +159,4 @@ def test_the_sweep_judges_only_its_own_names(tmp_path):
     assert mine.startswith(f".a.json{TEMP_MARK}{os.getpid()}-")
     (tmp_path / mine).write_bytes(b"")
     write_atomic(tmp_path / "b.json", b"{}")
-    assert (tmp_path / mine).exists()             # this process is alive: never swept
+    assert (tmp_path / mine).exists()  # this process is alive: never swept

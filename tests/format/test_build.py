@@ -15,6 +15,7 @@ def test_cuda_build_reports_runtime_version():
 
 def test_cli_help_lists_every_group(capsys):
     from tierstore.cli import build_parser
+
     text = build_parser().format_help()
     for group in ("pack", "warm", "bench", "demo"):
         assert group in text

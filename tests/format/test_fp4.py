@@ -1,19 +1,19 @@
 """FP4 / 2-bit codecs against an fp64 reference, with property tests."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from tierstore.format import fp4
-
-from tierstore.format import layouts
 from tierstore.errors import ConfigError, FormatError
+from tierstore.format import fp4, layouts
 
 GRID = np.array(fp4.E2M1_GRID)
-GRID_STEP_ABOVE = np.array([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 2.0, 2.0])   # step to the next point
+GRID_STEP_ABOVE = np.array([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 2.0, 2.0])  # step to the next point
 
 
 def _ref_mxfp4(w: np.ndarray):
@@ -21,11 +21,11 @@ def _ref_mxfp4(w: np.ndarray):
     b = w.reshape(*w.shape[:-1], -1, 32)
     amax = np.abs(b).max(-1)
     e = np.where(amax > 0, np.ceil(np.log2(np.where(amax > 0, amax, 1) / 6.0)), -127)
-    e = np.where(amax > 6 * 2.0 ** e, e + 1, e)
+    e = np.where(amax > 6 * 2.0**e, e + 1, e)
     e = np.where((amax > 0) & (amax <= 6 * 2.0 ** (e - 1)), e - 1, e).clip(-127, 127)
     v = np.abs(b) / 2.0 ** e[..., None]
     dist = np.abs(v[..., None] - GRID)
-    code = np.argmin(dist + 1e-12 * (np.arange(8) % 2), axis=-1)   # ties -> even index
+    code = np.argmin(dist + 1e-12 * (np.arange(8) % 2), axis=-1)  # ties -> even index
     return (np.sign(b) * GRID[code] * 2.0 ** e[..., None]).reshape(w.shape), e
 
 
@@ -66,8 +66,10 @@ def test_ties_round_to_even_code():
 
 
 @settings(max_examples=60, deadline=None)
-@given(codes=arrays(np.uint8, (4, 64), elements=st.integers(0, 15)),
-       exps=arrays(np.int32, (4, 2), elements=st.integers(-120, 120)))
+@given(
+    codes=arrays(np.uint8, (4, 64), elements=st.integers(0, 15)),
+    exps=arrays(np.int32, (4, 2), elements=st.integers(-120, 120)),
+)
 def test_values_on_the_grid_round_trip_exactly(codes, exps):
     lut = np.concatenate([GRID, -GRID])
     vals = lut[codes].reshape(4, 2, 32) * 2.0 ** exps[..., None].astype(np.float64)
@@ -86,9 +88,9 @@ def test_scale_choice_never_overflows_and_output_is_finite(w):
     assert np.isfinite(d).all()
     amax = np.abs(w.astype(np.float64)).reshape(2, 2, 32).max(-1)
     scale = 2.0 ** (s.numpy().astype(np.float64) - 127)
-    assert (amax <= 6 * scale).all()                      # nothing clips
-    nz = amax > 6 * 2.0 ** -127
-    assert (amax[nz] > 3 * scale[nz]).all()               # and the scale is the smallest
+    assert (amax <= 6 * scale).all()  # nothing clips
+    nz = amax > 6 * 2.0**-127
+    assert (amax[nz] > 3 * scale[nz]).all()  # and the scale is the smallest
     err = np.abs(d - w).reshape(2, 2, 32) / scale[..., None]
     assert err.max() <= 1.0
 
@@ -118,8 +120,10 @@ def test_base2_error_is_larger_than_fp4_but_bounded():
 
 
 @settings(max_examples=40, deadline=None)
-@given(codes=arrays(np.uint8, (3, 32), elements=st.integers(0, 3)),
-       e=arrays(np.int32, (3, 1), elements=st.integers(-100, 100)))
+@given(
+    codes=arrays(np.uint8, (3, 32), elements=st.integers(0, 3)),
+    e=arrays(np.int32, (3, 1), elements=st.integers(-100, 100)),
+)
 def test_base2_grid_values_round_trip_and_bit_layout(codes, e):
     vals = np.array(fp4.BASE2_LEVELS)[codes] * 2.0 ** e.astype(np.float64)
     c, s = fp4.quantize_base2(torch.from_numpy(vals))
@@ -141,8 +145,8 @@ def test_fragmajor_lane_layout_matches_the_documented_formula():
     n, k = 32, 128
     codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
     fq = fp4.to_fragmajor(fp4.pack_nibbles(codes))
-    nib = fp4.unpack_nibbles(fq)       # [n/16, k/64, 1024]
-    for (bn, bk, lane, i) in [(0, 0, 0, 0), (1, 1, 5, 9), (0, 1, 31, 31), (1, 0, 17, 20)]:
+    nib = fp4.unpack_nibbles(fq)  # [n/16, k/64, 1024]
+    for bn, bk, lane, i in [(0, 0, 0, 0), (1, 1, 5, 9), (0, 1, 31, 31), (1, 0, 17, 20)]:
         g, t = lane // 4, lane % 4
         r = bn * 16 + g + 8 * ((i // 8) % 2)
         c = bk * 64 + 8 * t + i % 8 + 32 * (i // 16)
@@ -194,7 +198,9 @@ def test_bad_inputs_name_the_problem():
     with pytest.raises(FormatError, match="expected at least"):
         layouts.decode_expert(np.zeros(10, np.uint8), "fp4", 64, 64)
     with pytest.raises(FormatError, match="255"):
-        fp4.dequantize_mxfp4(torch.zeros(1, 16, dtype=torch.uint8), torch.full((1, 1), 255, dtype=torch.uint8))
+        fp4.dequantize_mxfp4(
+            torch.zeros(1, 16, dtype=torch.uint8), torch.full((1, 1), 255, dtype=torch.uint8)
+        )
     with pytest.raises(ConfigError, match="unknown"):
         layouts.row_sections("fp8", 64, 64)
 
@@ -219,7 +225,7 @@ def test_batched_encode_equals_per_expert_encode():
 
 
 @settings(max_examples=40, deadline=None)
-@given(w=arrays(np.float32, (2, 32), elements=st.floats(-2.0**100, 2.0**100, width=32)))
+@given(w=arrays(np.float32, (2, 32), elements=st.floats(-(2.0**100), 2.0**100, width=32)))
 def test_nvfp4_never_clips_the_block_max_and_is_finite(w):
     q, s, g = fp4.quantize_nvfp4(torch.from_numpy(w))
     d = fp4.dequantize_nvfp4(q, s, g).double()
@@ -231,7 +237,7 @@ def test_nvfp4_never_clips_the_block_max_and_is_finite(w):
     assert bool((bmax[scale > 0] <= 6 * scale[scale > 0] * (1 + 1e-6)).all())
     err = (d - torch.from_numpy(w).double()).abs().reshape(2, 2, 16)
     ok = scale > 0
-    assert bool((err.amax(-1)[ok] <= scale[ok] * (1 + 1e-6)).all())      # <= half of the widest step
+    assert bool((err.amax(-1)[ok] <= scale[ok] * (1 + 1e-6)).all())  # <= half of the widest step
 
 
 @settings(max_examples=30, deadline=None)

@@ -1,4 +1,5 @@
 """Pack reader and PackWriter on real files: geometry, rows, holes, resume, locking."""
+
 from __future__ import annotations
 
 import errno
@@ -12,7 +13,7 @@ from tierstore.format.sidecar import key20_of
 from tierstore.format.writer import PackBusyError, PackReplacedError
 from tierstore.testing.packs import make_random_pack, random_layer_rows
 
-L, E, SLOT = 3, 8, 5000          # SLOT not page-aligned: stride 8192
+L, E, SLOT = 3, 8, 5000  # SLOT not page-aligned: stride 8192
 
 
 def _writer(tmp_path, **kw):
@@ -103,7 +104,9 @@ def test_resume_with_other_identity_names_the_differing_field(tmp_path):
     _writer(path).close()
     with pytest.raises(ConfigError, match=r"cannot resume \(ckpt_id: existing 'ck', new 'other'"):
         _writer(path, ckpt_id="other")
-    with pytest.raises(ConfigError, match=r"n_layers: existing 3, new 4; slot_bytes: existing 5000, new 9000"):
+    with pytest.raises(
+        ConfigError, match=r"n_layers: existing 3, new 4; slot_bytes: existing 5000, new 9000"
+    ):
         _writer(path, n_layers=4, slot_bytes=9000)
 
 
@@ -118,14 +121,14 @@ def test_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path):
     with _writer(tmp_path) as w:
         with pytest.raises(PackBusyError, match=r"\.lock: another writer holds"):
             _writer(tmp_path)
-    _writer(tmp_path).close()    # released on close
+    _writer(tmp_path).close()  # released on close
 
 
 def test_writer_refuses_to_write_through_a_replaced_file(tmp_path):
     with _writer(tmp_path) as w:
         w.write_layer(0, random_layer_rows(0, 0, E, SLOT))
         os.rename(w.path, w.path + ".old")
-        with open(w.path, "wb") as f:       # someone puts another file at the path
+        with open(w.path, "wb") as f:  # someone puts another file at the path
             f.truncate(L * E * 8192)
         with pytest.raises(PackReplacedError, match="replaced or removed"):
             w.write_layer(1, random_layer_rows(0, 1, E, SLOT))
@@ -187,16 +190,28 @@ def test_writer_accepts_torch_rows(tmp_path):
 def test_writer_rejects_bad_arguments_with_config_error(tmp_path):
     with pytest.raises(ConfigError, match="n_experts must be an integer >= 1 and <= 65536, found 0"):
         _writer(tmp_path, n_experts=0)
-    for name, bad in (("n_layers", float("nan")), ("n_layers", 1.5), ("slot_bytes", float("inf")),
-                      ("n_experts", "8"), ("rank", -1), ("world", 0)):
-        with pytest.raises(ConfigError, match=f"{name} must be an integer"):   # one validation
+    for name, bad in (
+        ("n_layers", float("nan")),
+        ("n_layers", 1.5),
+        ("slot_bytes", float("inf")),
+        ("n_experts", "8"),
+        ("rank", -1),
+        ("world", 0),
+    ):
+        with pytest.raises(ConfigError, match=f"{name} must be an integer"):  # one validation
             _writer(tmp_path, **{name: bad})
     assert not os.listdir(tmp_path) or all(not f.endswith(".pack") for f in os.listdir(tmp_path))
     with pytest.raises(ConfigError, match="not a valid tag"):
         _writer(tmp_path, tag="a.b")
     with pytest.raises(ConfigError, match="key20 in the name"):
-        PackWriter(tmp_path / "fp4.v2.00000000000000000000.rank0of1.pack", tag="fp4",
-                   n_layers=L, n_experts=E, slot_bytes=SLOT, ckpt_id="ck")
+        PackWriter(
+            tmp_path / "fp4.v2.00000000000000000000.rank0of1.pack",
+            tag="fp4",
+            n_layers=L,
+            n_experts=E,
+            slot_bytes=SLOT,
+            ckpt_id="ck",
+        )
     assert not list(tmp_path.iterdir())
 
 
@@ -210,8 +225,11 @@ def test_closed_pack_refuses_reads(tmp_path):
 def test_file_truncated_after_open_gives_format_error_with_offset(tmp_path):
     with make_random_pack(tmp_path, L, E, SLOT) as p:
         os.truncate(p.path, (2 * E + 3) * 8192 + 100)
-        with pytest.raises(FormatError, match=rf"end of file at offset {(2 * E + 3) * 8192 + 100:#x}"
-                                              r", expected 4900 more bytes \(truncated pack\)"):
+        with pytest.raises(
+            FormatError,
+            match=rf"end of file at offset {(2 * E + 3) * 8192 + 100:#x}"
+            r", expected 4900 more bytes \(truncated pack\)",
+        ):
             p.read_row(2, 3)
         with pytest.raises(FormatError, match="truncated pack"):
             p.verify()
@@ -248,4 +266,4 @@ def test_verify_reports_progress_per_layer(tmp_path):
         report = p.verify(progress=lambda done, total: seen.append((done, total)))
         assert seen == [(E, 2 * E), (2 * E, 2 * E)]
         assert (report.rows_checked, report.bytes_checked) == (2 * E, 2 * E * SLOT)
-        assert p.verify(progress=True).rows_checked == 2 * E     # rich bar, no terminal needed
+        assert p.verify(progress=True).rows_checked == 2 * E  # rich bar, no terminal needed

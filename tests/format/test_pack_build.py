@@ -1,5 +1,6 @@
 """pack_build / pack_safetensors: the (H, I) rule, synthetic weights that decode, and
 packs from tiny generated safetensors directories (float, HF names, NVFP4)."""
+
 from __future__ import annotations
 
 import os
@@ -7,14 +8,15 @@ import os
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from tierstore import ConfigError, FormatError, Pack
 from tierstore.format import fp4, layouts
 from tierstore.format.build import build_synthetic
-from tierstore.format.layouts import fit_expert_shape
 from tierstore.format.from_safetensors import build_from_safetensors
+from tierstore.format.layouts import fit_expert_shape
 
 H, I, E = 128, 64, 3
 
@@ -43,8 +45,8 @@ def test_synthetic_rows_decode_to_heavy_tailed_weights(tmp_path):
     w13, w2 = layouts.decode_expert(rows, "fp4", 256, 128)
     x = w13.flatten().double()
     kurtosis = ((x - x.mean()) ** 4).mean() / x.var() ** 2
-    assert 0.01 < x.std() < 0.04 and kurtosis > 4.0       # Gaussian would be 3
-    assert not torch.equal(w13[0], w13[1])                  # experts differ
+    assert 0.01 < x.std() < 0.04 and kurtosis > 4.0  # Gaussian would be 3
+    assert not torch.equal(w13[0], w13[1])  # experts differ
 
 
 def test_synthetic_fragmajor_order_round_trips_through_the_codec(tmp_path):
@@ -62,8 +64,11 @@ def test_synthetic_fragmajor_order_round_trips_through_the_codec(tmp_path):
 
 def _weights(seed=0, layers=(3, 4)):
     g = torch.Generator().manual_seed(seed)
-    return {(l, e): (torch.randn(2 * I, H, generator=g), torch.randn(H, I, generator=g))
-            for l in layers for e in range(E)}
+    return {
+        (l, e): (torch.randn(2 * I, H, generator=g), torch.randn(H, I, generator=g))
+        for l in layers
+        for e in range(E)
+    }
 
 
 def _save(d, tensors, name="model.safetensors"):
@@ -81,8 +86,12 @@ def test_fused_names_in_two_files_build_rows_equal_to_the_codec(tmp_path):
     w = _weights()
     src = tmp_path / "ck"
     _save(src, {f"layers.{l}.experts.{e}.w13": a.bfloat16() for (l, e), (a, _) in w.items()}, "a.safetensors")
-    _save(src, {f"layers.{l}.experts.{e}.w2": b.bfloat16() for (l, e), (_, b) in w.items()}
-          | {"layers.3.attn.wq": torch.zeros(4, 4)}, "b.safetensors")
+    _save(
+        src,
+        {f"layers.{l}.experts.{e}.w2": b.bfloat16() for (l, e), (_, b) in w.items()}
+        | {"layers.3.attn.wq": torch.zeros(4, 4)},
+        "b.safetensors",
+    )
     path, layout = build_from_safetensors(str(tmp_path / "out"), str(src))
     wb = {k: (a.bfloat16().float(), b.bfloat16().float()) for k, (a, b) in w.items()}
     with Pack.open(path) as p:
@@ -149,8 +158,11 @@ def test_missing_w2_wrong_shape_and_dtype_are_named(tmp_path):
     t = base | {f"layers.0.experts.{e}.w2": b for (_, e), (_, b) in w.items()}
     t["layers.0.experts.2.w2"] = torch.zeros(H, I + 64)
     _save(tmp_path / "b", t)
-    with pytest.raises(FormatError, match=r"layer 0 expert 2: w13 \[128, 128\], w2 \[128, 128\]; "
-                                          r"expected \[128, 128\] and \[128, 64\]"):
+    with pytest.raises(
+        FormatError,
+        match=r"layer 0 expert 2: w13 \[128, 128\], w2 \[128, 128\]; "
+        r"expected \[128, 128\] and \[128, 64\]",
+    ):
         build_from_safetensors(str(tmp_path / "out"), str(tmp_path / "b"))
     t["layers.0.experts.2.w2"] = torch.zeros(H, I, dtype=torch.int32)
     _save(tmp_path / "c", t)

@@ -1,5 +1,6 @@
 """Packs laid out exactly as vLLM-Moet writes them, built here from COMPAT.md facts
 alone (hashlib + json + os, no tierstore helpers), must open with the right geometry."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,17 +15,36 @@ from tierstore import FormatError, Pack
 ABI = "tsym4-e8m0-fragmajor-a32-v2"
 
 
-def _moet_pack(d, *, tag="base", n_layers=4, E=6, slot_bytes=7000, ckpt="ds4-flash",
-               layers=(0, 2), rank=0, world=1, pp=None, old_name=False, extra=None):
+def _moet_pack(
+    d,
+    *,
+    tag="base",
+    n_layers=4,
+    E=6,
+    slot_bytes=7000,
+    ckpt="ds4-flash",
+    layers=(0, 2),
+    rank=0,
+    world=1,
+    pp=None,
+    old_name=False,
+    extra=None,
+):
     """Write a vLLM-Moet pack: sparse file, rows of layers listed, sorted-key sidecar."""
     stride = (slot_bytes + 4095) // 4096 * 4096
-    ident = {"ckpt_id": ckpt, "zero_mode": "none", "quantizer_abi": ABI, "tag": tag,
-             "n_layers": n_layers, "E": E, "slot_bytes": slot_bytes, "stride": stride}
-    key20 = hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":"))
-                           .encode()).hexdigest()[:20]
+    ident = {
+        "ckpt_id": ckpt,
+        "zero_mode": "none",
+        "quantizer_abi": ABI,
+        "tag": tag,
+        "n_layers": n_layers,
+        "E": E,
+        "slot_bytes": slot_bytes,
+        "stride": stride,
+    }
+    key20 = hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
     pp_part = f".pp{pp[0]}of{pp[1]}" if pp else ""
-    stem = (f"{tag}.rank{rank}of{world}" if old_name
-            else f"{tag}.v2.{key20}.rank{rank}of{world}{pp_part}")
+    stem = f"{tag}.rank{rank}of{world}" if old_name else f"{tag}.v2.{key20}.rank{rank}of{world}{pp_part}"
     path = os.path.join(d, stem + ".pack")
     rows = {}
     with open(path, "wb") as f:
@@ -78,10 +98,13 @@ def test_key20_of_another_checkpoint_is_refused(tmp_path):
     path, key20, _ = _moet_pack(tmp_path)
     side = path[:-5] + ".json"
     data = json.load(open(side))
-    data["ckpt_id"] = "glm-5.2"          # same geometry, other checkpoint
+    data["ckpt_id"] = "glm-5.2"  # same geometry, other checkpoint
     json.dump(data, open(side, "w"), sort_keys=True)
-    with pytest.raises(FormatError, match=rf"key20 in the name is {key20}, the sidecar's "
-                                          "identity hashes to"):
+    with pytest.raises(
+        FormatError,
+        match=rf"key20 in the name is {key20}, the sidecar's "
+        "identity hashes to",
+    ):
         Pack.open(path)
 
 
@@ -93,8 +116,9 @@ def test_unknown_moet_field_tolerated_only_when_key20_proves_identity(tmp_path):
             assert p.unknown_fields == ["built_by"]
     os.makedirs(tmp_path / "b")
     old, _, _ = _moet_pack(tmp_path / "b", old_name=True, extra={"built_by": "moet-0.9"})
-    with pytest.raises(FormatError, match="unknown field `built_by` in a sidecar whose name "
-                                          "carries no key20"):
+    with pytest.raises(
+        FormatError, match="unknown field `built_by` in a sidecar whose name carries no key20"
+    ):
         Pack.open(old)
 
 
@@ -109,8 +133,7 @@ def test_two_candidates_old_and_v2_for_one_tag_rank_is_an_error_listing_both(tmp
 
 def test_moet_ds4_geometry_is_accepted_without_reading_rows(tmp_path):
     # 43 layers x 256 experts x 13,369,344 B: a 147 GB sparse file, nothing written
-    path, _, _ = _moet_pack(tmp_path, tag="fp4", n_layers=43, E=256, slot_bytes=13_369_344,
-                            layers=())
+    path, _, _ = _moet_pack(tmp_path, tag="fp4", n_layers=43, E=256, slot_bytes=13_369_344, layers=())
     with Pack.open(path) as p:
         assert p.stride == 13_369_344 and p.file_bytes == 43 * 256 * 13_369_344
         assert not p.written.any()

@@ -1,5 +1,6 @@
 """A writer process killed mid-layer leaves a consistent pack: listed layers are whole,
 the lock is free, and a rerun resumes."""
+
 from __future__ import annotations
 
 import os
@@ -46,13 +47,13 @@ def _run_child(d, die_at, kill_in):
 def _check_and_resume(d, expect_layers):
     with Pack.open(d, tag="fp4") as p:
         assert p.layers == expect_layers
-        p.verify()                                   # listed layers are whole
+        p.verify()  # listed layers are whole
     with PackWriter(d, tag="fp4", n_layers=L, n_experts=E, slot_bytes=SLOT, ckpt_id="c") as w:
-        assert w.written_layers == expect_layers     # lock was released by the dead process
+        assert w.written_layers == expect_layers  # lock was released by the dead process
         for layer in range(L):
             if not w.is_written(layer):
                 w.write_layer(layer, random_layer_rows(0, layer, E, SLOT))
-    assert not [n for n in os.listdir(d) if ".tmp-" in n]   # killed writer's temps removed
+    assert not [n for n in os.listdir(d) if ".tmp-" in n]  # killed writer's temps removed
     with Pack.open(d, tag="fp4") as p:
         assert p.layers == (0, 1, 2, 3)
         p.verify()
@@ -60,11 +61,11 @@ def _check_and_resume(d, expect_layers):
 
 
 def test_killed_mid_row_write_lists_only_complete_layers(tmp_path):
-    _run_child(tmp_path, die_at=2 * E + 2, kill_in="rows")   # inside layer 2
+    _run_child(tmp_path, die_at=2 * E + 2, kill_in="rows")  # inside layer 2
     _check_and_resume(tmp_path, (0, 1))
 
 
 def test_killed_before_sidecar_rename_keeps_previous_sidecar(tmp_path):
-    _run_child(tmp_path, die_at=E + 1, kill_in="publish")    # layer 1 written, not published
-    assert [n for n in os.listdir(tmp_path) if ".json.tmp-" in n]   # the sidecar's temp
+    _run_child(tmp_path, die_at=E + 1, kill_in="publish")  # layer 1 written, not published
+    assert [n for n in os.listdir(tmp_path) if ".json.tmp-" in n]  # the sidecar's temp
     _check_and_resume(tmp_path, (0,))

@@ -1,6 +1,7 @@
 """Every hostile sample under tests/data/hostile_packs/ is refused at the stage its
 expect.json names, with a one-line error naming the file, and nothing on disk changes.
 Regenerate the samples with ``python tests/data/make_hostile_packs.py``."""
+
 from __future__ import annotations
 
 import glob
@@ -19,8 +20,9 @@ CASES = sorted(os.path.basename(d) for d in glob.glob(os.path.join(DATA, "*")) i
 
 
 def _digest(d):
-    return {n: hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest()
-            for n in sorted(os.listdir(d))}
+    return {
+        n: hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest() for n in sorted(os.listdir(d))
+    }
 
 
 def test_samples_are_present():

@@ -1,5 +1,6 @@
 """docs/pack.schema.json agrees with the msgspec Sidecar: same fields, our sidecars
 validate, and hostile samples that a schema can catch are caught."""
+
 from __future__ import annotations
 
 import glob
@@ -24,8 +25,9 @@ def _validator():
 
 def test_schema_fields_match_the_structs():
     assert set(SCHEMA["properties"]) == set(Sidecar.__struct_fields__)
-    assert set(SCHEMA["required"]) == {f for f in Sidecar.__struct_fields__
-                                       if f not in ("layout", "checksum", "checksums")}
+    assert set(SCHEMA["required"]) == {
+        f for f in Sidecar.__struct_fields__ if f not in ("layout", "checksum", "checksums")
+    }
     assert set(SCHEMA["$defs"]["RowLayout"]["properties"]) == set(RowLayout.__struct_fields__)
     assert set(SCHEMA["$defs"]["RowSection"]["properties"]) == set(RowSection.__struct_fields__)
 
@@ -37,8 +39,17 @@ def test_sidecars_we_write_validate(tmp_path):
     _validator().validate(json.load(open(path[:-5] + ".json")))
 
 
-@pytest.mark.parametrize("case", ["extra_field", "missing_stride", "string_count",
-                                  "negative_experts", "huge_geometry", "unknown_checksum_algo"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "extra_field",
+        "missing_stride",
+        "string_count",
+        "negative_experts",
+        "huge_geometry",
+        "unknown_checksum_algo",
+    ],
+)
 def test_schema_rejects_hostile_sidecars(case):
     side = json.load(open(glob.glob(os.path.join(HOSTILE, case, "*.rank0of1.json"))[0]))
     assert not _validator().is_valid(side)

@@ -1,5 +1,6 @@
 """One test per rejection reason, with hand-built sidecar bytes; every error names the
 file and the field, and a failed open changes nothing on disk."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +13,7 @@ from tierstore import FormatError, Pack
 from tierstore.format.sidecar import SIDECAR_MAX_BYTES
 from tierstore.testing.packs import make_random_pack
 
-L, E, SLOT = 2, 3, 100      # stride 4096
+L, E, SLOT = 2, 3, 100  # stride 4096
 
 
 @pytest.fixture
@@ -30,9 +31,14 @@ def pack_files(tmp_path):
 
 
 def _snapshot(d):
-    return {n: (os.path.getsize(os.path.join(d, n)),
-                hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest())
-            for n in sorted(os.listdir(d)) if os.path.isfile(os.path.join(d, n))}
+    return {
+        n: (
+            os.path.getsize(os.path.join(d, n)),
+            hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest(),
+        )
+        for n in sorted(os.listdir(d))
+        if os.path.isfile(os.path.join(d, n))
+    }
 
 
 def _expect_reject(path, pattern):
@@ -53,26 +59,42 @@ def test_valid_fixture_opens(pack_files):
 def test_sidecar_over_size_cap_rejected_before_parsing(pack_files):
     path, sidecar, _ = pack_files
     with open(sidecar, "r+b") as f:
-        f.truncate(SIDECAR_MAX_BYTES + 1)       # sparse; never parsed
+        f.truncate(SIDECAR_MAX_BYTES + 1)  # sparse; never parsed
     _expect_reject(path, rf"fp4.rank0of1.json: sidecar is {SIDECAR_MAX_BYTES + 1} bytes, larger than")
 
 
-@pytest.mark.parametrize("raw, why", [
-    (b"", "not valid JSON"),
-    (b"{\"E\": 3,", "not valid JSON"),
-    (b"\xff\xfe{}", "not valid JSON"),
-    (b'{"E": NaN}', "non-JSON number NaN"),
-    (b'{"E": 3, "E": 4}', "duplicate key 'E'"),
-    (b"[1, 2]", "must be a JSON object, found list"),
-])
+@pytest.mark.parametrize(
+    "raw, why",
+    [
+        (b"", "not valid JSON"),
+        (b'{"E": 3,', "not valid JSON"),
+        (b"\xff\xfe{}", "not valid JSON"),
+        (b'{"E": NaN}', "non-JSON number NaN"),
+        (b'{"E": 3, "E": 4}', "duplicate key 'E'"),
+        (b"[1, 2]", "must be a JSON object, found list"),
+    ],
+)
 def test_non_json_sidecar_names_the_file(pack_files, raw, why):
     path, sidecar, _ = pack_files
     sidecar.write_bytes(raw)
     _expect_reject(path, rf"fp4\.rank0of1\.json: .*{why}")
 
 
-@pytest.mark.parametrize("field", ["version", "tag", "E", "n_layers", "slot_bytes", "stride",
-                                   "ckpt_id", "zero_mode", "quantizer_abi", "layers"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "version",
+        "tag",
+        "E",
+        "n_layers",
+        "slot_bytes",
+        "stride",
+        "ckpt_id",
+        "zero_mode",
+        "quantizer_abi",
+        "layers",
+    ],
+)
 def test_missing_field_is_named(pack_files, field):
     path, sidecar, side = pack_files
     del side[field]
@@ -87,10 +109,18 @@ def test_extra_field_in_tierstore_sidecar_is_named(pack_files):
     _expect_reject(path, r"\.json: sidecar field error: Object contains unknown field `colour`")
 
 
-@pytest.mark.parametrize("field, value, found", [
-    ("E", "3", "str"), ("E", True, "bool"), ("E", 3.0, "float"), ("layers", [0, "1"], "str"),
-    ("ckpt_id", 5, "int"), ("layers", 0, "int"), ("checksums", [], "array"),
-])
+@pytest.mark.parametrize(
+    "field, value, found",
+    [
+        ("E", "3", "str"),
+        ("E", True, "bool"),
+        ("E", 3.0, "float"),
+        ("layers", [0, "1"], "str"),
+        ("ckpt_id", 5, "int"),
+        ("layers", 0, "int"),
+        ("checksums", [], "array"),
+    ],
+)
 def test_wrong_typed_field_is_named(pack_files, field, value, found):
     path, sidecar, side = pack_files
     side[field] = value
@@ -98,23 +128,26 @@ def test_wrong_typed_field_is_named(pack_files, field, value, found):
     _expect_reject(path, rf"got `{found}` - at `\$\.{field}")
 
 
-@pytest.mark.parametrize("field, value, pattern", [
-    ("version", 1, r"field `version`: expected 2, found 1"),
-    ("E", 0, r"field `E`: expected > 0, found 0"),
-    ("n_layers", -1, r"field `n_layers`: expected > 0, found -1"),
-    ("slot_bytes", 0, r"field `slot_bytes`: expected > 0"),
-    ("stride", 100, r"field `stride`: expected 4096 \(slot_bytes 100 rounded up to 4096\), found 100"),
-    ("stride", 8192, r"field `stride`: expected 4096"),
-    ("layers", [0, 0], r"field `layers`: duplicate layer 0 at index 1"),
-    ("layers", [1, 0], r"field `layers`: unsorted layer 0 at index 1"),
-    ("layers", [0, 2], r"field `layers`: layer 2 out of range \[0, 2\)"),
-    ("layers", [-1], r"field `layers`: layer -1 out of range"),
-    ("tag", "base", r"sidecar tag 'base' does not match the name's tag 'fp4'"),
-    ("tag", "a/b", r"field `tag`: 'a/b' is not a valid tag"),
-    ("n_layers", 1 << 40, r"field `n_layers`: 1099511627776 is over the cap 65536"),
-    ("slot_bytes", 1 << 40, r"field `slot_bytes`: 1099511627776 is over the cap"),
-    ("checksum", "crc32", r"field `checksum`: unknown algorithm 'crc32'"),
-])
+@pytest.mark.parametrize(
+    "field, value, pattern",
+    [
+        ("version", 1, r"field `version`: expected 2, found 1"),
+        ("E", 0, r"field `E`: expected > 0, found 0"),
+        ("n_layers", -1, r"field `n_layers`: expected > 0, found -1"),
+        ("slot_bytes", 0, r"field `slot_bytes`: expected > 0"),
+        ("stride", 100, r"field `stride`: expected 4096 \(slot_bytes 100 rounded up to 4096\), found 100"),
+        ("stride", 8192, r"field `stride`: expected 4096"),
+        ("layers", [0, 0], r"field `layers`: duplicate layer 0 at index 1"),
+        ("layers", [1, 0], r"field `layers`: unsorted layer 0 at index 1"),
+        ("layers", [0, 2], r"field `layers`: layer 2 out of range \[0, 2\)"),
+        ("layers", [-1], r"field `layers`: layer -1 out of range"),
+        ("tag", "base", r"sidecar tag 'base' does not match the name's tag 'fp4'"),
+        ("tag", "a/b", r"field `tag`: 'a/b' is not a valid tag"),
+        ("n_layers", 1 << 40, r"field `n_layers`: 1099511627776 is over the cap 65536"),
+        ("slot_bytes", 1 << 40, r"field `slot_bytes`: 1099511627776 is over the cap"),
+        ("checksum", "crc32", r"field `checksum`: unknown algorithm 'crc32'"),
+    ],
+)
 def test_out_of_range_field_is_named(pack_files, field, value, pattern):
     path, sidecar, side = pack_files
     side[field] = value
@@ -157,21 +190,42 @@ def _with_layout(side, sections, order="linear"):
 
 
 def _sec(name, offset, nbytes, dtype="uint8", shape=None):
-    return {"name": name, "offset": offset, "bytes": nbytes, "dtype": dtype,
-            "shape": shape or [nbytes], "codec": "raw"}
+    return {
+        "name": name,
+        "offset": offset,
+        "bytes": nbytes,
+        "dtype": dtype,
+        "shape": shape or [nbytes],
+        "codec": "raw",
+    }
 
 
-@pytest.mark.parametrize("sections, order, pattern", [
-    ([_sec("a", 0, 60), _sec("b", 50, 40)], "linear", r"section `b` at offset 50 overlaps `a` ending at 60"),
-    ([_sec("a", 0, 60), _sec("b", 60, 41)], "linear", r"section `b`: \[60, 101\) is outside the 100-byte row"),
-    ([_sec("a", -4, 4)], "linear", r"outside"),
-    ([_sec("a", 0, 10, "float32", [2])], "linear", r"section `a`: bytes 10, expected 8 for float32 \[2\]"),
-    ([_sec("a", 0, 10, "complex64", [10])], "linear", r"unknown dtype 'complex64'"),
-    ([_sec("a", 0, 0, "uint8", [0])], "linear", r"non-positive dimension"),
-    ([_sec("a", 0, 10), _sec("a", 10, 10)], "linear", r"section `a` appears twice"),
-    ([], "linear", r"layout: no sections"),
-    ([_sec("a", 0, 10)], "zigzag", r"Expected `str` matching one of|zigzag"),
-])
+@pytest.mark.parametrize(
+    "sections, order, pattern",
+    [
+        (
+            [_sec("a", 0, 60), _sec("b", 50, 40)],
+            "linear",
+            r"section `b` at offset 50 overlaps `a` ending at 60",
+        ),
+        (
+            [_sec("a", 0, 60), _sec("b", 60, 41)],
+            "linear",
+            r"section `b`: \[60, 101\) is outside the 100-byte row",
+        ),
+        ([_sec("a", -4, 4)], "linear", r"outside"),
+        (
+            [_sec("a", 0, 10, "float32", [2])],
+            "linear",
+            r"section `a`: bytes 10, expected 8 for float32 \[2\]",
+        ),
+        ([_sec("a", 0, 10, "complex64", [10])], "linear", r"unknown dtype 'complex64'"),
+        ([_sec("a", 0, 0, "uint8", [0])], "linear", r"non-positive dimension"),
+        ([_sec("a", 0, 10), _sec("a", 10, 10)], "linear", r"section `a` appears twice"),
+        ([], "linear", r"layout: no sections"),
+        ([_sec("a", 0, 10)], "zigzag", r"Expected `str` matching one of|zigzag"),
+    ],
+)
 def test_bad_layout_is_named(pack_files, sections, order, pattern):
     path, sidecar, side = pack_files
     sidecar.write_text(json.dumps(_with_layout(side, sections, order)))
@@ -191,8 +245,11 @@ def test_wrong_file_size_names_expected_and_found(pack_files, size_delta):
     want = L * E * 4096
     with open(path, "r+b") as f:
         f.truncate(want + size_delta)
-    _expect_reject(path, rf"fp4\.rank0of1\.pack: file size {want + size_delta} bytes, "
-                         rf"expected {want} \(2 layers x 3 experts x stride 4096\)")
+    _expect_reject(
+        path,
+        rf"fp4\.rank0of1\.pack: file size {want + size_delta} bytes, "
+        rf"expected {want} \(2 layers x 3 experts x stride 4096\)",
+    )
 
 
 def test_missing_pack_file_with_sidecar_is_a_format_error(pack_files):
@@ -207,8 +264,16 @@ def test_missing_sidecar_is_a_format_error(pack_files):
     _expect_reject(path, r"fp4\.rank0of1\.json: sidecar is missing")
 
 
-@pytest.mark.parametrize("name", ["fp4.pack", "fp4.rank2of2.pack", "fp4.v2.XYZ.rank0of1.pack",
-                                  "fp4.rank0of1.pp3of2.pack", "fp4.rank0of0.pack"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "fp4.pack",
+        "fp4.rank2of2.pack",
+        "fp4.v2.XYZ.rank0of1.pack",
+        "fp4.rank0of1.pp3of2.pack",
+        "fp4.rank0of0.pack",
+    ],
+)
 def test_bad_pack_name_is_rejected(tmp_path, name):
     (tmp_path / name).write_bytes(b"")
     with pytest.raises(FormatError, match=rf"{name}: (not a pack name|rank/pipeline index)"):
@@ -223,18 +288,21 @@ def test_verify_names_layer_expert_offset_of_first_bad_row(pack_files):
         b = f.read(1)
         f.seek(off)
         f.write(bytes([b[0] ^ 0x40]))
-    with Pack.open(path) as p:           # open does not read rows: still opens
-        with pytest.raises(FormatError, match=rf"fp4\.rank0of1\.pack: layer 1 expert 2 at offset "
-                                              rf"{(1 * E + 2) * 4096:#x}: xxh3_64 0x[0-9a-f]{{16}}, "
-                                              r"expected 0x[0-9a-f]{16}"):
+    with Pack.open(path) as p:  # open does not read rows: still opens
+        with pytest.raises(
+            FormatError,
+            match=rf"fp4\.rank0of1\.pack: layer 1 expert 2 at offset "
+            rf"{(1 * E + 2) * 4096:#x}: xxh3_64 0x[0-9a-f]{{16}}, "
+            r"expected 0x[0-9a-f]{16}",
+        ):
             p.verify()
-        assert p.read_row(1, 1) is not None   # other rows still readable
+        assert p.read_row(1, 1) is not None  # other rows still readable
 
 
 def test_verify_ignores_padding_beyond_slot_bytes(pack_files):
     path, _, _ = pack_files
     with open(path, "r+b") as f:
-        f.seek(4096 - 1)                   # padding of row (0, 0)
+        f.seek(4096 - 1)  # padding of row (0, 0)
         f.write(b"\x01")
     with Pack.open(path) as p:
         assert p.verify().rows_checked == L * E
@@ -273,18 +341,21 @@ def test_a_pack_given_whose_sidecar_is_bad_is_named_as_given(pack_files):
     assert str(e.value).startswith(f"{path}: its sidecar fp4.rank0of1.json: sidecar is not valid JSON")
 
 
-def test_an_io_error_renamed_for_the_given_path_keeps_its_path_offset_and_errno(pack_files,
-                                                                              monkeypatch):
+def test_an_io_error_renamed_for_the_given_path_keeps_its_path_offset_and_errno(pack_files, monkeypatch):
     import errno as errno_
+
     from tierstore import TierIOError
     from tierstore.format import pack as pack_mod
+
     path, sidecar, _ = pack_files
 
     def refuse(p, what="file"):
         raise TierIOError(p, 0, errno_.EACCES, what="open")
+
     monkeypatch.setattr(pack_mod, "open_regular", refuse)
     with pytest.raises(TierIOError) as e:
         Pack.open(str(sidecar))
     assert (e.value.path, e.value.offset, e.value.errno) == (path, 0, errno_.EACCES)
-    assert str(e.value) == (f"{sidecar}: its pack fp4.rank0of1.pack: open at offset 0x0 failed: "
-                            "EACCES (Permission denied)")
+    assert str(e.value) == (
+        f"{sidecar}: its pack fp4.rank0of1.pack: open at offset 0x0 failed: EACCES (Permission denied)"
+    )

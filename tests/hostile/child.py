@@ -3,6 +3,7 @@ cases under ``RLIMIT_AS`` with a per-case alarm, so a case that allocates withou
 fails with MemoryError and one that blocks fails with "hang", instead of taking the
 suite down. Modes: ``packs`` (Pack.open, every row, verify) and ``warm`` (strict read,
 hint against a pack, the ``warm inspect`` summary)."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,12 @@ def _on_alarm(signum, frame):
 
 
 def _error(exc: BaseException) -> dict:
-    return {"outcome": "refused" if not isinstance(exc, Hang) else "hang",
-            "etype": type(exc).__name__, "mro": [c.__name__ for c in type(exc).__mro__],
-            "msg": str(exc)}
+    return {
+        "outcome": "refused" if not isinstance(exc, Hang) else "hang",
+        "etype": type(exc).__name__,
+        "mro": [c.__name__ for c in type(exc).__mro__],
+        "msg": str(exc),
+    }
 
 
 def _timed(fn, case: dict) -> dict:
@@ -36,7 +40,7 @@ def _timed(fn, case: dict) -> dict:
         warnings.simplefilter("always")
         try:
             res = fn(case)
-        except (Exception, Hang) as exc:   # noqa: BLE001 - reported, judged by the parent
+        except (Exception, Hang) as exc:  # noqa: BLE001 - reported, judged by the parent
             res = _error(exc)
         finally:
             signal.alarm(0)
@@ -47,11 +51,19 @@ def _timed(fn, case: dict) -> dict:
 
 def _pack_case(case: dict) -> dict:
     import xxhash
+
     from tierstore.errors import FormatError
     from tierstore.format.pack import Pack
+
     with Pack.open(case["target"], **case["open_kwargs"]) as p:
-        res = {"outcome": "opened", "layers": list(p.layers), "rows": {}, "unwritten": {},
-               "unknown_fields": list(p.unknown_fields), "path": p.path}
+        res = {
+            "outcome": "opened",
+            "layers": list(p.layers),
+            "rows": {},
+            "unwritten": {},
+            "unknown_fields": list(p.unknown_fields),
+            "path": p.path,
+        }
         for layer in range(p.n_layers):
             for e in range(p.n_experts):
                 key = f"{layer},{e}"
@@ -65,8 +77,11 @@ def _pack_case(case: dict) -> dict:
                         res["unwritten"][key] = str(exc)
         try:
             report = p.verify()
-            res["verify"] = {"outcome": "ok", "rows_checked": report.rows_checked,
-                             "rows_unchecked": report.rows_unchecked}
+            res["verify"] = {
+                "outcome": "ok",
+                "rows_checked": report.rows_checked,
+                "rows_unchecked": report.rows_unchecked,
+            }
         except Exception as exc:  # noqa: BLE001
             res["verify"] = _error(exc)
     return res
@@ -77,6 +92,7 @@ def _warm_case(case: dict) -> dict:
     from tierstore.warm.formats import read_warm_file
     from tierstore.warm.tools import summarize
     from tierstore.warm.validate import load_hint
+
     res = {}
     try:
         wf = read_warm_file(case["target"])
@@ -87,8 +103,9 @@ def _warm_case(case: dict) -> dict:
     with Pack.open(case["pack"]) as pack, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hint = load_hint(case["target"], pack)
-        res["hint"] = None if hint is None else {
-            "pool": hint.pool.keys.tolist(), "arena": hint.arena.keys.tolist()}
+        res["hint"] = (
+            None if hint is None else {"pool": hint.pool.keys.tolist(), "arena": hint.arena.keys.tolist()}
+        )
         res["hint_warnings"] = [str(w.message) for w in caught]
     res["outcome"] = "done"
     return res
@@ -101,7 +118,8 @@ def main() -> None:
     signal.signal(signal.SIGALRM, _on_alarm)
     run = {"packs": _pack_case, "warm": _warm_case}[job["mode"]]
     import tierstore.format.pack  # noqa: F401 - imported once, outside the timed cases
-    import tierstore.warm.tools   # noqa: F401
+    import tierstore.warm.tools  # noqa: F401
+
     out = {case["name"]: _timed(run, case) for case in job["cases"]}
     json.dump(out, sys.stdout)
 

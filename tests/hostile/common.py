@@ -5,6 +5,7 @@ Cases are generated in the test process; the reading runs in ONE child process p
 batch (``run_batch``) with ``RLIMIT_AS`` set, a per-case alarm and a wall clock, so a
 header that would allocate gigabytes or block forever fails its case instead of
 taking the suite down."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,9 +19,9 @@ from cli_process import child_env
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(TESTS)
-CASE_SECONDS = 2.0          # every case, on the 2-core CI machine
-ADDRESS_SPACE = 3 << 30     # the child's RLIMIT_AS: far above any honest case, far
-                            # below what an unchecked header would ask for
+CASE_SECONDS = 2.0  # every case, on the 2-core CI machine
+ADDRESS_SPACE = 3 << 30  # the child's RLIMIT_AS: far above any honest case, far
+# below what an unchecked header would ask for
 
 
 def tree_digest(root: str, skip: set | None = None) -> dict:
@@ -54,17 +55,26 @@ EMPTY = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 def without_new_locks(before: dict, after: dict) -> dict:
     """``after`` less the empty ``<stem>.lock`` files a live store creates as its flock
     target (FORMAT.md: "may be left behind"): the only file a reader may add."""
-    return {k: v for k, v in after.items()
-            if k in before or not (k.endswith(".lock") and v == ("file", 0, EMPTY))}
+    return {
+        k: v for k, v in after.items() if k in before or not (k.endswith(".lock") and v == ("file", 0, EMPTY))
+    }
 
 
-def run_batch(mode: str, cases: list[dict], timeout: float = 240.0,
-              address_space: int = ADDRESS_SPACE) -> dict:
+def run_batch(
+    mode: str, cases: list[dict], timeout: float = 240.0, address_space: int = ADDRESS_SPACE
+) -> dict:
     """Run ``hostile.child`` on ``cases`` (JSON-able dicts) in one capped child process;
     returns name -> result dict."""
     payload = json.dumps({"mode": mode, "address_space": address_space, "cases": cases})
-    r = subprocess.run([sys.executable, "-m", "hostile.child"], input=payload, text=True,
-                       capture_output=True, timeout=timeout, env=child_env(TESTS), cwd=TESTS)
+    r = subprocess.run(
+        [sys.executable, "-m", "hostile.child"],
+        input=payload,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        env=child_env(TESTS),
+        cwd=TESTS,
+    )
     assert r.returncode == 0, f"batch child failed ({r.returncode}): {r.stderr[-3000:]}"
     results = json.loads(r.stdout)
     missing = {c["name"] for c in cases} - set(results)

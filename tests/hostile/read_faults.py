@@ -9,6 +9,7 @@ five things (``check_after``): a TierstoreError of one line naming the pack (and
 row's layer, expert and offset where the fault has one), nothing wrong published
 (every pool slot and arena row byte-exact against the pack), no pin left, the worker
 idle, and the store serving the same keys once the fault is gone."""
+
 from __future__ import annotations
 
 import errno
@@ -18,20 +19,19 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from store_helpers import assert_store_consistent
 
 from tierstore.errors import TierIOError, TierstoreError
 
-from store_helpers import assert_store_consistent
-
 L, E, SLOT = 4, 16, 5000
 POOL_SLOTS = 8
-ARENA_GB = 8 * 8192 / 2**30          # 8 arena rows
-BATCH = 4                            # keys per faulted operation
+ARENA_GB = 8 * 8192 / 2**30  # 8 arena rows
+BATCH = 4  # keys per faulted operation
 OPS = ("fire", "fire_pipelined", "promote", "load_arena")
 VERIFY = ("always", "first", "off")
 # A persistent EINTR must surface (bounded retries) like any other errno.
 OFFSET_ERRNOS = (errno.EIO, errno.EINTR, errno.ESTALE, errno.ENOMEM)
-WHERE = ("first", "mid", "last")     # the byte of the row the failing attempt covers
+WHERE = ("first", "mid", "last")  # the byte of the row the failing attempt covers
 NTH = (1, 2, 3, 4, 6, 9)
 NTH_ERRNOS = (errno.EIO, errno.EINTR)
 
@@ -42,6 +42,7 @@ class Fault:
     batch at byte ``where`` fail), "nth" (every nth attempt fails), "short" (every
     attempt returns half, plus a small delay) or "rot" (byte ``where`` of row ``row``
     flipped on disk, mtime restored)."""
+
     kind: str
     op: str
     verify: str
@@ -54,8 +55,10 @@ class Fault:
     @property
     def name(self) -> str:
         e = errno.errorcode.get(self.err, "")
-        return f"{self.kind}-{self.op}-{self.verify}-{e}-r{self.row}{self.where}-n{self.nth}" \
-               f"{'-short' if self.short else ''}"
+        return (
+            f"{self.kind}-{self.op}-{self.verify}-{e}-r{self.row}{self.where}-n{self.nth}"
+            f"{'-short' if self.short else ''}"
+        )
 
 
 def read_cases() -> list[Fault]:
@@ -68,7 +71,7 @@ def read_cases() -> list[Fault]:
             out.append(Fault("nth", op, v, err, nth=nth))
         out.append(Fault("short", op, v))
         for row, where in itertools.product(range(BATCH), WHERE):
-            if v == "always":   # only a checked read can see rot; "off" serves what is there
+            if v == "always":  # only a checked read can see rot; "off" serves what is there
                 out.append(Fault("rot", op, v, errno.EBADMSG, row, where))
     return out
 
@@ -119,7 +122,7 @@ def run_op(store, op: str, keys: np.ndarray) -> None:
             try:
                 store.release(fr)
             except TierIOError:
-                pass          # the error a wait_layer raised already, reported once more
+                pass  # the error a wait_layer raised already, reported once more
     elif op == "promote":
         store.promote(keys).wait(10)
     elif op == "load_arena":
@@ -133,8 +136,9 @@ def inject(store, f: Fault, keys: np.ndarray):
     eng = store.engine
     if f.kind == "offset":
         key = tuple(keys[f.row].tolist())
-        eng._inject_faults(fail_offset=store.pack.row_offset(*key) + byte_of(f.where),
-                           errno=f.err, short_reads=f.short)
+        eng._inject_faults(
+            fail_offset=store.pack.row_offset(*key) + byte_of(f.where), errno=f.err, short_reads=f.short
+        )
         return eng._inject_faults, key
     if f.kind == "nth":
         eng._inject_faults(every_nth=f.nth, errno=f.err)
@@ -155,7 +159,7 @@ def expected_to_fail(f: Fault) -> bool | None:
         return True
     if f.kind == "short":
         return False
-    if f.err == errno.EINTR:          # a lone EINTR is retried; only every attempt failing fails
+    if f.err == errno.EINTR:  # a lone EINTR is retried; only every attempt failing fails
         return f.nth == 1
     return True if f.nth == 1 else None
 
@@ -177,7 +181,7 @@ def check_after(store, keys: np.ndarray, op: str) -> None:
     assert store.wait_idle(10), "the worker never went idle"
     assert store.stats().pool.pinned == 0 and store.stats().arena.pinned == 0, "pins leaked"
     assert_store_consistent(store)
-    run_op(store, op, keys)            # the same keys, no fault: served
+    run_op(store, op, keys)  # the same keys, no fault: served
     assert store.wait_idle(10)
     assert store.stats().pool.pinned == 0 and store.stats().arena.pinned == 0
     assert_store_consistent(store)

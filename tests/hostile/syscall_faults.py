@@ -4,20 +4,19 @@ writers (os.pwrite, the FileIO under ``os.fdopen``), lets the first
 ``at_byte`` bytes land and fails the write that would pass them: a disk filling up
 mid-file. Everything else runs for real (real files, real fsync and rename); only the
 one call a full disk, a quota or a dying device would fail is made to fail."""
+
 from __future__ import annotations
 
-import errno as _errno
 import io
 import os
 
-PATCHABLE = ("open", "ftruncate", "fsync", "fdatasync", "replace", "rename", "makedirs",
-             "pwrite", "write")
+PATCHABLE = ("open", "ftruncate", "fsync", "fdatasync", "replace", "rename", "makedirs", "pwrite", "write")
 
 
 class _FullFileIO(io.FileIO):
     """A FileIO whose writes past ``budget`` bytes fail (a short write first)."""
 
-    def __init__(self, *args, fault: "SyscallFault", **kw):
+    def __init__(self, *args, fault: SyscallFault, **kw):
         super().__init__(*args, **kw)
         self._fault = fault
 
@@ -36,8 +35,9 @@ class SyscallFault:
     ``fired`` tells whether the fault happened (a case whose fault never fired is no
     case)."""
 
-    def __init__(self, name: str, err: int, *, nth: int = 1, at_byte: int | None = None,
-                 match: str | None = None):
+    def __init__(
+        self, name: str, err: int, *, nth: int = 1, at_byte: int | None = None, match: str | None = None
+    ):
         assert name in PATCHABLE, name
         self.name, self.err, self.nth, self.at_byte, self.match = name, err, nth, at_byte, match
         self.calls = 0
@@ -71,28 +71,34 @@ class SyscallFault:
         self._saved.append((owner, attr, getattr(owner, attr)))
         setattr(owner, attr, value)
 
-    def __enter__(self) -> "SyscallFault":
+    def __enter__(self) -> SyscallFault:
         real = getattr(os, self.name) if self.name != "write" else None
         if self.name == "write":
             self._patch_file_writes()
         elif self.name == "pwrite":
+
             def pwrite(fd, data, offset):
                 n = self.allow(len(memoryview(data)))
                 if n == 0:
                     raise self._error(None)
                 return real(fd, memoryview(data)[:n], offset)
+
             self._set(os, "pwrite", pwrite)
         elif self.name in ("fsync", "fdatasync", "ftruncate"):
+
             def on_fd(fd, *rest):
                 if self._counts(""):
                     raise self._error(None)
                 return real(fd, *rest)
+
             self._set(os, self.name, on_fd)
-        else:   # open, replace, rename, makedirs: the first argument is the path
+        else:  # open, replace, rename, makedirs: the first argument is the path
+
             def on_path(path, *rest, **kw):
                 if self._counts(path):
                     raise self._error(os.fspath(path))
                 return real(path, *rest, **kw)
+
             self._set(os, self.name, on_path)
         return self
 
@@ -103,6 +109,7 @@ class SyscallFault:
             if "b" in mode and ("w" in mode or "a" in mode or "x" in mode):
                 return io.BufferedWriter(_FullFileIO(fd, "wb", closefd=True, fault=fault))
             return real_fdopen(fd, mode, *args, **kw)
+
         self._set(os, "fdopen", fdopen)
 
     def __exit__(self, *exc) -> None:

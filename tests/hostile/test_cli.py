@@ -4,6 +4,7 @@ changed (a FIFO is never opened by the digest, and must not block the command). 
 run in-process (``tierstore.cli.main``) under a per-case timer; a few run as real
 processes, SIGINT landing mid-command included; a hypothesis test glues argv
 fragments from the corpus together."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,15 +18,16 @@ import sys
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
-
-from tierstore.cli import main
-
 from cli_process import child_env, interrupt_after_line
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
 from hostile.cli import NO_PERMISSION, cli_cases, make_place
 from hostile.common import tree_digest, without_new_locks
+from tierstore.cli import main
 
-BIG = 16 << 20   # the sparse one-TiB files: compared by size and mtime, not read
+BIG = 16 << 20  # the sparse one-TiB files: compared by size and mtime, not read
 
 
 def digest(root: str) -> dict:
@@ -40,8 +42,9 @@ def digest(root: str) -> dict:
     small = tree_digest(root, skip=set(big)) if big else tree_digest(root)
     return {**small, **big}
 
+
 RED_TEAM_CLI = 70
-CASE_SECONDS = 10.0    # a refused command answers at once; a FIFO must not block it
+CASE_SECONDS = 10.0  # a refused command answers at once; a FIFO must not block it
 
 
 class CaseTimeout(BaseException):
@@ -52,6 +55,7 @@ class CaseTimeout(BaseException):
 def deadline(seconds: float):
     def fire(signum, frame):
         raise CaseTimeout()
+
     old = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -96,23 +100,31 @@ def place(tmp_path_factory):
 def test_the_cli_class_is_larger_than_the_red_team_s(place):
     cases = cli_cases(place)
     assert len({n for n, *_ in cases}) == len(cases), "case names must be unique"
-    assert len(cases) == 389 > 2 * RED_TEAM_CLI      # tests/hostile/README.md
+    assert len(cases) == 389 > 2 * RED_TEAM_CLI  # tests/hostile/README.md
     commands = {tuple(a for a in argv[:2] if not a.startswith("-")) for _, argv, _ in cases}
-    for cmd in (("pack", "build"), ("pack", "inspect"), ("pack", "verify"), ("warm", "inspect"),
-                ("warm", "merge"), ("warm", "convert"), ("bench", "hits"), ("bench", "io"),
-                ("bench", "fire")):
+    for cmd in (
+        ("pack", "build"),
+        ("pack", "inspect"),
+        ("pack", "verify"),
+        ("warm", "inspect"),
+        ("warm", "merge"),
+        ("warm", "convert"),
+        ("bench", "hits"),
+        ("bench", "io"),
+        ("bench", "fire"),
+    ):
         assert cmd in commands, f"no case for tierstore {' '.join(cmd)}"
 
 
 def test_every_hostile_command_line_is_refused_in_one_line(place, monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)        # a command that writes to its cwd writes here
+    monkeypatch.chdir(tmp_path)  # a command that writes to its cwd writes here
     bad = []
     cases = cli_cases(place)
     denied = [place[k] for k in NO_PERMISSION]
     assert sum(bool(set(denied) & set(argv)) for _, argv, _ in cases) == 22
     for name, argv, names in cases:
         before = digest(place.root)
-        with denied_to_root(*denied):     # as any user but root meets them
+        with denied_to_root(*denied):  # as any user but root meets them
             res = run_main(argv)
         problem = judge(name, argv, names, *res)
         after = without_new_locks(before, digest(place.root))
@@ -138,6 +150,7 @@ def denied_to_root(*paths: str):
         yield
         return
     import builtins
+
     targets = {os.path.realpath(p) for p in paths}
 
     def is_it(p) -> bool:
@@ -145,31 +158,59 @@ def denied_to_root(*paths: str):
 
     def refuse(p):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(p))
+
     real_open, real_os_open, real_access = builtins.open, os.open, os.access
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(builtins, "open", lambda p, *a, **k: refuse(p) if is_it(p) else real_open(p, *a, **k))
         mp.setattr(io, "open", builtins.open)
         mp.setattr(os, "open", lambda p, *a, **k: refuse(p) if is_it(p) else real_os_open(p, *a, **k))
-        mp.setattr(os, "access", lambda p, mode, **k: False if is_it(p) and mode & os.R_OK
-                   else real_access(p, mode, **k))
+        mp.setattr(
+            os,
+            "access",
+            lambda p, mode, **k: False if is_it(p) and mode & os.R_OK else real_access(p, mode, **k),
+        )
         yield
 
 
-FRAGMENTS = ["nan", "inf", "-1", "0", "1e400", "", "x", "--json", "--help-me", "--tag", "a b",
-             "--device", "cpu", "-o", "--pack", "--", "-", "\x00", "é", "99999999999999999999"]
+FRAGMENTS = [
+    "nan",
+    "inf",
+    "-1",
+    "0",
+    "1e400",
+    "",
+    "x",
+    "--json",
+    "--help-me",
+    "--tag",
+    "a b",
+    "--device",
+    "cpu",
+    "-o",
+    "--pack",
+    "--",
+    "-",
+    "\x00",
+    "é",
+    "99999999999999999999",
+]
 
 
-@hsettings(max_examples=60, deadline=None,
-           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@hsettings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=st.data())
-def test_a_hostile_command_line_with_fragments_glued_in_stays_one_clean_line(place, data,
-                                                                           monkeypatch, tmp_path):
+def test_a_hostile_command_line_with_fragments_glued_in_stays_one_clean_line(
+    place, data, monkeypatch, tmp_path
+):
     monkeypatch.chdir(tmp_path)
     cases = cli_cases(place)
     name, argv, _ = data.draw(st.sampled_from(cases), label="case")
     pool = FRAGMENTS + sorted(place.p.values())
     for _ in range(data.draw(st.integers(1, 3), label="n")):
-        at = data.draw(st.integers(1, len(argv)), label="at")   # never before the command
+        at = data.draw(st.integers(1, len(argv)), label="at")  # never before the command
         argv = argv[:at] + [data.draw(st.sampled_from(pool), label="fragment")] + argv[at:]
     rc, out, err, elapsed = run_main(argv)
     assert rc != "timeout", f"{argv}: blocked"
@@ -181,17 +222,26 @@ def test_a_hostile_command_line_with_fragments_glued_in_stays_one_clean_line(pla
 
 # -- real processes: a FIFO never blocks, SIGINT mid-command leaves nothing half-written --
 def _tierstore(argv, cwd, **kw):
-    return subprocess.Popen([sys.executable, "-m", "tierstore", *argv], cwd=cwd,
-                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tierstore", *argv],
+        cwd=cwd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("argv, kind", [
-    (["warm", "inspect"], "fifo"),
-    (["pack", "inspect"], "pack_fifo"),
-    (["bench", "hits", "--trace"], "fifo"),
-    (["pack", "build", "out", "--from-safetensors"], "st_fifo"),
-])
+@pytest.mark.parametrize(
+    "argv, kind",
+    [
+        (["warm", "inspect"], "fifo"),
+        (["pack", "inspect"], "pack_fifo"),
+        (["bench", "hits", "--trace"], "fifo"),
+        (["pack", "build", "out", "--from-safetensors"], "st_fifo"),
+    ],
+)
 def test_a_fifo_given_to_a_real_process_is_refused_at_once(place, tmp_path, argv, kind):
     p = _tierstore(argv + [place[kind]], tmp_path)
     try:
@@ -213,28 +263,34 @@ def _interrupt_after(argv, cwd, line: str, sig=signal.SIGINT, timeout=120):
 def test_sigint_in_a_fresh_build_removes_it_and_leaves_the_neighbour_intact(tmp_path):
     from tierstore.files.atomic import TEMP_MARK
     from tierstore.format import Pack
+
     geo = "1500,4,65536"
-    first = subprocess.run([sys.executable, "-m", "tierstore", "pack", "build", "out",
-                            "--synthetic", "3,4,65536"], cwd=tmp_path, env=child_env(),
-                           capture_output=True, text=True, timeout=120)
+    first = subprocess.run(
+        [sys.executable, "-m", "tierstore", "pack", "build", "out", "--synthetic", "3,4,65536"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert first.returncode == 0, first.stderr
     # SIGINT lands after layer 1 of 1500 of a fresh pack is on disk
-    rc, out, err, seen = _interrupt_after(["pack", "build", "big", "--synthetic", geo],
-                                          tmp_path, "layer 1/1500")
+    rc, out, err, seen = _interrupt_after(
+        ["pack", "build", "big", "--synthetic", geo], tmp_path, "layer 1/1500"
+    )
     assert seen and rc == 130 and "Traceback" not in err and "nothing partial" in err, err
     assert out == ""
     left = [n for d in ("out", "big") if (tmp_path / d).exists() for n in os.listdir(tmp_path / d)]
     assert not [n for n in left if TEMP_MARK in n], left
     assert not (tmp_path / "big").exists() or not os.listdir(tmp_path / "big")
-    with Pack.open(str(next((tmp_path / "out").glob("*.pack")))) as p:   # untouched
+    with Pack.open(str(next((tmp_path / "out").glob("*.pack")))) as p:  # untouched
         assert p.written.all() and p.verify().rows_checked == 12
 
 
 def test_sigint_in_a_long_bench_hits_writes_no_plot_and_no_temp(tmp_path):
-    p = _tierstore(["bench", "hits", "--synthetic", "--ticks", "200000", "--plot", "hits.png"],
-                   tmp_path)
+    p = _tierstore(["bench", "hits", "--synthetic", "--ticks", "200000", "--plot", "hits.png"], tmp_path)
     try:
-        time.sleep(4.0)                       # imports done, the replay running
+        time.sleep(4.0)  # imports done, the replay running
         assert p.poll() is None, "the long replay ended before the signal"
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)

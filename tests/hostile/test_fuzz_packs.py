@@ -2,6 +2,7 @@
 paths or at random bytes must be refused with one line naming the file, or open and
 serve exactly the bytes written; the JSON shape scan agrees with a byte-by-byte
 reference on any input, split into chunks anywhere."""
+
 from __future__ import annotations
 
 import json
@@ -11,23 +12,29 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 import tierstore as ts
+from hostile.common import CASE_SECONDS
+from hostile.packs import ROWS, SLOT, STRIDE, STYLES, E, pack_name, sidecar, write_pack
 from tierstore.files import untrusted
 from tierstore.format import Pack
 
-from hostile.common import CASE_SECONDS
-from hostile.packs import E, ROWS, SLOT, STRIDE, STYLES, pack_name, sidecar, write_pack
-
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                       HealthCheck.too_slow])
+SETTINGS = dict(
+    deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
     | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 
 def _paths(obj, prefix=()):
@@ -64,8 +71,11 @@ def _judge(d: str, target: str) -> None:
         # pack of that geometry: nothing in it contradicts the file. The reader must then
         # serve exactly the file's bytes at the declared geometry; every pack that can tell
         # (checksums, key20, or the geometry written) must serve the rows written.
-        undetectable = not p.has_checksums and "v2" not in os.path.basename(target) \
+        undetectable = (
+            not p.has_checksums
+            and "v2" not in os.path.basename(target)
             and (p.slot_bytes, p.n_experts, p.stride) != (SLOT, E, STRIDE)
+        )
         with open(target, "rb") as f:
             body = f.read()
         for layer in p.layers:
@@ -73,7 +83,7 @@ def _judge(d: str, target: str) -> None:
                 got = p.read_row(layer, e)
                 if undetectable:
                     at = p.row_offset(layer, e)
-                    want = np.frombuffer(body[at:at + p.slot_bytes], np.uint8)
+                    want = np.frombuffer(body[at : at + p.slot_bytes], np.uint8)
                 else:
                     want = ROWS[layer, e]
                 assert np.array_equal(got, want), (layer, e, undetectable)
@@ -110,7 +120,7 @@ def test_a_sidecar_damaged_at_any_byte_is_refused_or_served_exactly(tmp_path_fac
         elif how == "insert":
             raw[at:at] = data.draw(st.binary(min_size=1, max_size=8), label="bytes")
         else:
-            del raw[at:at + data.draw(st.integers(1, 16), label="span")]
+            del raw[at : at + data.draw(st.integers(1, 16), label="span")]
     d = str(tmp_path_factory.mktemp("fz"))
     target = write_pack(d, style, raw_side=bytes(raw))
     _judge(d, target)
@@ -138,8 +148,10 @@ def _reference_shape(raw: bytes) -> tuple[int, int]:
 
 
 @hsettings(max_examples=400, deadline=None)
-@given(raw=st.binary(max_size=80) | st.lists(st.sampled_from(list(b'[]{}"\\ a')), max_size=80).map(bytes),
-       chunk=st.integers(1, 9))
+@given(
+    raw=st.binary(max_size=80) | st.lists(st.sampled_from(list(b'[]{}"\\ a')), max_size=80).map(bytes),
+    chunk=st.integers(1, 9),
+)
 def test_the_json_shape_scan_matches_a_byte_by_byte_reference(raw, chunk):
     old = untrusted._SCAN_CHUNK
     untrusted._SCAN_CHUNK = chunk
@@ -152,16 +164,17 @@ def test_the_json_shape_scan_matches_a_byte_by_byte_reference(raw, chunk):
 @pytest.mark.parametrize("unit", [b'\\"', b"\\\\", b"[", b'"', b"a"])
 def test_the_shape_scan_of_a_file_at_the_cap_is_fast_and_small(unit):
     import tracemalloc
+
     raw = b'"' + unit * ((64 << 20) // len(unit) - 1)
     tracemalloc.start()
     t0 = time.perf_counter()
-    untrusted.json_shape(raw)                  # no early stop: the whole 64 MiB
+    untrusted.json_shape(raw)  # no early stop: the whole 64 MiB
     elapsed = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 32 << 20, f"{peak >> 20} MiB of scratch for a 64 MiB file"
-    assert elapsed < 20.0                      # ~2 s on a loaded 2-core machine
-    if unit != b'"':                           # "" "" ... breaks no limit: no early stop
+    assert elapsed < 20.0  # ~2 s on a loaded 2-core machine
+    if unit != b'"':  # "" "" ... breaks no limit: no early stop
         t0 = time.perf_counter()
         untrusted.json_shape(raw, 16, 1 << 16)
         assert time.perf_counter() - t0 < 0.5  # a hostile one stops at its first chunk

@@ -1,6 +1,7 @@
 """Hostile packs: every generated case is refused with one line naming the file, or opens
 and serves exactly the bytes that were written, in bounded time and memory, with
 nothing on disk changed. The reading runs in one capped child (hostile/child.py)."""
+
 from __future__ import annotations
 
 import os
@@ -12,12 +13,10 @@ import pytest
 import xxhash
 
 import tierstore as ts
-from tierstore.format import Pack
-
-from hostile.common import (assert_fast, assert_one_line_error, run_batch, tree_digest,
-                            without_new_locks)
-from hostile.packs import E, L, ROWS, SLOT, data, sidecar, write_pack
+from hostile.common import assert_fast, assert_one_line_error, run_batch, tree_digest, without_new_locks
+from hostile.packs import ROWS, SLOT, E, data, sidecar, write_pack
 from hostile.packs_more import all_cases
+from tierstore.format import Pack
 
 RED_TEAM_PACKS = 430
 
@@ -35,8 +34,10 @@ def corpus(tmp_path_factory):
         jobs.append(c.to_json(d, target))
         digests[c.name] = tree_digest(d)
     results = run_batch("packs", jobs)
-    return {j["name"]: (c, j, results[j["name"]], digests[j["name"]], tree_digest(j["dir"]))
-            for c, j in zip(cases, jobs)}
+    return {
+        j["name"]: (c, j, results[j["name"]], digests[j["name"]], tree_digest(j["dir"]))
+        for c, j in zip(cases, jobs)
+    }
 
 
 def test_the_corpus_is_larger_than_the_red_team_s(corpus):
@@ -72,8 +73,9 @@ def _check(name, case, job, res, before, after):
         if (layer, expert) in case.bad_rows:
             continue
         if case.expect != "verify_fail" or not case.bad_rows:
-            assert got == _intended(layer, expert) or case.expect == "verify_fail", \
+            assert got == _intended(layer, expert) or case.expect == "verify_fail", (
                 f"{name}: row {key} reads other bytes than were written"
+            )
     for key, msg in res["unwritten"].items():
         assert msg != "served" and "is not written" in msg, f"{name}: unwritten row {key}: {msg}"
     v = res["verify"]
@@ -101,8 +103,9 @@ def _serve_all(pack, bad_rows=(), verify="always"):
     """Fire every written key through a CPU store; every published slot must hold the
     intended row, and a row the checksums refuse must not be published."""
     keys = [(l, e) for l in pack.layers for e in range(pack.n_experts)]
-    with ts.ExpertStore(pack, vram_slots=len(keys) or 1, ram_gb=0, device="cpu",
-                        verify=verify, lazy_per_step=0) as store:
+    with ts.ExpertStore(
+        pack, vram_slots=len(keys) or 1, ram_gb=0, device="cpu", verify=verify, lazy_per_step=0
+    ) as store:
         for key in keys:
             try:
                 store.release(store.fire([key]))
@@ -114,8 +117,9 @@ def _serve_all(pack, bad_rows=(), verify="always"):
             assert key not in bad_rows, f"{pack.path}: corrupted row {key} was published"
             slot = int(store.slot_table[key])
             assert slot >= 0
-            assert np.array_equal(store.pool[slot].numpy()[:SLOT], ROWS[key]), \
+            assert np.array_equal(store.pool[slot].numpy()[:SLOT], ROWS[key]), (
                 f"{pack.path}: slot of {key} holds other bytes"
+            )
 
 
 def test_every_pack_that_opens_serves_only_the_intended_bytes(corpus):
@@ -129,8 +133,7 @@ def test_every_pack_that_opens_serves_only_the_intended_bytes(corpus):
             warnings.simplefilter("ignore")
             with Pack.open(job["target"], **job["open_kwargs"]) as pack:
                 _serve_all(pack, case.bad_rows)
-        assert without_new_locks(after, tree_digest(job["dir"])) == after, \
-            f"{name}: the store changed files"
+        assert without_new_locks(after, tree_digest(job["dir"])) == after, f"{name}: the store changed files"
         served += 1
     assert served > 60
 
@@ -186,13 +189,21 @@ def _swap_sidecar(p):
     side = sidecar("ts-old")
     side["checksums"]["0"][0] ^= 1
     import json
+
     with open(p.sidecar_path, "w") as f:
         json.dump(side, f)
 
 
-REPLACED = {"replaced": _replace, "truncated": _truncate, "extended": _extend,
-            "rewritten": _rewrite, "rewritten-same-mtime": _rewrite_same_mtime,
-            "unlinked": _unlink, "fifo": _to_fifo, "sidecar-rewritten": _swap_sidecar}
+REPLACED = {
+    "replaced": _replace,
+    "truncated": _truncate,
+    "extended": _extend,
+    "rewritten": _rewrite,
+    "rewritten-same-mtime": _rewrite_same_mtime,
+    "unlinked": _unlink,
+    "fifo": _to_fifo,
+    "sidecar-rewritten": _swap_sidecar,
+}
 
 
 @pytest.mark.parametrize("when", ["before-store", "under-store"])
@@ -221,7 +232,8 @@ def test_a_pack_changed_after_open_is_refused_or_served_right(tmp_path, how, whe
                     assert int(store.slot_table[key]) == -1
                     continue
                 slot = int(store.slot_table[key])
-                assert np.array_equal(store.pool[slot].numpy()[:SLOT], ROWS[key]), \
+                assert np.array_equal(store.pool[slot].numpy()[:SLOT], ROWS[key]), (
                     f"{how} {when}: a wrong row of {key} was served"
+                )
     finally:
         pack.close()

@@ -1,6 +1,7 @@
 """Policy knobs given to ExpertStore: a knob the chosen policy cannot use, or a value
 that is not a positive finite number, is a ConfigError naming it, never silently
 dropped or turned into the default (as ``policy="lru", half_life=5`` once was)."""
+
 from __future__ import annotations
 
 import math
@@ -8,7 +9,8 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import tierstore as ts
 from tierstore.testing.packs import make_random_pack
@@ -21,44 +23,52 @@ def pack(tmp_path_factory):
     p.close()
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    (dict(policy="lru", half_life=5), r"half_life=5 given, but the pool policy 'lru' has no half-life"),
-    (dict(policy="auto", half_life_s=2.0), r"half_life_s=2.0 given, but the pool policy 'auto'"),
-    (dict(policy="LRU", half_life=1), r"pool policy 'lru' has no half-life"),
-    (dict(policy={"pool": "lru"}, half_life=4), r"pool policy 'lru' has no half-life"),
-    (dict(policy={"name": "lru", "half_life": 3}), r"unknown parameter\(s\) half_life"),
-    (dict(policy={"name": "heat", "bogus": 1}), r"unknown parameter\(s\) bogus"),
-    (dict(policy="heat", half_life=0), r"half_life must be a finite number > 0, found 0"),
-    (dict(policy="heat", half_life=-2), r"half_life must be a finite number > 0"),
-    (dict(policy="heat", half_life=math.nan), r"half_life must be a finite number > 0"),
-    (dict(policy="heat", half_life=math.inf), r"half_life must be a finite number > 0"),
-    (dict(policy="heat", half_life="x"), r"half_life must be a finite number > 0, found 'x'"),
-    (dict(policy="heat", half_life=True), r"found True"),
-    (dict(policy="hybrid", half_life_s=0.0), r"half_life_s must be a finite number > 0"),
-    (dict(policy="heat", half_life=5, half_life_s=3), r"not both"),
-    (dict(policy={"name": "heat", "half_life": -3}), r"half-life must be a positive number"),
-    (dict(policy={"name": "heat", "half_life": 4}, half_life=4), r"half_life given both"),
-    (dict(policy={"pool": "heat", "arena": {"name": "heat", "half_life_s": math.nan}}),
-     r"half-life must be a positive number"),
-    (dict(policy=5), r"pool policy must be a name"),
-    (dict(policy={"name": 5}), r"pool policy must be a name"),
-    (dict(policy="mru"), r"pool policy 'mru' unknown"),
-    (dict(policy="phase", half_life=0), r"half_life must be a finite number > 0, found 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(policy="lru", half_life=5), r"half_life=5 given, but the pool policy 'lru' has no half-life"),
+        (dict(policy="auto", half_life_s=2.0), r"half_life_s=2.0 given, but the pool policy 'auto'"),
+        (dict(policy="LRU", half_life=1), r"pool policy 'lru' has no half-life"),
+        (dict(policy={"pool": "lru"}, half_life=4), r"pool policy 'lru' has no half-life"),
+        (dict(policy={"name": "lru", "half_life": 3}), r"unknown parameter\(s\) half_life"),
+        (dict(policy={"name": "heat", "bogus": 1}), r"unknown parameter\(s\) bogus"),
+        (dict(policy="heat", half_life=0), r"half_life must be a finite number > 0, found 0"),
+        (dict(policy="heat", half_life=-2), r"half_life must be a finite number > 0"),
+        (dict(policy="heat", half_life=math.nan), r"half_life must be a finite number > 0"),
+        (dict(policy="heat", half_life=math.inf), r"half_life must be a finite number > 0"),
+        (dict(policy="heat", half_life="x"), r"half_life must be a finite number > 0, found 'x'"),
+        (dict(policy="heat", half_life=True), r"found True"),
+        (dict(policy="hybrid", half_life_s=0.0), r"half_life_s must be a finite number > 0"),
+        (dict(policy="heat", half_life=5, half_life_s=3), r"not both"),
+        (dict(policy={"name": "heat", "half_life": -3}), r"half-life must be a positive number"),
+        (dict(policy={"name": "heat", "half_life": 4}, half_life=4), r"half_life given both"),
+        (
+            dict(policy={"pool": "heat", "arena": {"name": "heat", "half_life_s": math.nan}}),
+            r"half-life must be a positive number",
+        ),
+        (dict(policy=5), r"pool policy must be a name"),
+        (dict(policy={"name": 5}), r"pool policy must be a name"),
+        (dict(policy="mru"), r"pool policy 'mru' unknown"),
+        (dict(policy="phase", half_life=0), r"half_life must be a finite number > 0, found 0"),
+    ],
+)
 def test_a_policy_knob_that_cannot_apply_is_a_config_error(pack, kwargs, pattern):
     with pytest.raises(ts.ConfigError, match=pattern) as ei:
         ts.ExpertStore(pack, vram_slots=4, device="cpu", **kwargs).close()
     assert "\n" not in str(ei.value)
 
 
-@pytest.mark.parametrize("kwargs, name, half_life", [
-    (dict(policy="heat", half_life=7), "heat", 7.0),
-    (dict(policy="heat", half_life=np.int64(9)), "heat", 9.0),
-    (dict(policy="hybrid", half_life_s=2.5), "hybrid", 2.5),
-    (dict(policy="HEAT", half_life=3), "heat", 3.0),
-    (dict(policy="phase", half_life=11), "phase", 11.0),
-    (dict(policy="phase", half_life_s=1.5), "phase", 1.5),
-])
+@pytest.mark.parametrize(
+    "kwargs, name, half_life",
+    [
+        (dict(policy="heat", half_life=7), "heat", 7.0),
+        (dict(policy="heat", half_life=np.int64(9)), "heat", 9.0),
+        (dict(policy="hybrid", half_life_s=2.5), "hybrid", 2.5),
+        (dict(policy="HEAT", half_life=3), "heat", 3.0),
+        (dict(policy="phase", half_life=11), "phase", 11.0),
+        (dict(policy="phase", half_life_s=1.5), "phase", 1.5),
+    ],
+)
 def test_a_half_life_the_policy_uses_is_honoured(pack, kwargs, name, half_life):
     with ts.ExpertStore(pack, vram_slots=4, device="cpu", **kwargs) as store:
         assert store.pool_policy.name == name and store.pool_policy.half_life == half_life
@@ -68,12 +78,12 @@ def test_a_half_life_the_policy_uses_is_honoured(pack, kwargs, name, half_life):
 # Each argument or option, and values it must refuse with a ConfigError naming it, before
 # anything is allocated (no engine opened) or written (the pack's directory unchanged).
 NAN, INF = math.nan, math.inf
-NUMBERS = {   # name -> (how to pass it, bad values beyond the common ones)
+NUMBERS = {  # name -> (how to pass it, bad values beyond the common ones)
     "vram_slots": ("arg", [0, -1, 1.5, 2**31, "8", "deferred "]),
     "vram_gb": ("arg", [0, -1.0, 2.0**31, "2"]),
     "ram_gb": ("arg", [-0.5, 2.0**31, "1"]),
     "max_promote": ("arg", [-1, 2.5, 2**31]),
-    "top_k": ("arg", [0, 5, 1.5]),           # the pack has 4 experts: top_k 5 cannot be
+    "top_k": ("arg", [0, 5, 1.5]),  # the pack has 4 experts: top_k 5 cannot be
     "n_spec": ("arg", [-1, 0.5]),
     "max_seqs": ("arg", [-2, 1.25]),
     "threads": ("opt", [0, 513, 2.5]),
@@ -88,8 +98,12 @@ NUMBERS = {   # name -> (how to pass it, bad values beyond the common ones)
     "half_life": ("opt", [0, -1]),
 }
 COMMON_BAD = [NAN, INF, -INF, True, [1], object(), 10**400]
-RED_TEAM = [(name, bad) for name, (_how, extra) in NUMBERS.items()
-            for bad in COMMON_BAD + extra if not (name == "vram_slots" and bad is None)]
+RED_TEAM = [
+    (name, bad)
+    for name, (_how, extra) in NUMBERS.items()
+    for bad in COMMON_BAD + extra
+    if not (name == "vram_slots" and bad is None)
+]
 
 
 def _store_kwargs(name, value) -> dict:
@@ -103,15 +117,16 @@ def _store_kwargs(name, value) -> dict:
 
 def _refused_before_anything(pack, kw, name):
     from tierstore import process
-    engines = {id(e) for e in list(process._engines)}   # the engines of other tests may go
+
+    engines = {id(e) for e in list(process._engines)}  # the engines of other tests may go
     before = sorted(os.listdir(os.path.dirname(pack.path)))
     with pytest.raises(ts.ConfigError) as ei:
         ts.ExpertStore(pack, **kw).close()
     msg = str(ei.value)
     assert f"{name} must be" in msg or f"{name}=" in msg, msg
     assert "\n" not in msg and len(msg) < 600, msg
-    assert not [e for e in list(process._engines) if id(e) not in engines]   # none opened
-    assert sorted(os.listdir(os.path.dirname(pack.path))) == before   # nothing written
+    assert not [e for e in list(process._engines) if id(e) not in engines]  # none opened
+    assert sorted(os.listdir(os.path.dirname(pack.path))) == before  # nothing written
     return msg
 
 
@@ -120,9 +135,9 @@ def test_a_bad_number_is_a_config_error_naming_it_before_anything_is_allocated(p
     _refused_before_anything(pack, _store_kwargs(name, bad), name)
 
 
-C = 2**31 - 1   # settings.COUNT_MAX
-G = 2**30       # settings.GIB_MAX
-RANGES = {   # name -> (integral, lo, hi, lo_open, None allowed, where the store keeps it)
+C = 2**31 - 1  # settings.COUNT_MAX
+G = 2**30  # settings.GIB_MAX
+RANGES = {  # name -> (integral, lo, hi, lo_open, None allowed, where the store keeps it)
     "vram_slots": (True, 1, C, False, True, lambda s: s.n_slots),
     "vram_gb": (False, 0, G, True, True, None),
     "ram_gb": (False, 0, G, False, True, None),
@@ -153,15 +168,24 @@ def _in_range(name, value) -> bool:
         f = float(value)
     except OverflowError:
         return False
-    return (math.isfinite(f) and (not integral or f.is_integer()) and lo <= f <= hi
-            and not (lo_open and f == lo))
+    return (
+        math.isfinite(f) and (not integral or f.is_integer()) and lo <= f <= hi and not (lo_open and f == lo)
+    )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from(sorted(RANGES)),
-       value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(),
-                       st.integers(min_value=-3, max_value=600), st.just(2**31),
-                       st.text(max_size=5), st.booleans(), st.none()))
+@given(
+    name=st.sampled_from(sorted(RANGES)),
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(),
+        st.integers(min_value=-3, max_value=600),
+        st.just(2**31),
+        st.text(max_size=5),
+        st.booleans(),
+        st.none(),
+    ),
+)
 def test_property_every_number_is_taken_as_given_or_refused_naming_it(pack, name, value):
     """Any value of any numeric argument: in range (finite, the right type, integral for a
     count, within its bounds) -> the store opens and uses exactly that value (or, too big
@@ -188,15 +212,18 @@ def test_property_every_number_is_taken_as_given_or_refused_naming_it(pack, name
             assert got == (min(value, 8) if name == "vram_slots" else value), (got, value)
 
 
-@pytest.mark.parametrize("kw, check", [
-    (dict(vram_slots=np.int64(3)), lambda s: s.n_slots == 3),
-    (dict(vram_slots=3.0), lambda s: s.n_slots == 3),          # integral: the same count
-    (dict(vram_slots=3, ram_gb=np.float32(0)), lambda s: s.n_arena_rows == 0),
-    (dict(vram_slots=3, lazy_per_step=np.uint8(2)), lambda s: s.config.lazy_per_step == 2),
-    (dict(vram_slots=3, scan_keep=np.float64(0.25)), lambda s: s.config.scan_keep == 0.25),
-    (dict(vram_slots=3, top_k=4), lambda s: s.config.floor is not None),
-    (dict(vram_slots="deferred"), lambda s: not s.sized),
-])
+@pytest.mark.parametrize(
+    "kw, check",
+    [
+        (dict(vram_slots=np.int64(3)), lambda s: s.n_slots == 3),
+        (dict(vram_slots=3.0), lambda s: s.n_slots == 3),  # integral: the same count
+        (dict(vram_slots=3, ram_gb=np.float32(0)), lambda s: s.n_arena_rows == 0),
+        (dict(vram_slots=3, lazy_per_step=np.uint8(2)), lambda s: s.config.lazy_per_step == 2),
+        (dict(vram_slots=3, scan_keep=np.float64(0.25)), lambda s: s.config.scan_keep == 0.25),
+        (dict(vram_slots=3, top_k=4), lambda s: s.config.floor is not None),
+        (dict(vram_slots="deferred"), lambda s: not s.sized),
+    ],
+)
 def test_numbers_in_range_of_any_numeric_type_are_taken_as_given(pack, kw, check):
     with ts.ExpertStore(pack, device="cpu", force=True, **kw) as store:
         assert check(store)
@@ -208,7 +235,7 @@ def store(pack):
         yield s
 
 
-METHOD_CASES = [   # (call, the argument the error must name)
+METHOD_CASES = [  # (call, the argument the error must name)
     (lambda s: s.fire([(0, 1)], max_promote=NAN), "max_promote"),
     (lambda s: s.fire([(0, 1)], max_promote=-1), "max_promote"),
     (lambda s: s.fire([(0, 1)], max_promote=1.5), "max_promote"),
@@ -237,8 +264,9 @@ METHOD_CASES = [   # (call, the argument the error must name)
 ]
 
 
-@pytest.mark.parametrize("call, name", METHOD_CASES, ids=[f"{i}-{n}" for i, (_, n) in
-                                                          enumerate(METHOD_CASES)])
+@pytest.mark.parametrize(
+    "call, name", METHOD_CASES, ids=[f"{i}-{n}" for i, (_, n) in enumerate(METHOD_CASES)]
+)
 def test_a_bad_method_argument_is_a_config_error_naming_it(store, call, name):
     with pytest.raises(ts.ConfigError, match=name) as ei:
         call(store)
@@ -247,21 +275,24 @@ def test_a_bad_method_argument_is_a_config_error_naming_it(store, call, name):
     store.check_invariants()
 
 
-@pytest.mark.parametrize("n_slots, free_bytes", [(NAN, None), (-1, None), (1.5, None),
-                                                 ("4", None), (2, NAN), (2, -1), (2, 1.5)])
+@pytest.mark.parametrize(
+    "n_slots, free_bytes", [(NAN, None), (-1, None), (1.5, None), ("4", None), (2, NAN), (2, -1), (2, 1.5)]
+)
 def test_finalize_refuses_bad_numbers_before_allocating(pack, n_slots, free_bytes):
     with ts.ExpertStore(pack, vram_slots="deferred", device="cpu") as s:
         with pytest.raises(ts.ConfigError, match="n_slots|free_bytes"):
             s.finalize(n_slots, free_bytes=free_bytes)
         assert not s.sized
-        assert s.finalize(2) == 2                      # the store is still usable
+        assert s.finalize(2) == 2  # the store is still usable
 
 
 def test_release_of_another_stores_result_keeps_both_stores_pins(pack):
     """The one call that takes a result from the caller (release): a result of another
     store, of the same pack, is refused and neither store's pins move."""
-    with ts.ExpertStore(pack, vram_slots=4, device="cpu") as a, \
-            ts.ExpertStore(pack, vram_slots=4, device="cpu") as b:
+    with (
+        ts.ExpertStore(pack, vram_slots=4, device="cpu") as a,
+        ts.ExpertStore(pack, vram_slots=4, device="cpu") as b,
+    ):
         fa, fb = a.fire([(0, 1)]), b.fire([(0, 1)])
         for store, other in ((a, fb), (b, fa)):
             with pytest.raises(ts.ConfigError, match="belongs to another store"):

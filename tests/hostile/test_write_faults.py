@@ -4,6 +4,7 @@ A fault is a TierstoreError of one line naming the file (and, for a byte write, 
 offset reached); nothing is half-written: no temp file is left, the old file is
 intact, a pack lists only layers that verify, and the same write without the fault
 then succeeds. A live store whose snapshot failed keeps serving."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,22 +14,26 @@ import shutil
 
 import numpy as np
 import pytest
+from store_helpers import assert_store_consistent
 
 import tierstore as ts
+from hostile.common import tree_digest
+from hostile.syscall_faults import SyscallFault
+from hostile.write_faults import ATOMIC, PAYLOAD, PE, PL, PSLOT, write_cases
 from tierstore.errors import TierIOError, TierstoreError
-from tierstore.files.atomic import TEMP_MARK, create_sized_atomic, write_atomic, \
-    write_atomic_async, write_atomic_with
+from tierstore.files.atomic import (
+    TEMP_MARK,
+    create_sized_atomic,
+    write_atomic,
+    write_atomic_async,
+    write_atomic_with,
+)
 from tierstore.format import Pack, PackWriter
 from tierstore.testing.packs import make_random_pack
 from tierstore.warm import PeriodicSnapshot, snapshot, write_warm_file
 
-from hostile.common import tree_digest
-from hostile.syscall_faults import SyscallFault
-from hostile.write_faults import ATOMIC, PAYLOAD, PE, PL, PSLOT, write_cases
-from store_helpers import assert_store_consistent
-
 RED_TEAM_IO_FAULTS = 800
-STRIDE = 4096                      # round_up(PSLOT)
+STRIDE = 4096  # round_up(PSLOT)
 
 
 def rows(layer: int, version: int) -> np.ndarray:
@@ -58,8 +63,9 @@ def templates(tmp_path_factory):
     out = {}
     for name, layers in (("pack_resume", range(PL - 1)), ("pack_rewrite", range(PL))):
         d = root / name
-        with PackWriter(str(d / "newpack"), tag="wf", n_layers=PL, n_experts=PE,
-                        slot_bytes=PSLOT, ckpt_id="wf") as w:
+        with PackWriter(
+            str(d / "newpack"), tag="wf", n_layers=PL, n_experts=PE, slot_bytes=PSLOT, ckpt_id="wf"
+        ) as w:
             for layer in layers:
                 w.write_layer(layer, rows(layer, 0))
         out[name] = d
@@ -81,7 +87,7 @@ def _run_atomic(writer: str, target: str, store):
     elif writer == "snapshot_now":
         snap = PeriodicSnapshot(store, target, every_s=None, every_steps=1)
         ok = snap.snapshot_now()
-        if not ok:   # a snapshot writer logs and carries on: its failure count is the error
+        if not ok:  # a snapshot writer logs and carries on: its failure count is the error
             assert snap.failures == 1 and snap.writes == 0
             return "refused"
     elif writer == "create_sized_atomic":
@@ -106,8 +112,7 @@ def atomic_case(case, d: str, store) -> None:
             f.write(b"the old file\n" * 100)
     before = tree_digest(d)
     raised = outcome = None
-    with SyscallFault(case.call, case.err, nth=case.nth, at_byte=case.at_byte,
-                      match=case.match) as fault:
+    with SyscallFault(case.call, case.err, nth=case.nth, at_byte=case.at_byte, match=case.match) as fault:
         try:
             outcome = _run_atomic(case.writer, target, store)
         except Exception as exc:  # noqa: BLE001 - judged below
@@ -116,10 +121,10 @@ def atomic_case(case, d: str, store) -> None:
     assert raised is not None or outcome == "refused", "the write succeeded through the fault"
     if raised is not None:
         _check_error(raised, case, [target])
-        if case.call == "write":   # write_atomic_async said 0 here whatever had landed
+        if case.call == "write":  # write_atomic_async said 0 here whatever had landed
             assert raised.offset == case.at_byte, f"offset {raised.offset}, {case.at_byte} landed"
     assert tree_digest(d) == before, "the old file changed or a temp file was left"
-    assert _run_atomic(case.writer, target, store) == "written"   # no fault: it writes
+    assert _run_atomic(case.writer, target, store) == "written"  # no fault: it writes
     if case.writer in ATOMIC[3:]:
         assert_store_consistent(store)
         store.release(store.fire([(0, 3), (1, 4)]))
@@ -131,8 +136,9 @@ def _pack_of(d: str) -> str | None:
 
 
 def _write_pack(writer: str, d: str, box: list) -> None:
-    with PackWriter(os.path.join(d, "newpack"), tag="wf", n_layers=PL, n_experts=PE,
-                    slot_bytes=PSLOT, ckpt_id="wf") as w:
+    with PackWriter(
+        os.path.join(d, "newpack"), tag="wf", n_layers=PL, n_experts=PE, slot_bytes=PSLOT, ckpt_id="wf"
+    ) as w:
         box.append(w)
         if writer == "pack_create":
             for layer in range(PL):
@@ -155,7 +161,8 @@ def _check_listed_layers_verify(writer: str, path: str, allow_old_layer1: bool) 
         for layer in listed:
             got = np.stack([p.read_row(layer, e) for e in range(PE)])
             ok = np.array_equal(got, _expected(writer, layer)) or (
-                allow_old_layer1 and layer == 1 and np.array_equal(got, rows(1, 0)))
+                allow_old_layer1 and layer == 1 and np.array_equal(got, rows(1, 0))
+            )
             assert ok, f"listed layer {layer} holds other bytes than were written"
     return listed
 
@@ -165,8 +172,7 @@ def pack_case(case, d: str, templates) -> None:
         shutil.copytree(templates[case.writer], d, dirs_exist_ok=True)
     box: list = []
     raised = None
-    with SyscallFault(case.call, case.err, nth=case.nth, at_byte=case.at_byte,
-                      match=case.match) as fault:
+    with SyscallFault(case.call, case.err, nth=case.nth, at_byte=case.at_byte, match=case.match) as fault:
         try:
             _write_pack(case.writer, d, box)
         except Exception as exc:  # noqa: BLE001 - judged below
@@ -186,10 +192,11 @@ def pack_case(case, d: str, templates) -> None:
     path = _pack_of(d)
     if path is not None and os.path.exists(path[:-5] + ".json"):
         listed = _check_listed_layers_verify(case.writer, path, allow_old_layer1=True)
-        if box:   # the writer's view of what is published is what is on disk
-            assert list(box[0].written_layers) == listed, \
+        if box:  # the writer's view of what is published is what is on disk
+            assert list(box[0].written_layers) == listed, (
                 f"the writer lists {list(box[0].written_layers)}, the sidecar {listed}"
-    _write_pack(case.writer, d, [])                 # the same write, no fault: completes
+            )
+    _write_pack(case.writer, d, [])  # the same write, no fault: completes
     listed = _check_listed_layers_verify(case.writer, _pack_of(d), allow_old_layer1=False)
     assert listed == list(range(PL))
 

@@ -1,5 +1,6 @@
 """tierstore.engine on the CPU: byte-exact reads (buffered and O_DIRECT), arena rows,
 host copies, the O_DIRECT probe, stats, alloc_host, argument checks."""
+
 from __future__ import annotations
 
 import errno
@@ -8,12 +9,12 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
-from tierstore.io.engine import Engine
-from tierstore.errors import ClosedError, ConfigError, TierIOError
-
 from engine_helpers import PAGE, pack_into, random_rows, write_random_file
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tierstore.errors import ClosedError, ConfigError, TierIOError
+from tierstore.io.engine import Engine
 
 FILE_BYTES = 24 << 20
 
@@ -50,12 +51,15 @@ def test_random_rows_into_host_dst_are_byte_exact(engine, data_file):
     assert engine.submit(offsets, lengths, None, buf.data_ptr() + pos).wait()
     out = buf.numpy()
     for o, n, p in zip(offsets, lengths, pos):
-        assert np.array_equal(out[p:p + n], data[o:o + n]), f"row at {o:#x} len {n}"
+        assert np.array_equal(out[p : p + n], data[o : o + n]), f"row at {o:#x} len {n}"
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 12),
-       mode=st.sampled_from(["dst", "src", "src+dst", "arena"]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 12),
+    mode=st.sampled_from(["dst", "src", "src+dst", "arena"]),
+)
 def test_property_every_row_kind_lands_byte_exact(engine, data_file, seed, n, mode):
     """Reads into dst, into src only, into src then copied to dst, and arena rows (-1)."""
     _, data = data_file
@@ -68,7 +72,7 @@ def test_property_every_row_kind_lands_byte_exact(engine, data_file, seed, n, mo
     dst_ptrs = dst.data_ptr() + pos
     if mode == "arena":
         for o, ln, p in zip(offsets, lengths, pos):
-            src.numpy()[p:p + ln] = data[o:o + ln]
+            src.numpy()[p : p + ln] = data[o : o + ln]
         c = engine.submit(np.full(n, -1), lengths, src_ptrs, dst_ptrs)
     elif mode == "dst":
         c = engine.submit(offsets, lengths, None, dst_ptrs)
@@ -79,7 +83,7 @@ def test_property_every_row_kind_lands_byte_exact(engine, data_file, seed, n, mo
     assert c.wait() and c.done() and c.failed_rows.size == 0
     check = src.numpy() if mode == "src" else dst.numpy()
     for o, ln, p in zip(offsets, lengths, pos):
-        assert np.array_equal(check[p:p + ln], data[o:o + ln])
+        assert np.array_equal(check[p : p + ln], data[o : o + ln])
 
 
 def test_row_larger_than_stage_is_split_and_counted(data_file):
@@ -94,7 +98,7 @@ def test_stats_classify_arena_pagecache_and_odirect_rows(data_file):
     path, data = data_file
     with Engine(path, threads=2, direct="off") as eng:
         buf = eng.alloc_host(2 << 20)
-        eng.submit([0], [1 << 20], None, [buf.data_ptr()]).wait()   # now in the page cache
+        eng.submit([0], [1 << 20], None, [buf.data_ptr()]).wait()  # now in the page cache
         eng.submit([0], [1 << 20], None, [buf.data_ptr()]).wait()
         eng.submit([-1], [1 << 20], [buf.data_ptr()], [buf.data_ptr() + (1 << 20)]).wait()
         s = eng.stats()
@@ -117,7 +121,7 @@ def test_stats_classify_arena_pagecache_and_odirect_rows(data_file):
         eng.submit([8 << 20], [1 << 20], None, [buf.data_ptr()]).wait()
         s = eng.stats()
         assert s["pagecache"]["rows"] == 1 and s["disk"]["rows"] == 1
-        assert np.array_equal(buf.numpy(), data[8 << 20:9 << 20])
+        assert np.array_equal(buf.numpy(), data[8 << 20 : 9 << 20])
 
 
 def test_direct_on_refused_by_filesystem_names_path_and_errno():

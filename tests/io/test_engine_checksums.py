@@ -1,6 +1,7 @@
 """Checksums on load: Engine.submit(checksums=xxh3_64 per row) verifies each row
 natively as it lands. An intact row passes, a row corrupted in place fails alone with
 EBADMSG at its offset, for every way a row can land (host dst, caller src, staging ring)."""
+
 from __future__ import annotations
 
 import errno
@@ -8,12 +9,12 @@ import errno
 import numpy as np
 import pytest
 import xxhash
-from hypothesis import given, settings, strategies as st
+from engine_helpers import PAGE, flip_byte, write_random_file
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierstore.errors import ConfigError, TierIOError
 from tierstore.io.engine import Engine, xxh3_64
-
-from engine_helpers import PAGE, flip_byte, write_random_file
 
 ROW = 64 * PAGE
 
@@ -31,8 +32,9 @@ def test_native_hash_of_large_unaligned_buffers():
 
 
 def _sums(data, offsets, length):
-    return np.array([xxhash.xxh3_64_intdigest(data[o:o + length].tobytes()) for o in offsets],
-                    dtype=np.uint64)
+    return np.array(
+        [xxhash.xxh3_64_intdigest(data[o : o + length].tobytes()) for o in offsets], dtype=np.uint64
+    )
 
 
 @pytest.fixture
@@ -47,8 +49,7 @@ def test_corrupted_row_fails_alone_with_ebadmsg_and_intact_rows_pass(pack, land,
     path, data = pack
     offsets = np.arange(8) * ROW
     sums = _sums(data, offsets, ROW)
-    with Engine(path, threads=3, direct=direct, chunk_bytes=16 * PAGE,
-                stage_bytes=ROW, stage_count=2) as eng:
+    with Engine(path, threads=3, direct=direct, chunk_bytes=16 * PAGE, stage_bytes=ROW, stage_count=2) as eng:
         buf = eng.alloc_host(8 * ROW)
         ptrs = buf.data_ptr() + offsets
         src, dst = {"host_dst": (None, ptrs), "src": (ptrs, None), "staged": (None, None)}[land]
@@ -57,7 +58,7 @@ def test_corrupted_row_fails_alone_with_ebadmsg_and_intact_rows_pass(pack, land,
             assert np.array_equal(buf.numpy(), data)
         assert eng.stats()["verified_rows"] == 8 and eng.stats()["checksum_failures"] == 0
 
-        flip_byte(path, 5 * ROW + 777)                  # in place, after the sums were taken
+        flip_byte(path, 5 * ROW + 777)  # in place, after the sums were taken
         c = eng.submit(offsets, ROW, src, dst, checksums=sums)
         with pytest.raises(TierIOError) as info:
             c.wait()

@@ -2,6 +2,7 @@
 without the chunk ramp, buffered and O_DIRECT, aligned and unaligned offsets) land
 byte-exact, and a fault in the middle of a row fails that row alone, with nothing
 written into caller memory after wait() raised."""
+
 from __future__ import annotations
 
 import errno
@@ -9,11 +10,10 @@ import time
 
 import numpy as np
 import pytest
-
-from tierstore.io.engine import Engine
-from tierstore.errors import TierIOError
-
 from engine_helpers import PAGE, pack_into, random_rows, write_random_file
+
+from tierstore.errors import TierIOError
+from tierstore.io.engine import Engine
 
 FILE_BYTES = 8 << 20
 ROW = 384 << 10  # 96 pages: with 16 KiB chunks about two dozen tasks per row
@@ -43,8 +43,8 @@ def test_rows_cut_into_many_chunks_are_byte_exact(data_file, direct, ramp, chunk
         dst.fill_(0)
         assert eng.submit(offsets, lengths, src.data_ptr() + pos, dst.data_ptr() + pos).wait()
     for o, n, p in zip(offsets, lengths, pos):
-        assert np.array_equal(buf.numpy()[p:p + n], data[o:o + n]), f"row at {o:#x} len {n}"
-        assert np.array_equal(dst.numpy()[p:p + n], data[o:o + n]), f"row at {o:#x} len {n}"
+        assert np.array_equal(buf.numpy()[p : p + n], data[o : o + n]), f"row at {o:#x} len {n}"
+        assert np.array_equal(dst.numpy()[p : p + n], data[o : o + n]), f"row at {o:#x} len {n}"
 
 
 def test_ramp_cuts_a_batch_into_more_first_tasks(data_file):
@@ -52,7 +52,7 @@ def test_ramp_cuts_a_batch_into_more_first_tasks(data_file):
     KiB) makes it 7. The 5th syscall fails: only the ramped batch has one."""
     path, data = data_file
     with open(path, "rb") as f:
-        f.read()                                       # cached: one syscall per task
+        f.read()  # cached: one syscall per task
     for ramp, expect_ok in ((False, True), (True, False)):
         with Engine(path, threads=8, direct="off", chunk_bytes=128 << 10, chunk_ramp=ramp) as eng:
             buf = eng.alloc_host(ROW)
@@ -60,7 +60,7 @@ def test_ramp_cuts_a_batch_into_more_first_tasks(data_file):
             eng._inject_faults(every_nth=5)
             c = eng.submit([ROW], ROW, None, buf.data_ptr())
             if expect_ok:
-                assert c.wait() and np.array_equal(buf.numpy(), data[ROW:2 * ROW])
+                assert c.wait() and np.array_equal(buf.numpy(), data[ROW : 2 * ROW])
             else:
                 with pytest.raises(TierIOError):
                     c.wait()
@@ -70,7 +70,7 @@ def test_ramp_cuts_a_batch_into_more_first_tasks(data_file):
 def test_fault_mid_row_fails_that_row_and_siblings_stay_exact(data_file, direct):
     path, data = data_file
     with Engine(path, threads=4, direct=direct, chunk_bytes=16 << 10) as eng:
-        bad = 5 * ROW + ROW // 2 + 123                 # inside row 5, many chunks in
+        bad = 5 * ROW + ROW // 2 + 123  # inside row 5, many chunks in
         eng._inject_faults(fail_offset=bad)
         buf = eng.alloc_host(8 * ROW)
         buf.fill_(0)
@@ -82,7 +82,7 @@ def test_fault_mid_row_fails_that_row_and_siblings_stay_exact(data_file, direct)
         assert info.value.offset == 5 * ROW and info.value.failed_offset <= bad
         out = buf.numpy().reshape(8, ROW)
         for r in (0, 1, 2, 3, 4, 6, 7):
-            assert np.array_equal(out[r], data[r * ROW:(r + 1) * ROW]), f"sibling row {r}"
+            assert np.array_equal(out[r], data[r * ROW : (r + 1) * ROW]), f"sibling row {r}"
 
 
 def test_nothing_writes_after_a_mid_row_failure_was_reported(data_file):

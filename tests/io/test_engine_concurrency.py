@@ -1,15 +1,15 @@
 """Many batches from several Python threads at once on one engine (GIL released in
 submit/wait): every row of every batch lands byte-exact, stats add up."""
+
 from __future__ import annotations
 
 import threading
 
 import numpy as np
 import pytest
+from engine_helpers import pack_into, random_rows, write_random_file
 
 from tierstore.io.engine import Engine
-
-from engine_helpers import pack_into, random_rows, write_random_file
 
 FILE_BYTES = 8 << 20
 
@@ -20,21 +20,25 @@ def test_many_concurrent_batches_from_threads_are_all_byte_exact(tmp_path, direc
     data = write_random_file(path, FILE_BYTES, seed=11)
     n_threads, batches_each, rows_each = 6, 8, 10
     errors: list[str] = []
-    with Engine(path, threads=4, direct=direct, chunk_bytes=32 << 10,
-                stage_bytes=64 << 10, stage_count=3) as eng:
+    with Engine(
+        path, threads=4, direct=direct, chunk_bytes=32 << 10, stage_bytes=64 << 10, stage_count=3
+    ) as eng:
+
         def client(k: int) -> None:
             rng = np.random.default_rng(100 + k)
             buf = eng.alloc_host(rows_each * 200_000)
             for b in range(batches_each):
                 offsets, lengths = random_rows(rng, FILE_BYTES, rows_each, max_len=190_000)
                 pos = pack_into(buf.numel(), lengths, rng)
-                pending = [eng.submit(offsets, lengths, None, buf.data_ptr() + pos),
-                           eng.submit(offsets[:3], lengths[:3])]  # staged read-only rows too
+                pending = [
+                    eng.submit(offsets, lengths, None, buf.data_ptr() + pos),
+                    eng.submit(offsets[:3], lengths[:3]),
+                ]  # staged read-only rows too
                 for c in pending:
                     c.wait()
                 out = buf.numpy()
                 for o, n, p in zip(offsets, lengths, pos):
-                    if not np.array_equal(out[p:p + n], data[o:o + n]):
+                    if not np.array_equal(out[p : p + n], data[o : o + n]):
                         errors.append(f"client {k} batch {b}: row at {o:#x} len {n}")
 
         threads = [threading.Thread(target=client, args=(k,)) for k in range(n_threads)]

@@ -1,5 +1,6 @@
 """Engine failure paths: end of file inside a row (a really truncated file), injected
 EIO and short reads, cancellation and close() with reads in flight, wait timeouts."""
+
 from __future__ import annotations
 
 import errno
@@ -7,11 +8,10 @@ import time
 
 import numpy as np
 import pytest
-
-from tierstore.io.engine import Engine
-from tierstore.errors import TierIOError
-
 from engine_helpers import PAGE, write_random_file
+
+from tierstore.errors import TierIOError
+from tierstore.io.engine import Engine
 
 ROW = 256 << 10
 
@@ -42,7 +42,7 @@ def test_truncated_file_fails_only_the_cut_row_naming_path_and_offset(tmp_path, 
         assert "unexpected end of file" in str(exc) and f"{4 * ROW:#x}" in str(exc)
         assert c.failed_rows.tolist() == [4] and c.done()
         out = buf.numpy()
-        assert np.array_equal(out[:4 * ROW], data[:4 * ROW])  # siblings finished, byte-exact
+        assert np.array_equal(out[: 4 * ROW], data[: 4 * ROW])  # siblings finished, byte-exact
 
 
 def test_injected_eio_at_one_offset_fails_that_row_and_reports_errno(data_file, direct):
@@ -59,7 +59,7 @@ def test_injected_eio_at_one_offset_fails_that_row_and_reports_errno(data_file, 
         assert c.failed_rows.tolist() == [5]
         good = [i for i in range(8) if i != 5]
         for i in good:
-            assert np.array_equal(buf.numpy()[i * ROW:(i + 1) * ROW], data[i * ROW:(i + 1) * ROW])
+            assert np.array_equal(buf.numpy()[i * ROW : (i + 1) * ROW], data[i * ROW : (i + 1) * ROW])
         assert eng.stats()["failed_rows"] == 1
         # The hook is per engine and can be cleared: the same rows then read cleanly.
         eng._inject_faults()
@@ -92,7 +92,7 @@ def test_a_repeating_eintr_surfaces_as_that_errno_instead_of_spinning(data_file)
         eng._inject_faults(every_nth=2, errno=errno.EINTR, short_reads=True)
         buf = eng.alloc_host(ROW)
         assert eng.submit([3 * ROW], ROW, None, buf.data_ptr()).wait(timeout=10)
-        assert np.array_equal(buf.numpy(), data[3 * ROW:4 * ROW])
+        assert np.array_equal(buf.numpy(), data[3 * ROW : 4 * ROW])
 
 
 def test_short_reads_are_resumed_byte_exact(data_file, direct):
@@ -106,7 +106,7 @@ def test_short_reads_are_resumed_byte_exact(data_file, direct):
         assert eng.submit(offsets, lengths, None, dst).wait()
         out = buf.numpy()
         for o, n, d in zip(offsets, lengths, dst - buf.data_ptr()):
-            assert np.array_equal(out[d:d + n], data[o:o + n])
+            assert np.array_equal(out[d : d + n], data[o : o + n])
 
 
 def test_wait_times_out_while_reads_are_slow(data_file):
@@ -124,20 +124,20 @@ def test_wait_times_out_while_reads_are_slow(data_file):
 def test_cancel_with_reads_in_flight_stops_all_writes_before_wait_raises(data_file, how):
     path, _ = data_file
     eng = Engine(path, threads=2, direct="off", chunk_bytes=PAGE)
-    eng._inject_faults(delay_us=5_000)           # every 4 KiB read takes >= 5 ms
+    eng._inject_faults(delay_us=5_000)  # every 4 KiB read takes >= 5 ms
     buf = eng.alloc_host(16 * ROW)
     buf.zero_()
     offsets = np.arange(16) * ROW
     c = eng.submit(offsets, ROW, None, buf.data_ptr() + offsets)
-    time.sleep(0.03)                              # a few reads have landed, most are queued
+    time.sleep(0.03)  # a few reads have landed, most are queued
     t0 = time.perf_counter()
     if how == "cancel":
         c.cancel()
     else:
-        eng.close()                               # joins the readers: nothing in flight after
+        eng.close()  # joins the readers: nothing in flight after
     with pytest.raises(TierIOError) as info:
         c.wait(timeout=10)
-    assert time.perf_counter() - t0 < 2.0        # 1024 queued reads were dropped, not done
+    assert time.perf_counter() - t0 < 2.0  # 1024 queued reads were dropped, not done
     assert info.value.errno == errno.ECANCELED and c.done()
     assert 0 < len(c.failed_rows) <= 16
     snapshot = buf.clone()

@@ -3,16 +3,16 @@ rows land byte-exact in a device pool, copied chunk by chunk as each read lands;
 stream_wait orders a consumer stream after the copies without a host sync; a failed
 row fails its batch and wait() raises only once no copy is left on the copy stream;
 a small stage ring recycles."""
+
 from __future__ import annotations
 
 import errno
 
 import numpy as np
 import pytest
+from engine_helpers import write_random_file
 
 from tierstore.errors import TierIOError
-
-from engine_helpers import write_random_file
 
 pytestmark = pytest.mark.gpu
 SLOT = (3 << 20) + 4096 * 3  # not a power of two; a multiple of 4 KiB like pack rows
@@ -22,11 +22,14 @@ N_ROWS = 24
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     import torch
+
     from tierstore.io.engine import Engine
+
     path = tmp_path_factory.mktemp("gpu") / "rows.bin"
     data = write_random_file(path, N_ROWS * SLOT, seed=21)
-    eng = Engine(path, threads=8, direct="auto", device="cuda", chunk_bytes=1 << 20,
-                 stage_bytes=4 << 20, stage_count=3)
+    eng = Engine(
+        path, threads=8, direct="auto", device="cuda", chunk_bytes=1 << 20, stage_bytes=4 << 20, stage_count=3
+    )
     pool = torch.zeros((N_ROWS, SLOT), dtype=torch.uint8, device="cuda")
     eng.register_buffer(pool)
     yield eng, pool, data, torch
@@ -34,7 +37,7 @@ def setup(tmp_path_factory):
 
 
 def _expected(data, rows):
-    return np.stack([data[r * SLOT:(r + 1) * SLOT] for r in rows])
+    return np.stack([data[r * SLOT : (r + 1) * SLOT] for r in rows])
 
 
 def test_alloc_host_is_pinned_when_cuda_is_present(setup):
@@ -59,8 +62,13 @@ def test_arena_rows_copy_straight_from_host_memory(setup):
     arena = eng.alloc_host(4 * SLOT)
     rows = [5, 1, 17, 9]
     arena.numpy()[:] = _expected(data, rows).reshape(-1)
-    c = eng.submit(np.full(4, -1), SLOT, arena.data_ptr() + np.arange(4) * SLOT,
-                   pool.data_ptr() + np.arange(4) * SLOT, dst_device=True)
+    c = eng.submit(
+        np.full(4, -1),
+        SLOT,
+        arena.data_ptr() + np.arange(4) * SLOT,
+        pool.data_ptr() + np.arange(4) * SLOT,
+        dst_device=True,
+    )
     c.synchronize()
     assert np.array_equal(pool[:4].cpu().numpy(), _expected(data, rows))
 
@@ -70,8 +78,13 @@ def test_read_into_arena_then_h2d_fills_both(setup):
     pool.zero_()
     arena = eng.alloc_host(6 * SLOT)
     rows = np.array([3, 4, 20, 0, 11, 23])
-    c = eng.submit(rows * SLOT, SLOT, arena.data_ptr() + np.arange(6) * SLOT,
-                   pool.data_ptr() + np.arange(6) * SLOT, dst_device=True)
+    c = eng.submit(
+        rows * SLOT,
+        SLOT,
+        arena.data_ptr() + np.arange(6) * SLOT,
+        pool.data_ptr() + np.arange(6) * SLOT,
+        dst_device=True,
+    )
     c.synchronize()
     want = _expected(data, rows)
     assert np.array_equal(arena.numpy().reshape(6, SLOT), want)
@@ -86,9 +99,10 @@ def test_stream_wait_orders_consumer_work_after_the_copies(setup):
         with torch.cuda.stream(consumer):
             pool.zero_()
         consumer.synchronize()
-        c = eng.submit(np.arange(N_ROWS) * SLOT, SLOT, None,
-                       pool.data_ptr() + np.arange(N_ROWS) * SLOT, dst_device=True)
-        c.stream_wait(consumer)             # no host sync on the copies
+        c = eng.submit(
+            np.arange(N_ROWS) * SLOT, SLOT, None, pool.data_ptr() + np.arange(N_ROWS) * SLOT, dst_device=True
+        )
+        c.stream_wait(consumer)  # no host sync on the copies
         with torch.cuda.stream(consumer):
             total = pool.to(torch.int64).sum()
         consumer.synchronize()
@@ -99,10 +113,11 @@ def test_failed_row_fails_the_batch_and_no_copy_is_pending_when_wait_raises(setu
     eng, pool, data, torch = setup
     pool.fill_(0xAB)
     torch.cuda.synchronize()
-    eng._inject_faults(fail_offset=2 * SLOT + SLOT // 2)   # mid-row: earlier chunks copied
+    eng._inject_faults(fail_offset=2 * SLOT + SLOT // 2)  # mid-row: earlier chunks copied
     try:
-        c = eng.submit(np.arange(4) * SLOT, SLOT, None,
-                       pool.data_ptr() + np.arange(4) * SLOT, dst_device=True)
+        c = eng.submit(
+            np.arange(4) * SLOT, SLOT, None, pool.data_ptr() + np.arange(4) * SLOT, dst_device=True
+        )
         with pytest.raises(TierIOError) as info:
             c.wait()
         # The copy stream is idle: nothing writes into the pool once wait() raised.
@@ -118,18 +133,22 @@ def test_many_chunks_per_row_land_byte_exact_through_two_stages(tmp_path):
     """64 KiB chunks (about 50 H2D copies per row, issued from 6 reader threads out of
     order) through a 2-stage ring: a stage is reused only after all its chunk copies."""
     import torch
+
     from tierstore.io.engine import Engine
+
     path = tmp_path / "rows.bin"
     data = write_random_file(path, N_ROWS * SLOT, seed=33)
     pool = torch.zeros((N_ROWS, SLOT), dtype=torch.uint8, device="cuda")
     rows = np.random.default_rng(1).permutation(N_ROWS)
-    with Engine(path, threads=6, direct="auto", device="cuda", chunk_bytes=64 << 10,
-                stage_bytes=SLOT, stage_count=2) as eng:
+    with Engine(
+        path, threads=6, direct="auto", device="cuda", chunk_bytes=64 << 10, stage_bytes=SLOT, stage_count=2
+    ) as eng:
         eng.register_buffer(pool)
         for repeat in range(2):
             pool.zero_()
-            c = eng.submit(rows * SLOT, SLOT, None, pool.data_ptr() + np.arange(N_ROWS) * SLOT,
-                           dst_device=True)
+            c = eng.submit(
+                rows * SLOT, SLOT, None, pool.data_ptr() + np.arange(N_ROWS) * SLOT, dst_device=True
+            )
             c.synchronize()
             assert np.array_equal(pool.cpu().numpy(), _expected(data, rows)), repeat
         assert eng.stats()["h2d_bytes"] == 2 * N_ROWS * SLOT

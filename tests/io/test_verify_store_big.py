@@ -5,6 +5,7 @@ fire with a TierIOError naming the file, layer, expert and offset, and nothing o
 fire is published; pipelined fires fail at the corrupted layer's wait. Runs on the CPU
 pool (segments land in the pool slots) and, with a GPU, on the CUDA pool (segments go
 through the pinned staging ring; the test marked gpu forces that path with no arena)."""
+
 from __future__ import annotations
 
 import errno
@@ -12,12 +13,11 @@ import os
 
 import numpy as np
 import pytest
+from store_helpers import assert_store_consistent
 
 import tierstore as ts
 from tierstore.errors import TierIOError
 from tierstore.testing.packs import make_random_pack
-
-from store_helpers import assert_store_consistent
 
 L, E = 2, 2
 SLOT = (17 << 20) + 1234
@@ -59,8 +59,9 @@ class Corrupted:
 
 
 def _store(pack, device, mode, ram_gb=0.0):
-    return ts.ExpertStore(pack, vram_slots=len(KEYS), ram_gb=ram_gb, device=device, verify=mode,
-                          threads=3, lazy_per_step=0)
+    return ts.ExpertStore(
+        pack, vram_slots=len(KEYS), ram_gb=ram_gb, device=device, verify=mode, threads=3, lazy_per_step=0
+    )
 
 
 def _resident(store) -> np.ndarray:
@@ -76,12 +77,11 @@ def _assert_names_the_row(exc: TierIOError, pack) -> None:
     assert "xxh3_64 mismatch" in text and f"{SLOT} B at " in text
 
 
-@pytest.mark.parametrize("where", [7, STAGE + 3, SLOT - 1], ids=["first_seg", "last_seg_head",
-                                                                  "last_byte"])
+@pytest.mark.parametrize("where", [7, STAGE + 3, SLOT - 1], ids=["first_seg", "last_seg_head", "last_byte"])
 @pytest.mark.parametrize("mode", ["always", "off"])
 def test_big_rows_are_verified_and_a_bad_one_publishes_nothing(pack, device, mode, where):
     with Corrupted(pack, where), _store(pack, device, mode) as store:
-        if mode == "off":      # nothing hashed: the bad bytes are served (and are the file's)
+        if mode == "off":  # nothing hashed: the bad bytes are served (and are the file's)
             fr = store.fire(KEYS)
             assert fr.promoted == len(KEYS) and _resident(store).all()
             store.release(fr)
@@ -91,10 +91,10 @@ def test_big_rows_are_verified_and_a_bad_one_publishes_nothing(pack, device, mod
         with pytest.raises(TierIOError) as info:
             store.fire(KEYS)
         _assert_names_the_row(info.value, pack)
-        assert not _resident(store).any()              # nothing of the fire published
+        assert not _resident(store).any()  # nothing of the fire published
         assert store.stats().pool.pinned == 0
         assert_store_consistent(store)
-    with _store(pack, device, mode) as store:         # intact file: every row passes
+    with _store(pack, device, mode) as store:  # intact file: every row passes
         fr = store.fire(KEYS)
         assert fr.promoted == len(KEYS)
         store.release(fr)
@@ -115,7 +115,7 @@ def test_big_rows_are_verified_and_a_bad_one_publishes_nothing(pack, device, mod
 def test_pipelined_fire_fails_at_the_corrupted_layer(pack, device):
     with _store(pack, device, "always") as store, Corrupted(pack, STAGE + 99):
         fr = store.fire(KEYS, pipelined=True)
-        fr.wait_layer(0)                               # layer 0 is intact and published
+        fr.wait_layer(0)  # layer 0 is intact and published
         assert _resident(store)[:E].all()
         with pytest.raises(TierIOError) as info:
             fr.wait_layer(1)

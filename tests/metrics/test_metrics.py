@@ -1,5 +1,6 @@
 """tierstore.metrics: families from a store's own counters, scraped over HTTP (in-process)
 and through prometheus_client's multiprocess files written by real worker processes."""
+
 from __future__ import annotations
 
 import os
@@ -74,8 +75,7 @@ def scrape(exporter) -> dict:
 # -- in-process ------------------------------------------------------------------------------
 def test_scraped_metrics_move_with_the_traffic_and_match_stats(pack):
     # lazy_per_step=0: only fires read, so layer 2 (never fired) reads nothing
-    with ts.ExpertStore(pack, vram_slots=12, ram_gb=0.001, device="cpu",
-                        lazy_per_step=0) as store:
+    with ts.ExpertStore(pack, vram_slots=12, ram_gb=0.001, device="cpu", lazy_per_step=0) as store:
         metrics.register_store(store, {"rank": "0"})
         exporter = metrics.serve(0)
         try:
@@ -98,12 +98,18 @@ def test_scraped_metrics_move_with_the_traffic_and_match_stats(pack):
         assert value(after, "tierstore_resident", tier=tier) == t.resident
         assert value(after, "tierstore_capacity", tier=tier) == t.capacity
     assert value(after, "tierstore_layer_bytes_read_total") == st.bytes_read > 0
-    assert value(after, "tierstore_layer_rows_read_total", layer=2) == 0 < \
-        value(after, "tierstore_layer_rows_read_total", layer=0)
+    assert (
+        value(after, "tierstore_layer_rows_read_total", layer=2)
+        == 0
+        < value(after, "tierstore_layer_rows_read_total", layer=0)
+    )
     assert value(after, "tierstore_fire_latency_seconds_count") == 6
     assert value(after, "tierstore_fire_latency_seconds_bucket", le="+Inf") == 6
-    assert value(after, "tierstore_bytes_read_total", source="pagecache") + \
-        value(after, "tierstore_bytes_read_total", source="disk") == st.bytes_read
+    assert (
+        value(after, "tierstore_bytes_read_total", source="pagecache")
+        + value(after, "tierstore_bytes_read_total", source="disk")
+        == st.bytes_read
+    )
 
 
 def test_pins_and_verify_failures_are_reported(pack, tmp_path):
@@ -116,8 +122,7 @@ def test_pins_and_verify_failures_are_reported(pack, tmp_path):
     finally:
         os.close(fd)
     os.utime(pack.path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    with ts.ExpertStore(pack, vram_slots=8, device="cpu", verify="always",
-                        lazy_per_step=0) as store:
+    with ts.ExpertStore(pack, vram_slots=8, device="cpu", verify="always", lazy_per_step=0) as store:
         metrics.register_store(store)
         held = store.fire([(0, 1), (0, 2), (1, 3)])
         with pytest.raises(ts.TierIOError):
@@ -143,7 +148,7 @@ def test_a_closed_store_stops_reporting(pack):
 def test_stats_without_fold_leaves_the_recorded_routing_for_the_step(pack):
     with ts.ExpertStore(pack, vram_slots=8, device="cpu") as store:
         store.record(0, np.array([1, 2, 3]))
-        assert store.stats(fold=False).pool.misses == 0    # not folded yet
+        assert store.stats(fold=False).pool.misses == 0  # not folded yet
         store.step()
         assert store.stats(fold=False).pool.misses == 3
 
@@ -157,11 +162,14 @@ def test_metrics_setting_off_counts_nothing_per_layer_and_registers_nothing(pack
     assert metrics.registered() == []
 
 
-@pytest.mark.parametrize("labels, message", [
-    ({"tier": "x"}, "label 'tier' is used by tierstore's own metrics"),
-    ({"9rank": "0"}, "label name '9rank' is not a Prometheus label name"),
-    ({"__x": "0"}, "label name '__x' is not a Prometheus label name"),
-])
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        ({"tier": "x"}, "label 'tier' is used by tierstore's own metrics"),
+        ({"9rank": "0"}, "label name '9rank' is not a Prometheus label name"),
+        ({"__x": "0"}, "label name '__x' is not a Prometheus label name"),
+    ],
+)
 def test_bad_labels_are_refused_in_one_line(pack, labels, message):
     with ts.ExpertStore(pack, vram_slots=8, device="cpu") as store:
         with pytest.raises(ConfigError, match=re.escape(message)):
@@ -170,8 +178,10 @@ def test_bad_labels_are_refused_in_one_line(pack, labels, message):
 
 def test_two_stores_need_distinct_labels(pack, tmp_path):
     other = make_random_pack(tmp_path / "other", L, E, SLOT, seed=5)
-    with ts.ExpertStore(pack, vram_slots=8, device="cpu") as a, \
-            ts.ExpertStore(other, vram_slots=8, device="cpu") as b:
+    with (
+        ts.ExpertStore(pack, vram_slots=8, device="cpu") as a,
+        ts.ExpertStore(other, vram_slots=8, device="cpu") as b,
+    ):
         metrics.register_store(a, {"rank": "0"})
         with pytest.raises(ConfigError, match="already used"):
             metrics.register_store(b, {"rank": "0"})
@@ -227,9 +237,14 @@ def _run_workers(tmp_path, pack, plan, env_extra) -> None:
     env = {**os.environ, "TIERSTORE_METRICS_INTERVAL_S": "0.1", **env_extra}
     procs = []
     for rank, fires, mode in plan:
-        procs.append(subprocess.Popen([sys.executable, str(script), str(rank), str(fires),
-                                       mode, str(pack.path)], env=env, stdout=subprocess.PIPE,
-                                      text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), str(rank), str(fires), mode, str(pack.path)],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
     for p in procs:
         if p.args[4] == "kill":
             assert p.stdout.readline().strip() == "written"
@@ -246,12 +261,16 @@ def _collect(directory) -> dict:
 def test_worker_processes_write_files_the_scraping_process_reads(tmp_path, pack):
     directory = tmp_path / "prom"
     directory.mkdir()
-    _run_workers(tmp_path, pack, [(0, 5, "exit"), (1, 9, "exit"), (2, 3, "kill")],
-                 {"PROMETHEUS_MULTIPROC_DIR": str(directory)})
+    _run_workers(
+        tmp_path,
+        pack,
+        [(0, 5, "exit"), (1, 9, "exit"), (2, 3, "kill")],
+        {"PROMETHEUS_MULTIPROC_DIR": str(directory)},
+    )
     found = _collect(directory)
     assert value(found, "tierstore_fires_total", rank=0) == 5
     assert value(found, "tierstore_fires_total", rank=1) == 9
-    assert value(found, "tierstore_fires_total", rank=2) == 3          # SIGKILLed after a write
+    assert value(found, "tierstore_fires_total", rank=2) == 3  # SIGKILLed after a write
     assert value(found, "tierstore_fire_latency_seconds_count", rank=1) == 9
     assert value(found, "tierstore_layer_hits_total", rank=1, layer=0, tier="pool") >= 1
     # live gauges: a worker that unregistered its last store removed them (as
@@ -278,14 +297,20 @@ SCRAPER = textwrap.dedent("""
 def test_setup_scrape_process_puts_worker_metrics_on_the_servers_own_registry(tmp_path, pack):
     (tmp_path / "worker.py").write_text(WORKER)
     (tmp_path / "scraper.py").write_text(SCRAPER)
-    out = subprocess.run([sys.executable, str(tmp_path / "scraper.py"),
-                          str(tmp_path / "worker.py"), str(pack.path)], capture_output=True,
-                         text=True, timeout=120,
-                         env={k: v for k, v in os.environ.items()
-                              if k not in ("PROMETHEUS_MULTIPROC_DIR", "TIERSTORE_METRICS_DIR")})
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "scraper.py"), str(tmp_path / "worker.py"), str(pack.path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PROMETHEUS_MULTIPROC_DIR", "TIERSTORE_METRICS_DIR")
+        },
+    )
     assert out.returncode == 0, out.stderr
     found = samples(out.stdout)
-    assert value(found, "vllm_like_requests_total") == 3      # the server's own metrics stay
+    assert value(found, "vllm_like_requests_total") == 3  # the server's own metrics stay
     assert value(found, "tierstore_fires_total", rank=4) == 7
 
 
@@ -294,7 +319,7 @@ def test_a_forked_child_starts_with_no_registered_store(pack):
         metrics.register_store(store)
         r, w = os.pipe()
         pid = os.fork()
-        if pid == 0:   # child: report and leave at once (no cleanup of the parent's objects)
+        if pid == 0:  # child: report and leave at once (no cleanup of the parent's objects)
             os.write(w, str(len(metrics.registered())).encode())
             os._exit(0)
         os.close(w)
@@ -321,6 +346,7 @@ def test_the_vllm_moet_face_registers_its_store(monkeypatch, tmp_path):
     from moet_surface_helpers import E, env, moet_env, planes
 
     from tierstore.testing.moet_engine import MoetEngine
+
     with moet_env(monkeypatch, env(tmp_path, slots=14)) as m:
         eng = MoetEngine(m, planes(), n_experts=E, dev="cpu", top_k=2, tokens=2).boot()
         for _ in range(4):
@@ -328,4 +354,4 @@ def test_the_vllm_moet_face_registers_its_store(monkeypatch, tmp_path):
         found = samples(generate_latest(metrics.scrape_registry()).decode())
         assert value(found, "tierstore_fires_total", tag="delta", device="cpu") >= 1
         assert value(found, "tierstore_capacity", tag="delta", tier="pool") == 14
-    assert metrics.registered() == []        # shutdown unregistered it
+    assert metrics.registered() == []  # shutdown unregistered it

@@ -4,11 +4,13 @@ read groups with random weights and decays go through the live face's on_access 
 separately, through each expert's own face with the one fill routine
 (policies/fill.py plan_fill, the call's keys blocked, hottest first when it filters).
 Scores, leader and every shadow's state must match exactly."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierstore import policies
 from tierstore.errors import ConfigError
@@ -55,28 +57,30 @@ class ReferenceAuto:
         self.blocked[keys] = False
         # The leader: the first best of the sum of the two windows' per-step hit rates
         # (the short window alone when there is no long one).
-        comb = (self.scores if self.d2 is None
-                else (1.0 - self.d1) * self.scores + (1.0 - self.d2) * self.long)
+        comb = self.scores if self.d2 is None else (1.0 - self.d1) * self.scores + (1.0 - self.d2) * self.long
         self.leader = int(np.argmax(comb))
 
     def decay(self, steps):
         for e in self.experts:
             e.decay(steps=steps)
-        self.scores *= self.d1 ** steps
+        self.scores *= self.d1**steps
         if self.d2 is not None:
-            self.long *= self.d2 ** steps
+            self.long *= self.d2**steps
 
 
 def _arrays(e):
-    return [getattr(e, k) for k in ("_last", "_raw", "_pos", "_raw2", "_resident")
-            if getattr(e, k).size]
+    return [getattr(e, k) for k in ("_last", "_raw", "_pos", "_raw2", "_resident") if getattr(e, k).size]
 
 
 @settings(max_examples=30, deadline=None)
-@given(n_keys=st.integers(4, 40), cap_frac=st.floats(0.0, 0.9), seed=st.integers(0, 2**31 - 1),
-       n_calls=st.integers(1, 60), weighted=st.booleans())
-def test_live_auto_matches_the_reference_on_random_groups(n_keys, cap_frac, seed, n_calls,
-                                                          weighted):
+@given(
+    n_keys=st.integers(4, 40),
+    cap_frac=st.floats(0.0, 0.9),
+    seed=st.integers(0, 2**31 - 1),
+    n_calls=st.integers(1, 60),
+    weighted=st.booleans(),
+)
+def test_live_auto_matches_the_reference_on_random_groups(n_keys, cap_frac, seed, n_calls, weighted):
     rng = np.random.default_rng(seed)
     capacity = int(cap_frac * n_keys)
     live = policies.make("auto", n_keys, capacity)
@@ -103,7 +107,7 @@ def test_live_auto_matches_the_reference_on_random_groups(n_keys, cap_frac, seed
 
 def test_repeated_keys_fold_into_one_access():
     a, b = policies.make("auto", 8, 3), policies.make("auto", 8, 3)
-    a.on_access([5, 1, 5, 1, 1])          # no weights: token repeats become counts
+    a.on_access([5, 1, 5, 1, 1])  # no weights: token repeats become counts
     b.on_access([1, 5], weights=[3.0, 2.0])
     assert a.expert_scores.tolist() == b.expert_scores.tolist()
     for x, y in zip(a.experts, b.experts):

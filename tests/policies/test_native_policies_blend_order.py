@@ -3,11 +3,13 @@ per phase bucket, keys sorted by rate at the clock they were last ordered at, re
 when the clock moved) against the Python loop, whose victims scan every resident key
 (policy_victims). Traces built for ties: few keys read together with small integer
 weights, half-lives up to 1e6 steps (rates barely move, so many are exactly equal)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierstore.policies.blend import BlendPolicy
 from tierstore.policies.phase import PhasePolicy
@@ -30,17 +32,27 @@ def _tied_trace(n_layers, n_experts, n_ticks, seed):
     rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
     order = np.lexsort((rows[:, 1], rows[:, 0]))
     rows = rows[order]
-    return Trace(rows[:, 0], rows[:, 1].astype(np.int32), rows[:, 2].astype(np.int32),
-                 np.arange(n_layers, dtype=np.int64), n_experts)
+    return Trace(
+        rows[:, 0],
+        rows[:, 1].astype(np.int32),
+        rows[:, 2].astype(np.int32),
+        np.arange(n_layers, dtype=np.int64),
+        n_experts,
+    )
 
 
 @settings(max_examples=100, deadline=None)
-@given(n_layers=st.integers(1, 5), n_experts=st.integers(2, 10), n_ticks=st.integers(1, 40),
-       slots=st.integers(1, 25), h=st.sampled_from([0.05, 0.5, 2.0, 16.0, 1e6]),
-       granularity=st.sampled_from(["layer", "tick"]), seed=st.integers(0, 2**31 - 1),
-       cls=st.sampled_from([BlendPolicy, PhasePolicy]))
-def test_blend_order_matches_the_full_scan(n_layers, n_experts, n_ticks, slots, h,
-                                           granularity, seed, cls):
+@given(
+    n_layers=st.integers(1, 5),
+    n_experts=st.integers(2, 10),
+    n_ticks=st.integers(1, 40),
+    slots=st.integers(1, 25),
+    h=st.sampled_from([0.05, 0.5, 2.0, 16.0, 1e6]),
+    granularity=st.sampled_from(["layer", "tick"]),
+    seed=st.integers(0, 2**31 - 1),
+    cls=st.sampled_from([BlendPolicy, PhasePolicy]),
+)
+def test_blend_order_matches_the_full_scan(n_layers, n_experts, n_ticks, slots, h, granularity, seed, cls):
     prep = Prepared(_tied_trace(n_layers, n_experts, n_ticks, seed))
     fast, slow = (cls(prep.n_keys, slots, half_life=h) for _ in range(2))
     a = replay_demand_fill(prep, fast, slots, granularity)

@@ -2,6 +2,7 @@
 adds to the core (the wall clock, key and weight checks, the resident count) behaves
 as the policy contract says, and every policy the registry builds from those classes
 runs on a core."""
+
 from __future__ import annotations
 
 import time
@@ -65,8 +66,11 @@ def test_weights_must_be_finite_and_not_negative(name, bad):
 @pytest.mark.parametrize("name", ["lru", "heat", "hybrid", "phase"])
 def test_bad_keys_name_the_key(name):
     p = policies.make(name, 8, 2)
-    for call in (lambda: p.on_access(np.array([1, 9])), lambda: p.rank([0, -1]),
-                 lambda: p.coldest_of(np.array([8]), 1)):
+    for call in (
+        lambda: p.on_access(np.array([1, 9])),
+        lambda: p.rank([0, -1]),
+        lambda: p.coldest_of(np.array([8]), 1),
+    ):
         with pytest.raises(ConfigError, match=r"key (9|-1|8) out of range \[0, 8\)"):
             call()
     if name in ("hybrid", "phase"):

@@ -1,5 +1,6 @@
 """One shared suite over every registered policy, micro-traces with exact
 hit/miss/eviction counts, and policy-specific behaviour (decay, admission)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,8 +53,10 @@ def test_empty_policy_victims_returns_empty_never_raises(name):
 @pytest.mark.parametrize("name", ALL)
 def test_all_pinned_victims_returns_empty(name):
     p = policies.make(name, 16, 4)
-    p.on_access(np.arange(4)); p.on_admit(np.arange(4))
-    pinned = np.zeros(16, bool); pinned[:4] = True
+    p.on_access(np.arange(4))
+    p.on_admit(np.arange(4))
+    pinned = np.zeros(16, bool)
+    pinned[:4] = True
     assert p.victims(3, pinned).size == 0
     pinned[2] = False
     assert p.victims(3, pinned).tolist() == [2]
@@ -68,7 +71,8 @@ def test_victims_are_resident_unpinned_and_coldest_first(name):
     for k in range(10):
         p.on_access(np.full(k + 1, k))
         p.decay()
-    pinned = np.zeros(32, bool); pinned[[0, 5]] = True
+    pinned = np.zeros(32, bool)
+    pinned[[0, 5]] = True
     v = p.victims(4, pinned)
     assert v.tolist() == [1, 2, 3, 4]
     s = p.scores()
@@ -80,7 +84,8 @@ def test_victims_are_resident_unpinned_and_coldest_first(name):
 def test_rank_orders_hottest_first_and_is_a_permutation(name):
     p = policies.make(name, 20, 5)
     for k in (3, 7, 7, 9, 9, 9):
-        p.on_access(np.array([k])); p.decay()
+        p.on_access(np.array([k]))
+        p.decay()
     keys = np.array([0, 3, 7, 9, 12])
     r = p.rank(keys)
     assert sorted(r.tolist()) == keys.tolist()
@@ -90,8 +95,12 @@ def test_rank_orders_hottest_first_and_is_a_permutation(name):
 @pytest.mark.parametrize("name", ALL)
 def test_out_of_range_key_raises_config_error_naming_key(name):
     p = policies.make(name, 8, 2)
-    for call in (lambda: p.on_access(np.array([1, 8])), lambda: p.on_admit([-1]),
-                 lambda: p.on_evict([99]), lambda: p.rank([3, 8])):
+    for call in (
+        lambda: p.on_access(np.array([1, 8])),
+        lambda: p.on_admit([-1]),
+        lambda: p.on_evict([99]),
+        lambda: p.rank([3, 8]),
+    ):
         with pytest.raises(ConfigError, match=r"key (8|-1|99) out of range \[0, 8\)"):
             call()
     p.check_invariants()
@@ -100,7 +109,9 @@ def test_out_of_range_key_raises_config_error_naming_key(name):
 @pytest.mark.parametrize("name", ALL)
 def test_reset_forgets_history_and_residency(name):
     p = policies.make(name, 8, 4)
-    p.on_access([1, 2, 2]); p.on_admit([1, 2]); p.decay(steps=3)
+    p.on_access([1, 2, 2])
+    p.on_admit([1, 2])
+    p.decay(steps=3)
     p.reset()
     assert p.resident().size == 0 and p.victims(4).size == 0
     fresh = policies.make(name, 8, 4)
@@ -111,7 +122,8 @@ def test_reset_forgets_history_and_residency(name):
 @pytest.mark.parametrize("name", ALL)
 def test_two_instances_share_no_state(name):
     a, b = policies.make(name, 8, 4), policies.make(name, 8, 4)
-    a.on_access([1, 1, 2]); a.on_admit([1, 2])
+    a.on_access([1, 1, 2])
+    a.on_admit([1, 2])
     assert b.resident().size == 0 and np.all(b.scores() <= 0)
 
 

@@ -1,9 +1,11 @@
 """The fill routine, admission objects, MIN-that-may-skip and the self-tuning policy."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierstore import policies, sim
 from tierstore.policies.admission import ADMIT_ALL, HotterThanVictim, PolicyFilter
@@ -47,15 +49,15 @@ def test_policy_filter_is_the_policys_own_admit():
 
 def _trace(rows, L, E):
     rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
-    return Trace(rows[:, 0], rows[:, 1].astype(np.int32), rows[:, 2].astype(np.int32),
-                 np.arange(L), E)
+    return Trace(rows[:, 0], rows[:, 1].astype(np.int32), rows[:, 2].astype(np.int32), np.arange(L), E)
 
 
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 10**6), slots=st.integers(2, 12))
 def test_min_that_may_skip_bounds_every_model_in_the_bandwidth_view(seed, slots):
-    tr = synth.synthetic_trace(30, n_layers=2, n_experts=10, top_k=2, prefill_tokens=4,
-                               prefill_every=15, seed=seed)
+    tr = synth.synthetic_trace(
+        30, n_layers=2, n_experts=10, top_k=2, prefill_tokens=4, prefill_every=15, seed=seed
+    )
     res = {r.policy: r for r in sim.replay(tr, ["all"], [slots], budget=2)}
     top = res["belady_skip"].bandwidth_hit_rate
     assert top >= res["belady"].bandwidth_hit_rate - 1e-12

@@ -1,4 +1,5 @@
 """The blend policy: phase over the mean of a short and a 32x longer use rate."""
+
 from __future__ import annotations
 
 import time
@@ -47,8 +48,9 @@ def test_blend_rate_is_the_mean_of_its_two_half_lives():
         for p in (b, short, long_):
             p.on_access(keys, w)
             p.decay()
-    want = 0.5 * (short.scores() * (1 - 2 ** (-1 / 4.0))
-                  + long_.scores() * (1 - 2 ** (-1 / (4.0 * LONG_RATIO))))
+    want = 0.5 * (
+        short.scores() * (1 - 2 ** (-1 / 4.0)) + long_.scores() * (1 - 2 ** (-1 / (4.0 * LONG_RATIO)))
+    )
     # One call per tick: every key is a whole tick away, so blend evicts by rate alone.
     b.on_admit(np.arange(20))
     assert b.victims(20).tolist() == np.argsort(want, kind="stable").tolist()
@@ -70,21 +72,34 @@ def test_blend_on_the_wall_clock_decays_both_memories():
 
 
 @pytest.mark.parametrize("granularity", ["layer", "tick"])
-@pytest.mark.parametrize("trace", [
-    synth.synthetic_trace(60, n_layers=4, n_experts=16, top_k=3, prefill_tokens=6,
-                          prefill_every=30, seed=2),
-    synth.synthetic_trace(40, batch=4, n_layers=3, n_experts=12, top_k=2, prefill_tokens=0,
-                          seed=7)], ids=["synthetic", "synthetic-batch4"])
+@pytest.mark.parametrize(
+    "trace",
+    [
+        synth.synthetic_trace(
+            60, n_layers=4, n_experts=16, top_k=3, prefill_tokens=6, prefill_every=30, seed=2
+        ),
+        synth.synthetic_trace(40, batch=4, n_layers=3, n_experts=12, top_k=2, prefill_tokens=0, seed=7),
+    ],
+    ids=["synthetic", "synthetic-batch4"],
+)
 def test_store_fires_and_simulator_agree_exactly_under_blend(tmp_path, trace, granularity):
     prep = Prepared(trace)
     slots = max(int(np.diff(prep.dstarts).max()) + 2, trace.n_keys // 4)
     params = {"half_life": 4.0}
-    cnt = replay_demand_fill(prep, policies.make("blend", trace.n_keys, slots, **params), slots,
-                             granularity, admission=ADMIT_ALL)
+    cnt = replay_demand_fill(
+        prep, policies.make("blend", trace.n_keys, slots, **params), slots, granularity, admission=ADMIT_ALL
+    )
     pack = make_random_pack(tmp_path / "pack", trace.n_layers, trace.n_experts, 64, seed=1)
-    with ts.ExpertStore(pack, vram_slots=slots, ram_gb=0, device="cpu",
-                        policy={"name": "blend", **params}, lazy_per_step=0,
-                        max_promote=trace.n_keys, threads=1) as store:
+    with ts.ExpertStore(
+        pack,
+        vram_slots=slots,
+        ram_gb=0,
+        device="cpu",
+        policy={"name": "blend", **params},
+        lazy_per_step=0,
+        max_promote=trace.n_keys,
+        threads=1,
+    ) as store:
         got = replay_store(store, trace, "fire", granularity)
         store.check_invariants()
     assert got.distinct_hits == int(cnt.hit.sum())
@@ -97,15 +112,23 @@ def test_store_lazy_promotions_and_simulator_agree_exactly_under_blend(tmp_path)
     # blend's order (next use) is not its admission score (short heat), so a lazy
     # pass can turn away a pair before the last one: the store's slot take then
     # evicts the coldest keys, and the simulator's lazy model must do the same.
-    trace = synth.synthetic_trace(60, n_layers=4, n_experts=16, top_k=3, prefill_tokens=6,
-                                  prefill_every=30, seed=2)
+    trace = synth.synthetic_trace(
+        60, n_layers=4, n_experts=16, top_k=3, prefill_tokens=6, prefill_every=30, seed=2
+    )
     prep = Prepared(trace)
     slots = trace.n_keys // 4
     cnt = replay_lazy(prep, policies.make("blend", trace.n_keys, slots, half_life=4.0), slots, 8)
     pack = make_random_pack(tmp_path / "pack", trace.n_layers, trace.n_experts, 64, seed=1)
-    with ts.ExpertStore(pack, vram_slots=slots, ram_gb=0, device="cpu",
-                        policy={"name": "blend", "half_life": 4.0}, lazy_per_step=8,
-                        max_promote=trace.n_keys, threads=1) as store:
+    with ts.ExpertStore(
+        pack,
+        vram_slots=slots,
+        ram_gb=0,
+        device="cpu",
+        policy={"name": "blend", "half_life": 4.0},
+        lazy_per_step=8,
+        max_promote=trace.n_keys,
+        threads=1,
+    ) as store:
         got = replay_store(store, trace, "lazy")
         rejected = store.stats().lazy_rejected
     assert got.distinct_hits == int(cnt.hit.sum()) and got.reads == cnt.demand_reads

@@ -1,10 +1,12 @@
 """Auto's experts and selection: each shadow is its expert replayed alone, scores
 count reads saved (distinct hits), and the real tier tracks the best expert."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierstore import policies, sim
 from tierstore.policies.auto import EXPERTS, SCORE_HALF_LIFE
@@ -25,8 +27,9 @@ def test_expert_list_is_the_documented_one():
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10**6), slots=st.integers(3, 20), batch=st.sampled_from([1, 3]))
 def test_each_shadow_is_its_expert_replayed_alone(seed, slots, batch):
-    tr = synth.synthetic_trace(40, batch=batch, n_layers=3, n_experts=12, top_k=2,
-                               prefill_tokens=5, prefill_every=20, seed=seed)
+    tr = synth.synthetic_trace(
+        40, batch=batch, n_layers=3, n_experts=12, top_k=2, prefill_tokens=5, prefill_every=20, seed=seed
+    )
     prep = Prepared(tr)
     auto = policies.make("auto", tr.n_keys, slots)
     replay_demand_fill(prep, auto, slots)
@@ -41,7 +44,7 @@ def test_each_shadow_is_its_expert_replayed_alone(seed, slots, batch):
 
 def test_scores_count_distinct_hits_not_tokens():
     auto = policies.make("auto", 8, 4)
-    auto.on_access([1, 2])        # every shadow misses both and admits them
+    auto.on_access([1, 2])  # every shadow misses both and admits them
     auto.on_access([1, 2], weights=[100.0, 1.0])
     assert auto.expert_scores.tolist() == [2.0] * len(EXPERTS)
     auto.decay(steps=int(SCORE_HALF_LIFE))
@@ -51,8 +54,9 @@ def test_scores_count_distinct_hits_not_tokens():
 @pytest.mark.parametrize("seed", [11, 12])
 def test_auto_tracks_the_best_of_its_experts(seed):
     # A bursty small-model trace where the experts differ by several percent.
-    tr = synth.synthetic_trace(300, n_layers=4, n_experts=32, top_k=3, prefill_tokens=16,
-                               prefill_every=150, seed=seed)
+    tr = synth.synthetic_trace(
+        300, n_layers=4, n_experts=32, top_k=3, prefill_tokens=16, prefill_every=150, seed=seed
+    )
     prep = Prepared(tr)
     slots = tr.n_keys // 8
     alone = {}
@@ -61,5 +65,5 @@ def test_auto_tracks_the_best_of_its_experts(seed):
         alone[(name, h)] = cnt.result(name, slots, prep, 0, 1.0).bandwidth_hit_rate
     (r,) = sim.replay(prep, ["auto"], [slots])
     best, worst = max(alone.values()), min(alone.values())
-    assert best - worst > 0.03                        # the choice matters on this trace
+    assert best - worst > 0.03  # the choice matters on this trace
     assert r.bandwidth_hit_rate >= best - 0.25 * (best - worst)

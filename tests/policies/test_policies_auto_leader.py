@@ -2,11 +2,13 @@
 second, longer window whose per-step hit rate is added (tierstore/policies/auto.py
 LONG_SCORE_HALF_LIFE). Checked against a Python recomputation from the scores the core
 publishes, after every access of random traces."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tierstore.policies.auto as auto_mod
 from tierstore import policies
@@ -30,7 +32,7 @@ def test_leader_is_the_first_best_of_the_two_windows(seed, cap, long_on):
         if rng.random() < 0.3:  # a tick end: the long window decays as the core's does
             steps = int(rng.integers(1, 3))
             p.decay(steps=steps)
-            long *= d2 ** steps
+            long *= d2**steps
             continue
         keys = np.unique(rng.integers(0, 24, size=int(rng.integers(1, 6))))
         before, lead = p.expert_scores.copy(), p.leader
@@ -64,9 +66,9 @@ def test_meta_leader_follows_the_window_whose_leader_hit_more(seed, cap):
         if rng.random() < 0.3:
             steps = int(rng.integers(1, 3))
             p.decay(steps=steps)
-            long *= d2 ** steps
-            ms *= d2 ** steps
-            ml *= d2 ** steps
+            long *= d2**steps
+            ms *= d2**steps
+            ml *= d2**steps
             continue
         keys = np.unique(rng.integers(0, 24, size=int(rng.integers(1, 6))))
         before = p.expert_scores.copy()
@@ -77,15 +79,18 @@ def test_meta_leader_follows_the_window_whose_leader_hit_more(seed, cap):
         ml += hits[ll]
         ls, ll = int(np.argmax(p.expert_scores)), int(np.argmax(long))
         want = ls if ms > ml else ll
-        close = np.isclose(ms, ml, rtol=1e-12) or np.isclose(
-            p.expert_scores[p.leader], p.expert_scores[ls], rtol=1e-12) or np.isclose(
-            long[p.leader], long[ll], rtol=1e-12)
+        close = (
+            np.isclose(ms, ml, rtol=1e-12)
+            or np.isclose(p.expert_scores[p.leader], p.expert_scores[ls], rtol=1e-12)
+            or np.isclose(long[p.leader], long[ll], rtol=1e-12)
+        )
         assert p.leader == want or close
     p.check_invariants()
 
 
 def test_meta_leader_needs_a_long_window():
     import pytest
+
     old = auto_mod.META_LEADER
     auto_mod.META_LEADER = True
     try:
@@ -98,9 +103,13 @@ def test_meta_leader_needs_a_long_window():
 def test_prefetching_picks_the_one_slow_window():
     plain, beside = policies.make("auto", 24, 4), policies.make("auto", 24, 4, prefetching=True)
     assert (plain.score_half_life, plain.long_score_half_life) == (
-        auto_mod.SCORE_HALF_LIFE, auto_mod.LONG_SCORE_HALF_LIFE)
+        auto_mod.SCORE_HALF_LIFE,
+        auto_mod.LONG_SCORE_HALF_LIFE,
+    )
     assert (beside.score_half_life, beside.long_score_half_life) == (
-        auto_mod.PREFETCH_SCORE_HALF_LIFE, auto_mod.PREFETCH_LONG_SCORE_HALF_LIFE)
+        auto_mod.PREFETCH_SCORE_HALF_LIFE,
+        auto_mod.PREFETCH_LONG_SCORE_HALF_LIFE,
+    )
     # The same reads, two leaders: the windows decide (a burst on expert 1's side moves the
     # short-window leader first). Checked on a trace where they differ.
     rng = np.random.default_rng(3)
@@ -118,6 +127,7 @@ def test_prefetching_picks_the_one_slow_window():
 
 def test_prefetching_must_be_a_bool():
     from tierstore.errors import ConfigError
+
     with pytest.raises(ConfigError, match="prefetching must be true or false"):
         policies.make("auto", 24, 4, prefetching="yes")
     # a policy that does not tune itself for a prefetcher is the same policy either way

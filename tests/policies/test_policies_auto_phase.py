@@ -1,9 +1,11 @@
 """The phase policy: hybrid's frequency order plus the within-tick next-use offset (and
 blend, phase over two half-lives, under the same random groups)."""
+
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierstore import policies
 
@@ -23,6 +25,7 @@ def test_phase_keeps_the_key_of_a_layer_still_to_come_this_tick():
     p.on_access([4])
     assert p.victims(3).tolist() == [1, 0, 2]
 
+
 def test_phase_prefers_the_more_popular_key_over_the_nearer_one():
     p = policies.make("phase", 4, 2, half_life=64.0)
     for t in range(8):
@@ -38,8 +41,11 @@ def test_phase_prefers_the_more_popular_key_over_the_nearer_one():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 11), min_size=0, max_size=5), min_size=1, max_size=40),
-       st.integers(1, 6), st.sampled_from([("phase", 8.0), ("blend", 2.0)]))
+@given(
+    st.lists(st.lists(st.integers(0, 11), min_size=0, max_size=5), min_size=1, max_size=40),
+    st.integers(1, 6),
+    st.sampled_from([("phase", 8.0), ("blend", 2.0)]),
+)
 def test_phase_and_blend_invariants_under_random_groups(groups, cap, policy):
     name, h = policy
     p = policies.make(name, 12, cap, half_life=h)
@@ -53,7 +59,7 @@ def test_phase_and_blend_invariants_under_random_groups(groups, cap, policy):
             v = p.victims(miss.size - free, blocked)
             assert not blocked[v].any() and p.is_resident(v).all()
             p.on_evict(v)
-            miss = miss[:free + v.size]
+            miss = miss[: free + v.size]
         p.on_admit(miss)
         if i % 3 == 2:
             p.decay()

@@ -1,23 +1,30 @@
 """Property tests (hypothesis) for every policy, plus decay and admission details."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierstore import policies
 from tierstore.errors import ConfigError
 
 N_KEYS = 24
 
-ops = st.lists(st.one_of(
-    st.tuples(st.just("access"), st.lists(st.integers(0, N_KEYS - 1), min_size=1, max_size=12)),
-    st.tuples(st.just("admit"), st.lists(st.integers(0, N_KEYS - 1), min_size=1, max_size=4)),
-    st.tuples(st.just("evict"), st.lists(st.integers(0, N_KEYS - 1), min_size=1, max_size=4)),
-    st.tuples(st.just("victims"), st.tuples(st.integers(0, 10),
-                                            st.lists(st.integers(0, N_KEYS - 1), max_size=6))),
-    st.tuples(st.just("decay"), st.integers(1, 2000)),
-), max_size=60)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("access"), st.lists(st.integers(0, N_KEYS - 1), min_size=1, max_size=12)),
+        st.tuples(st.just("admit"), st.lists(st.integers(0, N_KEYS - 1), min_size=1, max_size=4)),
+        st.tuples(st.just("evict"), st.lists(st.integers(0, N_KEYS - 1), min_size=1, max_size=4)),
+        st.tuples(
+            st.just("victims"),
+            st.tuples(st.integers(0, 10), st.lists(st.integers(0, N_KEYS - 1), max_size=6)),
+        ),
+        st.tuples(st.just("decay"), st.integers(1, 2000)),
+    ),
+    max_size=60,
+)
 
 
 @pytest.mark.parametrize("name", policies.available())
@@ -30,14 +37,17 @@ def test_any_operation_sequence_keeps_resident_set_and_victim_order(name, sequen
         if op == "access":
             p.on_access(np.array(arg))
         elif op == "admit":
-            p.on_admit(np.array(arg)); model |= set(arg)
+            p.on_admit(np.array(arg))
+            model |= set(arg)
         elif op == "evict":
-            p.on_evict(np.array(arg)); model -= set(arg)
+            p.on_evict(np.array(arg))
+            model -= set(arg)
         elif op == "decay":
             p.decay(steps=arg)
         else:
             n, pinned_keys = arg
-            pinned = np.zeros(N_KEYS, bool); pinned[pinned_keys] = True
+            pinned = np.zeros(N_KEYS, bool)
+            pinned[pinned_keys] = True
             v = p.victims(n, pinned)
             eligible = model - set(pinned_keys)
             assert len(v) == min(n, len(eligible)) and len(set(v.tolist())) == len(v)
@@ -62,7 +72,8 @@ def test_rank_is_descending_in_scores_and_a_permutation(name, keys, seed):
     p = policies.make(name, N_KEYS, 8)
     rng = np.random.default_rng(seed)
     for _ in range(5):
-        p.on_access(rng.integers(0, N_KEYS, 7)); p.decay()
+        p.on_access(rng.integers(0, N_KEYS, 7))
+        p.decay()
     arr = np.array(keys)
     r = p.rank(arr)
     assert sorted(r.tolist()) == sorted(keys)
@@ -70,8 +81,11 @@ def test_rank_is_descending_in_scores_and_a_permutation(name, keys, seed):
 
 
 @settings(max_examples=50, deadline=None)
-@given(half_life=st.floats(0.5, 50), steps=st.integers(0, 20000),
-       counts=st.lists(st.integers(1, 5), min_size=2, max_size=2))
+@given(
+    half_life=st.floats(0.5, 50),
+    steps=st.integers(0, 20000),
+    counts=st.lists(st.integers(1, 5), min_size=2, max_size=2),
+)
 def test_heat_decays_by_half_per_half_life_and_survives_renormalisation(half_life, steps, counts):
     p = policies.make("heat", 4, 2, half_life=half_life)
     p.on_access(np.repeat([0, 1], counts))
@@ -98,8 +112,9 @@ def test_heat_large_batch_path_matches_small_batch_path():
     keys = rng.integers(0, 64, 5000)
     w = rng.random(5000)
     big, small = policies.make("heat", 64, 8), policies.make("heat", 64, 8)
-    big.decay(steps=7); small.decay(steps=7)
-    big.on_access(keys, weights=w)              # bincount path (batch >= share of n_keys)
+    big.decay(steps=7)
+    small.decay(steps=7)
+    big.on_access(keys, weights=w)  # bincount path (batch >= share of n_keys)
     for chunk in np.array_split(np.arange(5000), 500):
         small.on_access(keys[chunk], weights=w[chunk])  # add.at path
     np.testing.assert_allclose(big.scores(), small.scores(), rtol=1e-12)
@@ -125,7 +140,9 @@ def test_heat_rejects_both_half_lives_and_nonpositive():
 def test_hybrid_breaks_heat_ties_by_recency():
     p = policies.make("hybrid", 8, 4)
     p.on_admit([1, 2, 3])
-    p.on_access([3]); p.on_access([1]); p.on_access([2])  # equal heat, no decay between
+    p.on_access([3])
+    p.on_access([1])
+    p.on_access([2])  # equal heat, no decay between
     assert p.victims(3).tolist() == [3, 1, 2]
     assert p.rank(np.array([1, 2, 3])).tolist() == [2, 1, 3]
 
@@ -134,8 +151,7 @@ def test_hybrid_admit_is_vectorised_and_strict():
     p = policies.make("hybrid", 8, 4)
     p.on_access([0, 0, 1, 2, 2, 2])
     assert p.admit(2, 0) is True and p.admit(1, 0) is False and p.admit(0, 0) is False
-    np.testing.assert_array_equal(p.admit(np.array([2, 1, 3]), np.array([0, 0, 1])),
-                                  [True, False, False])
+    np.testing.assert_array_equal(p.admit(np.array([2, 1, 3]), np.array([0, 0, 1])), [True, False, False])
     lru = policies.make("lru", 8, 4)
     assert lru.admit(1, 2) is True
     assert lru.admit(np.array([1, 2]), np.array([3, 4])).tolist() == [True, True]
@@ -161,7 +177,8 @@ def test_one_batch_orders_victims_by_count_then_key(name, size):
 @pytest.mark.parametrize("size", [3, 200])
 def test_out_of_range_access_in_any_batch_size_names_the_key(name, size):
     p = policies.make(name, 64, 8)
-    keys = np.zeros(size, dtype=np.int64); keys[-1] = 64
+    keys = np.zeros(size, dtype=np.int64)
+    keys[-1] = 64
     with pytest.raises(ConfigError, match=r"key 64 out of range \[0, 64\)"):
         p.on_access(keys)
     p.check_invariants()

@@ -11,6 +11,7 @@ Read from the source, nothing imported but the command's parser and the native m
 - no doc, docstring or product comment cites an "issue N" of a tracker the repository does
   not carry: the reason is written out instead.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,18 @@ ROOT = Path(__file__).resolve().parents[2]
 # Files the name check skips (none: every doc and docstring names what exists).
 EXCLUDED: list[str] = []
 
-_SKIP_DIRS = {".git", "build", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache",
-              ".benchmarks", ".baseline", ".whl", ".venv-vllm-cpu"}
+_SKIP_DIRS = {
+    ".git",
+    "build",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    ".ruff_cache",
+    ".benchmarks",
+    ".baseline",
+    ".whl",
+    ".venv-vllm-cpu",
+}
 # Files of vLLM-Moet, named where a doc compares with it (they are in its repository).
 EXTERNAL = {"moe_w2_store.py", "moe_w2_gate.py", "moe_w2_delta.py", "MOET-SURFACE.md"}
 _CODE_EXT = ("py", "cpp", "hpp", "h", "cu", "cuh", "sh", "cmake")
@@ -57,6 +68,7 @@ def _repo_files() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
 
 # -- the texts ---------------------------------------------------------------------------
 
+
 def _markdown_sources() -> list[str]:
     out = ["README.md", "bench/README.md", "bench/RESULTS.md"]
     out += sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))
@@ -64,8 +76,11 @@ def _markdown_sources() -> list[str]:
 
 
 def _python_sources() -> list[str]:
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tierstore").rglob("*.py")
-                  if not _excluded(str(p.relative_to(ROOT))))
+    return sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "tierstore").rglob("*.py")
+        if not _excluded(str(p.relative_to(ROOT)))
+    )
 
 
 def _docstrings(rel: str):
@@ -84,10 +99,12 @@ def _messages(rel: str):
     tree = ast.parse((ROOT / rel).read_text(), filename=rel)
     for node in ast.walk(tree):
         is_warn = isinstance(node, ast.Call) and (
-            getattr(node.func, "attr", None) == "warn" or getattr(node.func, "id", None) == "warn")
+            getattr(node.func, "attr", None) == "warn" or getattr(node.func, "id", None) == "warn"
+        )
         if isinstance(node, ast.Raise) or is_warn:
-            parts = [n.value for n in ast.walk(node)
-                     if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            parts = [
+                n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            ]
             if parts:
                 yield node.lineno, "".join(parts)
 
@@ -115,9 +132,10 @@ def _code(text: str, markdown: bool) -> list[str]:
     of fenced or indented blocks that start with one (prose lines may begin "tierstore")."""
     parts = [m.group(1) or m.group(2) for m in _SPAN.finditer(_FENCE.sub("", text))]
     fenced = "\n".join(m.group(0) for m in _FENCE.finditer(text))
-    indent = 4 if markdown else 2   # a docstring's examples are indented within it
-    lines = fenced.splitlines() + [ln for ln in _FENCE.sub("", text).splitlines()
-                                   if ln.startswith(" " * indent)]
+    indent = 4 if markdown else 2  # a docstring's examples are indented within it
+    lines = fenced.splitlines() + [
+        ln for ln in _FENCE.sub("", text).splitlines() if ln.startswith(" " * indent)
+    ]
     parts += [ln for ln in lines if _PROMPT.match(ln)]
     return parts
 
@@ -153,7 +171,7 @@ def _top_names(path: Path) -> dict[str, ast.AST | None]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for a in node.names:
                 names[(a.asname or a.name).split(".")[0]] = None
-        elif isinstance(node, (ast.If, ast.Try)):   # `if TYPE_CHECKING:` / try-import blocks
+        elif isinstance(node, (ast.If, ast.Try)):  # `if TYPE_CHECKING:` / try-import blocks
             for sub in ast.walk(node):
                 if isinstance(sub, (ast.Import, ast.ImportFrom)):
                     for a in sub.names:
@@ -165,8 +183,11 @@ def _top_names(path: Path) -> dict[str, ast.AST | None]:
 
 @cache
 def _strings(path: Path) -> frozenset[str]:
-    return frozenset(n.value for n in ast.walk(ast.parse(path.read_text()))
-                     if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    return frozenset(
+        n.value
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    )
 
 
 def _class_members(node: ast.ClassDef) -> set[str]:
@@ -177,9 +198,13 @@ def _class_members(node: ast.ClassDef) -> set[str]:
         elif isinstance(sub, (ast.Assign, ast.AnnAssign)):
             targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
             out |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-    for fn in ast.walk(node):   # self.x = ... in any method
-        if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) \
-                and fn.value.id == "self" and isinstance(fn.ctx, ast.Store):
+    for fn in ast.walk(node):  # self.x = ... in any method
+        if (
+            isinstance(fn, ast.Attribute)
+            and isinstance(fn.value, ast.Name)
+            and fn.value.id == "self"
+            and isinstance(fn.ctx, ast.Store)
+        ):
             out.add(fn.attr)
     return out
 
@@ -199,6 +224,7 @@ def _resolves(name: str) -> bool:
         rest = parts[cut:]
         if mod == "tierstore._C":
             from tierstore import _C
+
             return _has(_C, rest)
         path = _module_file(mod)
         if path is None:
@@ -212,15 +238,13 @@ def _resolves(name: str) -> bool:
             return len(rest) == 1 and rest[0] in _strings(path)
         if rest[0] not in node:
             # a submodule imported lazily (``from tierstore.x import y`` inside a function)
-            return _module_file(f"{mod}.{rest[0]}") is not None and _resolves(
-                f"{mod}.{'.'.join(rest)}")
+            return _module_file(f"{mod}.{rest[0]}") is not None and _resolves(f"{mod}.{'.'.join(rest)}")
         cls = node[rest[0]]
         if len(rest) == 1:
             return True
         if isinstance(cls, ast.ClassDef):
             return len(rest) == 2 and rest[1] in _class_members(cls)
-        return _module_file(f"{mod}.{rest[0]}") is not None and _resolves(
-            f"{mod}.{'.'.join(rest)}")
+        return _module_file(f"{mod}.{rest[0]}") is not None and _resolves(f"{mod}.{'.'.join(rest)}")
     return False
 
 
@@ -234,6 +258,7 @@ _NOT_A_COMMAND = re.compile(r"(import|from|install|-m|python3?|pip)\s+$")
 @cache
 def _parser():
     from tierstore.cli import build_parser
+
     return build_parser()
 
 
@@ -249,13 +274,13 @@ def _command_problem(words: list[str], rest: str) -> str | None:
     for w in words:
         subs = _subparsers(p)
         if not subs:
-            break   # a positional argument (a path, a count)
+            break  # a positional argument (a path, a count)
         if w not in subs:
             return f"'tierstore {' '.join(used + [w])}': no such command"
         p = subs[w]
         used.append(w)
     if _subparsers(p):
-        return None   # `tierstore bench` alone names the group
+        return None  # `tierstore bench` alone names the group
     known = {o for a in p._actions for o in a.option_strings}
     for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", " ".join(words) + rest):
         if flag not in known:
@@ -266,8 +291,9 @@ def _command_problem(words: list[str], rest: str) -> str | None:
 # -- paths -------------------------------------------------------------------------------
 
 _PATH = re.compile(r"(?<![\w/.<{$~*-])((?:[A-Za-z0-9_.-]+/)+(?:[A-Za-z0-9_.-]+)?)(?![\w/<{*-])")
-_BARE = re.compile(r"(?<![\w/.<{$~*-])([A-Za-z0-9_-]+\.(?:" + "|".join(_CODE_EXT)
-                   + r")|[A-Z][A-Z0-9_-]+\.md)(?![\w/<{*])")
+_BARE = re.compile(
+    r"(?<![\w/.<{$~*-])([A-Za-z0-9_-]+\.(?:" + "|".join(_CODE_EXT) + r")|[A-Z][A-Z0-9_-]+\.md)(?![\w/<{*])"
+)
 
 
 def _path_exists(token: str, where: str) -> bool:
@@ -284,18 +310,28 @@ def _path_exists(token: str, where: str) -> bool:
 def _is_path(token: str) -> bool:
     token = token.rstrip(".,;:)")
     # absolute, the user's own directory (./out.png), outside the checkout, or a URL
-    if "://" in token or token.startswith(("/", "./", "../", "~")) or "//" in token \
-            or "..." in token:   # an elided path (csrc/store/.../x.hpp)
+    if (
+        "://" in token or token.startswith(("/", "./", "../", "~")) or "//" in token or "..." in token
+    ):  # an elided path (csrc/store/.../x.hpp)
         return False
     last = token.rsplit("/", 1)[-1]
     if not last:
         # a directory: only ones that name a room of the checkout, not prose like "and/or/"
-        return token.split("/")[0] in {"tierstore", "csrc", "bench", "tests", "docs",
-                                       "examples", "results", "device"}
+        return token.split("/")[0] in {
+            "tierstore",
+            "csrc",
+            "bench",
+            "tests",
+            "docs",
+            "examples",
+            "results",
+            "device",
+        }
     return "." in last and last.rsplit(".", 1)[-1] in _PATH_EXT
 
 
 # -- the tests ---------------------------------------------------------------------------
+
 
 def _problems() -> list[str]:
     bad = []
@@ -305,14 +341,17 @@ def _problems() -> list[str]:
                 bad.append(f"{where}: {m.group(0)} does not exist")
         for code in _code(text, markdown):
             for m in _COMMAND.finditer(code):
-                if _NOT_A_COMMAND.search(code[:m.start()]):
+                if _NOT_A_COMMAND.search(code[: m.start()]):
                     continue
                 problem = _command_problem(m.group(1).split(), m.group(2))
                 if problem:
                     bad.append(f"{where}: {problem}")
         for m in _PATH.finditer(text):
-            if _is_path(m.group(1)) and not _path_exists(m.group(1), where) \
-                    and m.group(1).rsplit("/", 1)[-1] not in EXTERNAL:
+            if (
+                _is_path(m.group(1))
+                and not _path_exists(m.group(1), where)
+                and m.group(1).rsplit("/", 1)[-1] not in EXTERNAL
+            ):
                 bad.append(f"{where}: {m.group(1)} is not in the repository")
         _, _, names = _repo_files()
         for m in _BARE.finditer(text):
@@ -331,47 +370,66 @@ _ISSUE = re.compile(r"\bissues? +#?\d+", re.I)
 
 def test_no_issue_numbers_of_a_tracker_the_repository_does_not_carry():
     files = _markdown_sources() + _python_sources()
-    files += sorted(str(p.relative_to(ROOT)) for ext in ("cpp", "hpp", "h", "cu", "cuh")
-                    for p in (ROOT / "csrc").rglob(f"*.{ext}"))
+    files += sorted(
+        str(p.relative_to(ROOT))
+        for ext in ("cpp", "hpp", "h", "cu", "cuh")
+        for p in (ROOT / "csrc").rglob(f"*.{ext}")
+    )
     files += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bench").glob("*.py"))
-    bad = [f"{rel}:{n}: {line.strip()[:100]}" for rel in files if not _excluded(rel)
-           for n, line in enumerate((ROOT / rel).read_text().splitlines(), 1)
-           if _ISSUE.search(line)]
+    bad = [
+        f"{rel}:{n}: {line.strip()[:100]}"
+        for rel in files
+        if not _excluded(rel)
+        for n, line in enumerate((ROOT / rel).read_text().splitlines(), 1)
+        if _ISSUE.search(line)
+    ]
     assert not bad, "write the reason, not the issue number:\n" + "\n".join(bad)
 
 
 # -- the checker itself ------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, ok", [
-    ("tierstore.store.expert_store.ExpertStore", True),
-    ("tierstore.store.expert_store.ExpertStore.fire", True),
-    ("tierstore.Pack", True),
-    ("tierstore.sim.traces", True),
-    ("tierstore.warmstart.WarmStartWarning", False),    # the module was never there
-    ("tierstore.store_io", False),
-    ("tierstore.store.expert_store.ExpertStore.no_such_method", False),
-    ("tierstore.compute.moe.no_such_function", False),
-])
+
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("tierstore.store.expert_store.ExpertStore", True),
+        ("tierstore.store.expert_store.ExpertStore.fire", True),
+        ("tierstore.Pack", True),
+        ("tierstore.sim.traces", True),
+        ("tierstore.warmstart.WarmStartWarning", False),  # the module was never there
+        ("tierstore.store_io", False),
+        ("tierstore.store.expert_store.ExpertStore.no_such_method", False),
+        ("tierstore.compute.moe.no_such_function", False),
+    ],
+)
 def test_dotted_name_check_tells_real_from_missing(name, ok):
     assert _resolves(name) is ok
 
 
-@pytest.mark.parametrize("words, rest, ok", [
-    (["bench", "fire"], " --dir D --sizes 1,8", True),
-    (["demo"], " --quick --json", True),
-    (["pack", "verify"], " out/", True),
-    (["bench", "replay"], "", False),       # no such subcommand
-    (["bench", "fire"], " --no-such-flag", False),
-    (["warmstart"], "", False),
-])
+@pytest.mark.parametrize(
+    "words, rest, ok",
+    [
+        (["bench", "fire"], " --dir D --sizes 1,8", True),
+        (["demo"], " --quick --json", True),
+        (["pack", "verify"], " out/", True),
+        (["bench", "replay"], "", False),  # no such subcommand
+        (["bench", "fire"], " --no-such-flag", False),
+        (["warmstart"], "", False),
+    ],
+)
 def test_command_check_follows_the_real_parser(words, rest, ok):
     assert (_command_problem(words, rest) is None) is ok
 
 
-@pytest.mark.parametrize("token, ok", [
-    ("tierstore/compute/moe.py", True), ("bench/device/prelude.sh", True),
-    ("policies/blend.py", True),            # package-relative
-    ("tierstore/warm_formats.py", False), ("bench/no_such.py", False),
-])
+@pytest.mark.parametrize(
+    "token, ok",
+    [
+        ("tierstore/compute/moe.py", True),
+        ("bench/device/prelude.sh", True),
+        ("policies/blend.py", True),  # package-relative
+        ("tierstore/warm_formats.py", False),
+        ("bench/no_such.py", False),
+    ],
+)
 def test_path_check(token, ok):
     assert _path_exists(token, "README.md") is ok

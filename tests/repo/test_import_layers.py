@@ -1,6 +1,7 @@
 """The library and its commands never import the test kits (README: "never imported by
 the library or the demo"): read from the source, so a lazy import inside a function
 counts too."""
+
 from __future__ import annotations
 
 import ast
@@ -21,8 +22,11 @@ def _imports(path: pathlib.Path):
 
 
 def test_no_product_module_imports_the_test_kits():
-    bad = [f"{p.relative_to(PACKAGE.parent)}:{line} imports {name}"
-           for p in sorted(PACKAGE.rglob("*.py")) if "testing" not in p.relative_to(PACKAGE).parts
-           for name, line in _imports(p)
-           if name == "tierstore.testing" or name.startswith("tierstore.testing.")]
+    bad = [
+        f"{p.relative_to(PACKAGE.parent)}:{line} imports {name}"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if "testing" not in p.relative_to(PACKAGE).parts
+        for name, line in _imports(p)
+        if name == "tierstore.testing" or name.startswith("tierstore.testing.")
+    ]
     assert not bad, "\n".join(bad)

@@ -8,6 +8,7 @@ The private names are the store's own: its class attributes, an instance's attri
 and every ``self._x = ...`` in the classes it is made of (set later, on demand), so the
 scan flags those names and no other class's privates. A module's private (``os._exit``)
 is not a store's."""
+
 from __future__ import annotations
 
 import ast
@@ -38,8 +39,12 @@ def store_privates(tmp_path_factory) -> frozenset:
     for cls in own:
         names |= {n for n in vars(cls) if _private(n)}
         for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls)))):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                    and node.value.id == "self" and _private(node.attr):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+                and _private(node.attr)
+            ):
                 names.add(node.attr)
     assert {"_pool", "_arena", "_mover", "_journal", "_worker"} <= names
     return frozenset(names)
@@ -50,8 +55,12 @@ def private_uses(source: str, names: frozenset) -> list[tuple[int, str]]:
     ``source``: ``x._name`` (x not an imported module) or ``getattr(x, "_name")``,
     ``setattr``/``hasattr``/``delattr``, ``monkeypatch.setattr(x, "_name", ...)``."""
     tree = ast.parse(source)
-    modules = {(a.asname or a.name).split(".")[0] for node in ast.walk(tree)
-               if isinstance(node, ast.Import) for a in node.names}
+    modules = {
+        (a.asname or a.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for a in node.names
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in names:
@@ -59,8 +68,7 @@ def private_uses(source: str, names: frozenset) -> list[tuple[int, str]]:
                 found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Call) and len(node.args) >= 2:
             fn = node.func
-            called = fn.id if isinstance(fn, ast.Name) else \
-                fn.attr if isinstance(fn, ast.Attribute) else None
+            called = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else None
             arg = node.args[1]
             if called in ATTR_CALLS and isinstance(arg, ast.Constant) and arg.value in names:
                 found.append((node.lineno, ast.unparse(node)))
@@ -82,8 +90,12 @@ def test_the_scan_finds_each_way_of_reaching_a_store_private(store_privates):
 
 
 def test_no_test_touches_a_private_attribute_of_the_store(store_privates):
-    bad = [f"{path.relative_to(TESTS.parent)}:{line}: {expr}"
-           for path in sorted(TESTS.rglob("*.py"))
-           for line, expr in private_uses(path.read_text(), store_privates)]
-    assert not bad, ("tests reach into ExpertStore privates; use store.tier(...), "
-                     "resident_keys, stats or check_invariants instead:\n" + "\n".join(bad))
+    bad = [
+        f"{path.relative_to(TESTS.parent)}:{line}: {expr}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for line, expr in private_uses(path.read_text(), store_privates)
+    ]
+    assert not bad, (
+        "tests reach into ExpertStore privates; use store.tier(...), "
+        "resident_keys, stats or check_invariants instead:\n" + "\n".join(bad)
+    )

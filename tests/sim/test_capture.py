@@ -1,5 +1,6 @@
 """Routing capture (tierstore/sim/capture.py): bounded, atomic, and the file it writes feeds
 ``tierstore bench hits``, ``tierstore plan`` and warm start; the vLLM-Moet face writes one."""
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ def test_capture_stops_at_max_steps_and_writes_whole_steps(tmp_path):
     assert list(trace.layer_ids) == [2, 5]
     assert trace.meta["truncated"] == "max_steps" and trace.meta["layers_present"] == [2, 5]
     rows = np.load(path)
-    assert rows[:4].tolist() == [[0, 2, 0], [0, 2, 3], [0, 5, 0], [0, 5, 3]]   # order kept
+    assert rows[:4].tolist() == [[0, 2, 0], [0, 2, 3], [0, 5, 0], [0, 5, 3]]  # order kept
     assert not _leftovers(tmp_path)
 
 
@@ -59,12 +60,12 @@ def test_counts_tables_keep_token_weight(tmp_path):
     cap.step()
     rows = np.load(cap.close())
     assert rows.tolist() == [[0, 0, 1], [0, 0, 1], [0, 2, 0], [0, 2, 0], [0, 2, 0], [0, 2, 3]]
-    assert load_trace(tmp_path / "c.npy").n_experts == 4    # meta num_experts from the table
+    assert load_trace(tmp_path / "c.npy").n_experts == 4  # meta num_experts from the table
 
 
 def test_an_unfinished_step_and_an_empty_capture_write_nothing(tmp_path):
     cap = RoutingCapture(tmp_path / "e.npy", max_steps=10)
-    cap.record(0, np.array([1, 2]))             # no step() after it
+    cap.record(0, np.array([1, 2]))  # no step() after it
     assert cap.close() is None and not os.listdir(tmp_path)
 
 
@@ -74,9 +75,9 @@ def test_a_failed_write_names_the_file_and_leaves_nothing(tmp_path):
     cap = RoutingCapture(sub / "t.npy", max_steps=3)
     cap.record(0, np.array([1]))
     cap.step()
-    os.chmod(sub, 0o500)                        # the directory turned read-only
+    os.chmod(sub, 0o500)  # the directory turned read-only
     try:
-        if os.access(sub, os.W_OK):             # root ignores modes: remove it instead
+        if os.access(sub, os.W_OK):  # root ignores modes: remove it instead
             os.chmod(sub, 0o700)
             os.rmdir(sub)
         with pytest.raises(TierIOError, match="t.npy"):
@@ -87,19 +88,21 @@ def test_a_failed_write_names_the_file_and_leaves_nothing(tmp_path):
     assert not sub.exists() or not os.listdir(sub)
 
 
-@pytest.mark.parametrize("path, message", [
-    ("t.txt", "must end in .npy"), ("no/such/dir/t.npy", "does not exist")])
+@pytest.mark.parametrize(
+    "path, message", [("t.txt", "must end in .npy"), ("no/such/dir/t.npy", "does not exist")]
+)
 def test_bad_capture_paths_are_refused(tmp_path, path, message):
     with pytest.raises(ConfigError, match=message):
         RoutingCapture(tmp_path / path)
 
 
 @hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps=st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9)), max_size=6),
-                      max_size=12),
-       max_steps=st.integers(1, 15), max_rows=st.integers(1, 40))
-def test_capture_is_a_prefix_of_whole_steps_within_both_bounds(tmp_path, steps, max_steps,
-                                                                 max_rows):
+@given(
+    steps=st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9)), max_size=6), max_size=12),
+    max_steps=st.integers(1, 15),
+    max_rows=st.integers(1, 40),
+)
+def test_capture_is_a_prefix_of_whole_steps_within_both_bounds(tmp_path, steps, max_steps, max_rows):
     path = tmp_path / "p.npy"
     if path.exists():
         path.unlink()
@@ -110,7 +113,7 @@ def test_capture_is_a_prefix_of_whole_steps_within_both_bounds(tmp_path, steps, 
         cap.step()
     out = cap.close()
     kept, rows = 0, 0
-    for pairs in steps:                       # the reference: whole steps while both hold
+    for pairs in steps:  # the reference: whole steps while both hold
         if kept == max_steps or rows + len(pairs) > max_rows:
             break
         kept, rows = kept + 1, rows + len(pairs)
@@ -127,8 +130,7 @@ def test_capture_is_a_prefix_of_whole_steps_within_both_bounds(tmp_path, steps, 
 def moet_capture(monkeypatch, tmp_path):
     """A vLLM-Moet serving run with DELTA_CAPTURE set: 12 gated steps, then shutdown."""
     path = tmp_path / "routing.npy"
-    with moet_env(monkeypatch, env(tmp_path, slots=14, DELTA_CAPTURE=path,
-                                   DELTA_CAPTURE_TICKS=10)) as m:
+    with moet_env(monkeypatch, env(tmp_path, slots=14, DELTA_CAPTURE=path, DELTA_CAPTURE_TICKS=10)) as m:
         eng = MoetEngine(m, planes(), n_experts=E, dev="cpu", top_k=2, tokens=2).boot()
         for _ in range(12):
             eng.step(fire=True)
@@ -149,20 +151,57 @@ def test_moet_face_captures_its_routing_bounded(moet_capture):
 
 
 def test_captured_file_feeds_bench_hits(moet_capture, capsys):
-    assert cli_main(["bench", "hits", "--trace", str(moet_capture), "--slots", "4,8",
-                     "--policies", "lru,belady", "--json"]) == 0
+    assert (
+        cli_main(
+            [
+                "bench",
+                "hits",
+                "--trace",
+                str(moet_capture),
+                "--slots",
+                "4,8",
+                "--policies",
+                "lru,belady",
+                "--json",
+            ]
+        )
+        == 0
+    )
     results = json.loads(capsys.readouterr().out)
     assert {r["policy"] for r in results} == {"lru", "belady"}
 
 
 def test_captured_file_feeds_plan_and_warm_start(moet_capture, tmp_path, capsys):
     warm = tmp_path / "poolmon.json"
-    assert cli_main(["plan", "--layers", str(L), "--experts", str(E), "--top-k", "2",
-                     "--hidden", "64", "--moe-intermediate", "32", "--card-gb", "1",
-                     "--trace", str(moet_capture), "--warm-out", str(warm), "--json"]) == 0
+    assert (
+        cli_main(
+            [
+                "plan",
+                "--layers",
+                str(L),
+                "--experts",
+                str(E),
+                "--top-k",
+                "2",
+                "--hidden",
+                "64",
+                "--moe-intermediate",
+                "32",
+                "--card-gb",
+                "1",
+                "--trace",
+                str(moet_capture),
+                "--warm-out",
+                str(warm),
+                "--json",
+            ]
+        )
+        == 0
+    )
     plan = json.loads(capsys.readouterr().out)
     assert plan["curve"]["recommended"]["slots"] >= 1
     from tierstore.warm import read_warm_file
+
     wf = read_warm_file(warm)
     assert len(wf.pool) == plan["curve"]["recommended"]["slots"]
     assert wf.identity.n_layers == L and wf.identity.n_experts == E
@@ -170,6 +209,7 @@ def test_captured_file_feeds_plan_and_warm_start(moet_capture, tmp_path, capsys)
 
 def test_tierstore_capture_setting_works_without_delta_capture(monkeypatch, tmp_path):
     from tierstore import settings
+
     path = tmp_path / "ts.npy"
     monkeypatch.setenv("TIERSTORE_CAPTURE", str(path))
     monkeypatch.setenv("TIERSTORE_CAPTURE_MAX_STEPS", "3")

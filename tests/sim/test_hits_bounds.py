@@ -1,5 +1,6 @@
 """bench/hits_bounds.py: its demand loop is the simulator's (so its oracle rows are
 comparable with hits_eval's), and the future-knowledge rows bound what they should."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,15 +14,17 @@ from tierstore.policies import make
 from tierstore.sim import synth
 
 _SPEC = importlib.util.spec_from_file_location(
-    "hits_bounds", Path(__file__).resolve().parents[2] / "bench" / "hits_bounds.py")
+    "hits_bounds", Path(__file__).resolve().parents[2] / "bench" / "hits_bounds.py"
+)
 hb = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(hb)
 
 
 @pytest.fixture(scope="module")
 def prep():
-    return sim.Prepared(synth.synthetic_trace(24, seed=3, n_layers=4, n_experts=16, top_k=4,
-                                              prefill_tokens=0))
+    return sim.Prepared(
+        synth.synthetic_trace(24, seed=3, n_layers=4, n_experts=16, top_k=4, prefill_tokens=0)
+    )
 
 
 @pytest.mark.parametrize("policy,h", [("blend", 64.0), ("hybrid", 8.0), ("lru", None)])

@@ -16,6 +16,7 @@
 - only the past is used: changing the ticks after T changes no decision before T;
 - the model registered in the simulator reports the latency view with reads.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,8 +47,14 @@ def _trace(rng, n_ticks, n_layers, n_experts, top_k, sticky) -> Trace:
             rows += [(t, layer, int(e)) for e in ids]
             prev = ids if ids.size == top_k else prev
     arr = np.array(rows, dtype=np.int64)
-    return Trace(arr[:, 0], arr[:, 1].astype(np.int32), arr[:, 2].astype(np.int32),
-                 np.arange(n_layers, dtype=np.int64), n_experts, "generated")
+    return Trace(
+        arr[:, 0],
+        arr[:, 1].astype(np.int32),
+        arr[:, 2].astype(np.int32),
+        np.arange(n_layers, dtype=np.int64),
+        n_experts,
+        "generated",
+    )
 
 
 class LoggingPrefetcher(Prefetcher):
@@ -70,9 +77,17 @@ class LoggingPrefetcher(Prefetcher):
         self.tick += 1
 
 
-shapes = st.tuples(st.integers(8, 40), st.integers(2, 5), st.integers(4, 16), st.integers(1, 4),
-                   st.floats(0.0, 1.0), st.integers(0, 2**31 - 1), st.floats(0.1, 0.6),
-                   st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.sampled_from(["lru", "hybrid", "heat"]))
+shapes = st.tuples(
+    st.integers(8, 40),
+    st.integers(2, 5),
+    st.integers(4, 16),
+    st.integers(1, 4),
+    st.floats(0.0, 1.0),
+    st.integers(0, 2**31 - 1),
+    st.floats(0.1, 0.6),
+    st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+    st.sampled_from(["lru", "hybrid", "heat"]),
+)
 
 
 @settings(max_examples=40, deadline=None)
@@ -89,7 +104,7 @@ def test_proposals_respect_the_budget_and_reads_are_counted(shape):
         assert fetch.size == 0 or cost <= max(credit, 0.0) + 1e-9  # expected reads in credit
         target = (layer + 1) % L
         assert np.all(fetch // E == target) and np.all(hold // E == target)
-        assert not res[fetch].any()                # only rows not already there are read
+        assert not res[fetch].any()  # only rows not already there are read
         assert np.isin(fetch, hold).all() and np.unique(hold).size == hold.size
     if ratio == 0.0:
         assert pf.issued == 0 and cnt.prefetched == 0
@@ -98,7 +113,7 @@ def test_proposals_respect_the_budget_and_reads_are_counted(shape):
     if pf.issued == cnt.prefetched:
         assert pf.reads == cnt.demand_reads + cnt.prefetched
     lru = replay_demand_fill(prep, policies.make("lru", trace.n_keys, slots), slots)
-    assert pf.lru_reads == lru.demand_reads     # the shadow is LRU, exactly
+    assert pf.lru_reads == lru.demand_reads  # the shadow is LRU, exactly
     assert 0 <= pf.useful <= pf.issued
     assert not pf.held_mask.any() or pf.held_mask.sum() == sum(h.size for h in pf._held)
 
@@ -121,8 +136,14 @@ def test_decisions_up_to_t_use_only_the_past(seed, cut, name):
     b_rows[later] = tail
     b_rows = b_rows[np.lexsort((b_rows[:, 2], b_rows[:, 1], b_rows[:, 0]))]
     b_rows = np.unique(b_rows, axis=0)
-    b = Trace(b_rows[:, 0].astype(np.int64), b_rows[:, 1].astype(np.int32),
-              b_rows[:, 2].astype(np.int32), a.layer_ids, a.n_experts, "permuted")
+    b = Trace(
+        b_rows[:, 0].astype(np.int64),
+        b_rows[:, 1].astype(np.int32),
+        b_rows[:, 2].astype(np.int32),
+        a.layer_ids,
+        a.n_experts,
+        "permuted",
+    )
     logs, hits = [], []
     for tr in (a, b):
         prep = Prepared(tr)
@@ -169,18 +190,30 @@ def test_an_inaccurate_model_spends_nothing(seed, name):
     2 policies: worst loss 1 hit with nothing fetched, a gain on average)."""
     rng = np.random.default_rng(seed)
     n_ticks, L, E, k = 120, 3, 32, 2
-    rows = [(t, layer, int(e)) for t in range(n_ticks) for layer in range(L)
-            for e in rng.choice(E, k, replace=False)]
+    rows = [
+        (t, layer, int(e))
+        for t in range(n_ticks)
+        for layer in range(L)
+        for e in rng.choice(E, k, replace=False)
+    ]
     arr = np.array(rows, dtype=np.int64)
     arr = arr[np.lexsort((arr[:, 2], arr[:, 1], arr[:, 0]))]
-    trace = Trace(arr[:, 0], arr[:, 1].astype(np.int32), arr[:, 2].astype(np.int32),
-                  np.arange(L, dtype=np.int64), E, "uniform")
+    trace = Trace(
+        arr[:, 0],
+        arr[:, 1].astype(np.int32),
+        arr[:, 2].astype(np.int32),
+        np.arange(L, dtype=np.int64),
+        E,
+        "uniform",
+    )
     prep = Prepared(trace)
     slots = 24
-    cnt, pf = replay_with_prefetch(prep, policies.make(name, trace.n_keys, slots, prefetching=True), slots,
-                                   read_ratio=1.0, top_k=k)
-    base = replay_demand_fill(prep, policies.make(name, trace.n_keys, slots, prefetching=True), slots,
-                              native=False)
+    cnt, pf = replay_with_prefetch(
+        prep, policies.make(name, trace.n_keys, slots, prefetching=True), slots, read_ratio=1.0, top_k=k
+    )
+    base = replay_demand_fill(
+        prep, policies.make(name, trace.n_keys, slots, prefetching=True), slots, native=False
+    )
     # Chance is p = k / E = 0.06, below the lowest price: only the first proposals,
     # before the calibration has seen outcomes, may fetch (seeds 0-999 x both policies:
     # median 0, p99 3.5 %, max 5.5 % of the demand reads; hypothesis found 5.04 %, seed
@@ -200,8 +233,8 @@ def test_a_prefill_predicts_its_next_layer_near_whole():
     experts = np.arange(E)
     pf.on_read(0, experts, np.zeros(E, dtype=bool), routings=40 * k)
     fetch, hold = pf.propose(0, np.zeros(L * E, dtype=bool))
-    assert set(fetch.tolist()) == set(range(E, 2 * E))   # the whole of layer 1, nothing else
-    assert pf.last_cost < 0.1 * E                        # each nearly pays for itself
+    assert set(fetch.tolist()) == set(range(E, 2 * E))  # the whole of layer 1, nothing else
+    assert pf.last_cost < 0.1 * E  # each nearly pays for itself
     # A single token's read (decode) predicts about k experts, not the layer.
     pf2 = Prefetcher(L, E, 40, read_ratio=2.0, top_k=k)
     pf2.on_read(0, experts[:k], np.zeros(k, dtype=bool), routings=k)
@@ -229,11 +262,18 @@ def test_bad_parameters_are_config_errors():
     with pytest.raises(ConfigError, match="read_ratio"):
         Prefetcher(4, 8, 10, read_ratio=-1)
     with pytest.raises(ConfigError, match="granularity"):
-        sim.replay(synth.synthetic_trace(4, n_layers=2, n_experts=8, top_k=2, prefill_tokens=0),
-                   ["auto+prefetch"], [4], granularity="tick")
+        sim.replay(
+            synth.synthetic_trace(4, n_layers=2, n_experts=8, top_k=2, prefill_tokens=0),
+            ["auto+prefetch"],
+            [4],
+            granularity="tick",
+        )
     with pytest.raises(ConfigError, match="unknown policy"):
-        sim.replay(synth.synthetic_trace(4, n_layers=2, n_experts=8, top_k=2, prefill_tokens=0),
-                   ["nosuch+prefetch"], [4])
+        sim.replay(
+            synth.synthetic_trace(4, n_layers=2, n_experts=8, top_k=2, prefill_tokens=0),
+            ["nosuch+prefetch"],
+            [4],
+        )
     prep = Prepared(synth.synthetic_trace(4, n_layers=2, n_experts=8, top_k=2, prefill_tokens=0))
     with pytest.raises(ConfigError, match="prefetcher built"):
         replay_prefetching(prep, policies.make("lru", 16, 4), 4, Prefetcher(2, 8, 5))

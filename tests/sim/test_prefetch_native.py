@@ -6,6 +6,7 @@ policy's final state are equal, for every native policy and auto, demand fill or
 any read budget, lead and token batching. What the native loop cannot model exactly
 (a timed lead-time model, a Prefetcher subclass, a used policy, one layer) stays on the
 Python loop."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,17 +34,45 @@ def _run(prep, base, slots, native, *, demand_fill=True, **pf_params):
     pf = Prefetcher(L, E, slots, **pf_params)
     pol = policies.make(base, prep.n_keys, slots, prefetching=True)
     c = replay_prefetching(prep, pol, slots, pf, demand_fill=demand_fill, native=native)
-    return ((c.demand_reads, c.prefetched, c.prefetch_hits, c.wasted, c.evictions, c.rejected,
-             c.unserved, digest(c.hit)),
-            (pf.issued, pf.useful, pf.misses, pf.lru_reads, pf.held_resident, pf.in_flight,
-             pf.threshold, pf.in_flight_p, digest(pf.held_mask)),
-            digest(*policy_state(pol)), pol.n_resident)
+    return (
+        (
+            c.demand_reads,
+            c.prefetched,
+            c.prefetch_hits,
+            c.wasted,
+            c.evictions,
+            c.rejected,
+            c.unserved,
+            digest(c.hit),
+        ),
+        (
+            pf.issued,
+            pf.useful,
+            pf.misses,
+            pf.lru_reads,
+            pf.held_resident,
+            pf.in_flight,
+            pf.threshold,
+            pf.in_flight_p,
+            digest(pf.held_mask),
+        ),
+        digest(*policy_state(pol)),
+        pol.n_resident,
+    )
 
 
-cases = st.tuples(st.integers(0, 2**31 - 1), st.integers(2, 6), st.sampled_from([8, 16, 32]),
-                  st.integers(1, 3), st.sampled_from([1, 2]), st.floats(0.05, 0.6),
-                  st.sampled_from(BASES), st.booleans(), st.sampled_from([0.0, 1.0, 2.0]),
-                  st.integers(1, 2))
+cases = st.tuples(
+    st.integers(0, 2**31 - 1),
+    st.integers(2, 6),
+    st.sampled_from([8, 16, 32]),
+    st.integers(1, 3),
+    st.sampled_from([1, 2]),
+    st.floats(0.05, 0.6),
+    st.sampled_from(BASES),
+    st.booleans(),
+    st.sampled_from([0.0, 1.0, 2.0]),
+    st.integers(1, 2),
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -51,8 +80,16 @@ cases = st.tuples(st.integers(0, 2**31 - 1), st.integers(2, 6), st.sampled_from(
 def test_native_replay_equals_the_python_loop(case):
     seed, L, E, top_k, batch, frac, base, demand_fill, ratio, lead = case
     lead = min(lead, L - 1)
-    trace = synth.synthetic_trace(24, batch=batch, n_layers=L, n_experts=E, top_k=top_k,
-                                  prefill_tokens=8, prefill_every=10, seed=seed % 1000)
+    trace = synth.synthetic_trace(
+        24,
+        batch=batch,
+        n_layers=L,
+        n_experts=E,
+        top_k=top_k,
+        prefill_tokens=8,
+        prefill_every=10,
+        seed=seed % 1000,
+    )
     prep = Prepared(trace)
     slots = max(1, int(prep.n_keys * frac))
     params = dict(read_ratio=ratio, lead=lead, top_k=top_k)
@@ -82,6 +119,7 @@ def test_what_the_native_loop_cannot_model_stays_on_the_python_loop():
 
     class Sub(Prefetcher):  # may override predict / propose: the Python loop calls them
         pass
+
     assert native(Sub(L, E, slots)) is None
     assert native(Prefetcher(L, E, slots), used=True) is None
     # A timed lead-time model replays in Python (the native loop has no clock) and still runs.
@@ -99,9 +137,13 @@ def test_a_one_layer_trace_stays_on_the_python_loop():
 
 def test_bad_reads_are_refused_with_a_clear_error():
     from tierstore.errors import ConfigError
+
     pf = Prefetcher(3, 8, 6)
-    for experts, hit, what in [([1, 1], [0, 0], "distinct"), ([3, 9], [0, 0], "out of range"),
-                               ([1, 2], [0], "hit flag")]:
+    for experts, hit, what in [
+        ([1, 1], [0, 0], "distinct"),
+        ([3, 9], [0, 0], "out of range"),
+        ([1, 2], [0], "hit flag"),
+    ]:
         with pytest.raises(ConfigError, match=what):
             pf.on_read(0, np.array(experts), np.array(hit, dtype=bool))
     with pytest.raises(ConfigError, match="out of range"):
@@ -111,30 +153,63 @@ def test_bad_reads_are_refused_with_a_clear_error():
 
 def test_tables_too_large_for_this_machine_are_refused_before_allocating():
     from tierstore.errors import CapacityError
+
     with pytest.raises(CapacityError, match="co-routing tables of 4 layers x 1000000 experts"):
         Prefetcher(4, 10**6, 10)
 
 
 def _predict(prep, slots, native, **kw):
     c = replay_predict(prep, slots, native=native, **kw)
-    return (c.demand_reads, c.prefetched, c.prefetch_hits, c.wasted, c.evictions, c.rejected,
-            c.unserved, digest(c.hit))
+    return (
+        c.demand_reads,
+        c.prefetched,
+        c.prefetch_hits,
+        c.wasted,
+        c.evictions,
+        c.rejected,
+        c.unserved,
+        digest(c.hit),
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.sampled_from([8, 16, 32]),
-       st.integers(1, 3), st.sampled_from([1, 2]), st.floats(0.05, 0.6),
-       st.sampled_from(["lru", "heat", "hybrid", "phase", "blend"]), st.integers(0, 12),
-       st.sampled_from([0.0, 0.05, 0.2, 0.6]), st.booleans(), st.booleans(), st.booleans())
-def test_native_predict_model_equals_the_python_loop(seed, L, E, top_k, batch, frac, base,
-                                                     budget, threshold, cross, temporal,
-                                                     demand_fill):
+@given(
+    st.integers(0, 2**31 - 1),
+    st.integers(2, 6),
+    st.sampled_from([8, 16, 32]),
+    st.integers(1, 3),
+    st.sampled_from([1, 2]),
+    st.floats(0.05, 0.6),
+    st.sampled_from(["lru", "heat", "hybrid", "phase", "blend"]),
+    st.integers(0, 12),
+    st.sampled_from([0.0, 0.05, 0.2, 0.6]),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+)
+def test_native_predict_model_equals_the_python_loop(
+    seed, L, E, top_k, batch, frac, base, budget, threshold, cross, temporal, demand_fill
+):
     """Both of the predictor's models: ``predict`` (demand fill) and ``prefetch`` (misses
     unserved, the tick-end lazy pass with the unused budget)."""
-    trace = synth.synthetic_trace(24, batch=batch, n_layers=L, n_experts=E, top_k=top_k,
-                                  prefill_tokens=8, prefill_every=10, seed=seed % 1000)
+    trace = synth.synthetic_trace(
+        24,
+        batch=batch,
+        n_layers=L,
+        n_experts=E,
+        top_k=top_k,
+        prefill_tokens=8,
+        prefill_every=10,
+        seed=seed % 1000,
+    )
     prep = Prepared(trace)
     slots = max(1, int(prep.n_keys * frac))
-    kw = dict(base=base, budget=budget, threshold=threshold, use_cross=cross,
-              use_temporal=temporal, demand_fill=demand_fill)
+    kw = dict(
+        base=base,
+        budget=budget,
+        threshold=threshold,
+        use_cross=cross,
+        use_temporal=temporal,
+        demand_fill=demand_fill,
+    )
     assert _predict(prep, slots, True, **kw) == _predict(prep, slots, False, **kw)

@@ -2,6 +2,7 @@
 same Prefetcher in the same order (store/prefetch.py, sim/prefetching.py), so a
 CPU-pool store driven a layer at a time and the replay agree exactly: hits,
 reads (demand + prefetch), evictions and the prefetcher's own counts."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,10 +22,18 @@ FLAME = Path("/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy")
 
 
 def _traces():
-    out = [("synthetic", synth.synthetic_trace(80, n_layers=4, n_experts=16, top_k=3,
-                                               prefill_tokens=6, prefill_every=40, seed=2)),
-           ("synthetic-batch3", synth.synthetic_trace(50, batch=3, n_layers=3, n_experts=12,
-                                                      top_k=2, prefill_tokens=0, seed=7))]
+    out = [
+        (
+            "synthetic",
+            synth.synthetic_trace(
+                80, n_layers=4, n_experts=16, top_k=3, prefill_tokens=6, prefill_every=40, seed=2
+            ),
+        ),
+        (
+            "synthetic-batch3",
+            synth.synthetic_trace(50, batch=3, n_layers=3, n_experts=12, top_k=2, prefill_tokens=0, seed=7),
+        ),
+    ]
     if FLAME.exists():  # the shared trace, its first 160 ticks
         tr = traces.load_trace(FLAME)
         out.append(("flame", tr.split(160 / tr.n_ticks)[0]))
@@ -42,7 +51,7 @@ def drive_store(store, trace) -> int:
     keys, starts = trace.keys, trace.tick_starts
     hits = 0
     for i in range(starts.size - 1):
-        k = keys[starts[i]:starts[i + 1]]
+        k = keys[starts[i] : starts[i + 1]]
         for g in np.split(k, np.flatnonzero(np.diff(k // E)) + 1):
             layer = int(g[0] // E)
             store.record(layer, (g % E).astype(np.int64))
@@ -69,9 +78,17 @@ def test_store_prefetch_and_simulator_agree_exactly(tmp_path, label, trace, name
     base = policies.make(name, trace.n_keys, slots, prefetching=True, **params)
     cnt, pf = replay_with_prefetch(prep, base, slots, admission=ADMIT_ALL, **budget)
     pack = make_random_pack(tmp_path / "pack", trace.n_layers, trace.n_experts, 64, seed=1)
-    with ts.ExpertStore(pack, vram_slots=slots, ram_gb=0, device="cpu",
-                        policy={"name": name, **params}, lazy_per_step=0,
-                        max_promote=trace.n_keys, threads=1, prefetch=budget) as store:
+    with ts.ExpertStore(
+        pack,
+        vram_slots=slots,
+        ram_gb=0,
+        device="cpu",
+        policy={"name": name, **params},
+        lazy_per_step=0,
+        max_promote=trace.n_keys,
+        threads=1,
+        prefetch=budget,
+    ) as store:
         assert getattr(store.pool_policy, "prefetching", True)  # auto told, as the replay's
         hits = drive_store(store, trace)
         store.check_invariants()
@@ -81,10 +98,10 @@ def test_store_prefetch_and_simulator_agree_exactly(tmp_path, label, trace, name
     assert int(st.pool.hits) == int(prep.dcounts[cnt.hit].sum())
     assert int(st.pool.promotions) == cnt.demand_reads + cnt.prefetched  # every read
     assert int(st.pool.evictions) == cnt.evictions
-    assert got["issued"] == pf.issued == cnt.prefetched   # every proposal got a slot
+    assert got["issued"] == pf.issued == cnt.prefetched  # every proposal got a slot
     assert got["useful"] == pf.useful and got["lru_reads"] == pf.lru_reads
     assert got["held_resident"] == pf.held_resident
-    assert pf.issued > 0 and pf.useful > 0                 # the trace exercises prefetch
+    assert pf.issued > 0 and pf.useful > 0  # the trace exercises prefetch
 
 
 def test_store_prefetch_option_is_checked(tmp_path):

@@ -1,13 +1,15 @@
 """Simulator: exact counts against independent pure-Python references (LRU and
 Belady's MIN), the optimum's ordering, the reference manager's rules, and the
 predictor's accounting."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierstore import sim
 from tierstore.errors import ConfigError
@@ -16,8 +18,9 @@ from tierstore.sim.traces import Trace
 
 def make_trace(rows, n_layers, n_experts) -> Trace:
     rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
-    return Trace(rows[:, 0], rows[:, 1].astype(np.int32), rows[:, 2].astype(np.int32),
-                 np.arange(n_layers), n_experts)
+    return Trace(
+        rows[:, 0], rows[:, 1].astype(np.int32), rows[:, 2].astype(np.int32), np.arange(n_layers), n_experts
+    )
 
 
 def random_rows(rng, n_ticks, n_layers, n_experts, k):
@@ -61,8 +64,10 @@ def reference_min_hits(rows, n_experts, slots):
         hits += sum(k in cache for k in g)
         cache |= set(g)
         while len(cache) > slots:
+
             def next_use(k):
                 return next((j for j in range(i + 1, len(seq)) if k in seq[j]), 10**9)
+
             victim = max((k for k in cache if k not in g), key=lambda k: (next_use(k), -k))
             cache.remove(victim)
     return hits
@@ -85,8 +90,9 @@ def test_lru_and_belady_match_pure_python_references(seed, slots):
 def test_belady_is_never_beaten_by_a_forced_admission_policy(seed, slots, gran):
     rng = np.random.default_rng(seed)
     trace = make_trace(random_rows(rng, 20, 3, 8, 2), 3, 8)
-    res = {r.policy: r.hit_rate for r in sim.replay(trace, ["lru", "heat", "belady"], [slots],
-                                                      granularity=gran)}
+    res = {
+        r.policy: r.hit_rate for r in sim.replay(trace, ["lru", "heat", "belady"], [slots], granularity=gran)
+    }
     assert res["belady"] >= max(res["lru"], res["heat"]) - 1e-12
 
 
@@ -101,8 +107,14 @@ def test_micro_trace_exact_counts_and_fields():
     assert res["belady"].hit_rate == pytest.approx(2 / 6)
     assert res["unbounded"].hit_rate == pytest.approx(3 / 6)  # 3 distinct keys miss once
     assert lru.gap_to_min == pytest.approx(0.0) and lru.reads_per_tick == pytest.approx(4 / 3)
-    assert set(lru.as_dict()) >= {"policy", "slots", "hit_rate", "distinct_hit_rate", "reads",
-                                  "wasted_prefetch"}
+    assert set(lru.as_dict()) >= {
+        "policy",
+        "slots",
+        "hit_rate",
+        "distinct_hit_rate",
+        "reads",
+        "wasted_prefetch",
+    }
 
 
 def test_token_weighted_and_distinct_rates_differ_with_repeats():

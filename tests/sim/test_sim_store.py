@@ -2,6 +2,7 @@
 ``tierstore.sim`` give identical hits, misses and reads on the same trace, because
 both decide through ``tierstore.policies.fill`` (exact agreement, so the simulator's
 hit rates are the store's)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,10 +25,18 @@ def _first_ticks(trace, n):
 
 
 def _traces():
-    out = [("synthetic", synth.synthetic_trace(60, n_layers=4, n_experts=16, top_k=3,
-                                               prefill_tokens=6, prefill_every=30, seed=2)),
-           ("synthetic-batch4", synth.synthetic_trace(40, batch=4, n_layers=3, n_experts=12,
-                                                      top_k=2, prefill_tokens=0, seed=7))]
+    out = [
+        (
+            "synthetic",
+            synth.synthetic_trace(
+                60, n_layers=4, n_experts=16, top_k=3, prefill_tokens=6, prefill_every=30, seed=2
+            ),
+        ),
+        (
+            "synthetic-batch4",
+            synth.synthetic_trace(40, batch=4, n_layers=3, n_experts=12, top_k=2, prefill_tokens=0, seed=7),
+        ),
+    ]
     if FLAME.exists():  # the shared trace (first 150 ticks keeps the test fast)
         out.append(("flame", _first_ticks(traces.load_trace(FLAME), 150)))
     return out
@@ -38,9 +47,16 @@ TRACES = _traces()
 
 def _store(tmp_path, trace, slots, name, params, lazy=0):
     pack = make_random_pack(tmp_path / "pack", trace.n_layers, trace.n_experts, 64, seed=1)
-    return ts.ExpertStore(pack, vram_slots=slots, ram_gb=0, device="cpu",
-                          policy={"name": name, **params}, lazy_per_step=lazy,
-                          max_promote=trace.n_keys, threads=1)
+    return ts.ExpertStore(
+        pack,
+        vram_slots=slots,
+        ram_gb=0,
+        device="cpu",
+        policy={"name": name, **params},
+        lazy_per_step=lazy,
+        max_promote=trace.n_keys,
+        threads=1,
+    )
 
 
 def _sim_policy(trace, slots, name, params):
@@ -48,23 +64,32 @@ def _sim_policy(trace, slots, name, params):
 
 
 @pytest.mark.parametrize("label, trace", TRACES, ids=[t[0] for t in TRACES])
-@pytest.mark.parametrize("name, params", [("lru", {}), ("heat", {"half_life": 16.0}),
-                                          ("hybrid", {"half_life": 64.0}), ("auto", {}),
-                                          ("phase", {"half_life": 64.0})])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("lru", {}),
+        ("heat", {"half_life": 16.0}),
+        ("hybrid", {"half_life": 64.0}),
+        ("auto", {}),
+        ("phase", {"half_life": 64.0}),
+    ],
+)
 @pytest.mark.parametrize("granularity", ["layer", "tick"])
-def test_store_fires_and_simulator_demand_fill_agree_exactly(tmp_path, label, trace, name,
-                                                             params, granularity):
+def test_store_fires_and_simulator_demand_fill_agree_exactly(
+    tmp_path, label, trace, name, params, granularity
+):
     prep = Prepared(trace)
     per_tick = int(np.diff(prep.dstarts).max())
     slots = max(per_tick + 2, trace.n_keys // 4)  # a tick's keys always fit (no fire overflow)
-    cnt = replay_demand_fill(prep, _sim_policy(trace, slots, name, params), slots,
-                             granularity, admission=ADMIT_ALL)
+    cnt = replay_demand_fill(
+        prep, _sim_policy(trace, slots, name, params), slots, granularity, admission=ADMIT_ALL
+    )
     with _store(tmp_path, trace, slots, name, params) as store:
         got = replay_store(store, trace, "fire", granularity)
         store.check_invariants()
     assert got.distinct_hits == int(cnt.hit.sum())
     assert got.token_hits == int(prep.dcounts[cnt.hit].sum())
-    assert got.reads == cnt.demand_reads          # misses = accesses - hits follow
+    assert got.reads == cnt.demand_reads  # misses = accesses - hits follow
     assert got.evictions == cnt.evictions
     assert 0 < got.distinct_hits < prep.dkeys.size  # the trace exercises both outcomes
 

@@ -1,5 +1,6 @@
 """Trace reader (one test per rejection, naming file and row), atomic writer,
 capture hook, and the synthetic router."""
+
 from __future__ import annotations
 
 import json
@@ -7,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tierstore.sim import synth, traces
 from tierstore.errors import CapacityError, ConfigError, FormatError
+from tierstore.sim import synth, traces
 
 FLAME = Path("/work/shared/traces/flame_moe_290m_pretrain_2048tok.npy")
 
@@ -31,35 +33,47 @@ def test_flame_trace_loads_with_dense_layers():
     np.testing.assert_array_equal(tr.to_rows(), np.load(FLAME))
 
 
-@pytest.mark.parametrize("rows, meta, message", [
-    (np.zeros((4, 2), np.int32), None, r"shape \(4, 2\), expected \[rows, 3\]"),
-    (np.zeros((4, 3), np.float32), None, r"dtype float32, expected int32"),
-    ([[0, 0, 1], [-1, 0, 1]], None, r"row 1: tick -1, expected >= 0"),
-    ([[0, 0, 1], [2, 0, 1], [1, 0, 3]], None, r"row 2: tick 1 after tick 2, expected ticks sorted"),
-    ([[0, -2, 1]], None, r"row 0: layer -2, expected >= 0"),
-    ([[0, 0, 1], [0, 1, 64]], {"num_experts": 64}, r"row 1: expert 64, expected in \[0, 64\)"),
-    ([[0, 2, 1], [0, 5, 1]], {"layers_present": [2, 3]},
-     r"row 1: layer 5, expected one of layers_present \[2, 3\]"),
-])
+@pytest.mark.parametrize(
+    "rows, meta, message",
+    [
+        (np.zeros((4, 2), np.int32), None, r"shape \(4, 2\), expected \[rows, 3\]"),
+        (np.zeros((4, 3), np.float32), None, r"dtype float32, expected int32"),
+        ([[0, 0, 1], [-1, 0, 1]], None, r"row 1: tick -1, expected >= 0"),
+        ([[0, 0, 1], [2, 0, 1], [1, 0, 3]], None, r"row 2: tick 1 after tick 2, expected ticks sorted"),
+        ([[0, -2, 1]], None, r"row 0: layer -2, expected >= 0"),
+        ([[0, 0, 1], [0, 1, 64]], {"num_experts": 64}, r"row 1: expert 64, expected in \[0, 64\)"),
+        (
+            [[0, 2, 1], [0, 5, 1]],
+            {"layers_present": [2, 3]},
+            r"row 1: layer 5, expected one of layers_present \[2, 3\]",
+        ),
+    ],
+)
 def test_bad_trace_fails_fast_naming_file_and_row(tmp_path, rows, meta, message):
-    path = write(tmp_path, np.asarray(rows, dtype=np.asarray(rows).dtype
-                                      if isinstance(rows, np.ndarray) else np.int32), meta)
+    path = write(
+        tmp_path,
+        np.asarray(rows, dtype=np.asarray(rows).dtype if isinstance(rows, np.ndarray) else np.int32),
+        meta,
+    )
     with pytest.raises(FormatError, match=message) as info:
         traces.load_trace(path)
     assert str(path) in str(info.value)
 
 
-@pytest.mark.parametrize("meta, where", [
-    ({"num_experts": "64"}, r"got `str` - at `\$.num_experts`"),
-    ({"num_experts": True}, r"got `bool` - at `\$.num_experts`"),
-    ({"num_experts": 64.0}, r"got `float` - at `\$.num_experts`"),
-    ({"num_experts": 0}, r"Expected `int` >= 1 - at `\$.num_experts`"),
-    ({"num_experts": 1 << 40}, r"Expected `int` <= 1048576 - at `\$.num_experts`"),
-    ({"layers_present": 2}, r"got `int` - at `\$.layers_present`"),
-    ({"layers_present": [2, "3"]}, r"got `str` - at `\$.layers_present\[1\]`"),
-    ({"name": ["x"]}, r"got `array` - at `\$.name`"),
-    ({"top_k": -1}, r"Expected `int` >= 1 - at `\$.top_k`"),
-])
+@pytest.mark.parametrize(
+    "meta, where",
+    [
+        ({"num_experts": "64"}, r"got `str` - at `\$.num_experts`"),
+        ({"num_experts": True}, r"got `bool` - at `\$.num_experts`"),
+        ({"num_experts": 64.0}, r"got `float` - at `\$.num_experts`"),
+        ({"num_experts": 0}, r"Expected `int` >= 1 - at `\$.num_experts`"),
+        ({"num_experts": 1 << 40}, r"Expected `int` <= 1048576 - at `\$.num_experts`"),
+        ({"layers_present": 2}, r"got `int` - at `\$.layers_present`"),
+        ({"layers_present": [2, "3"]}, r"got `str` - at `\$.layers_present\[1\]`"),
+        ({"name": ["x"]}, r"got `array` - at `\$.name`"),
+        ({"top_k": -1}, r"Expected `int` >= 1 - at `\$.top_k`"),
+    ],
+)
 def test_meta_fields_the_simulator_reads_are_typed(tmp_path, meta, where):
     # They were read as int(meta["num_experts"]): a string or a list was a traceback,
     # 2.5 silently 2, True silently 1, 10**12 an allocation the size of the key space.
@@ -69,8 +83,11 @@ def test_meta_fields_the_simulator_reads_are_typed(tmp_path, meta, where):
 
 
 def test_meta_keeps_fields_it_does_not_read(tmp_path):
-    path = write(tmp_path, np.array([[0, 0, 1]], np.int32),
-                 {"num_experts": 4, "model": {"any": [1, "thing"]}, "name": "m"})
+    path = write(
+        tmp_path,
+        np.array([[0, 0, 1]], np.int32),
+        {"num_experts": 4, "model": {"any": [1, "thing"]}, "name": "m"},
+    )
     tr = traces.load_trace(path)
     assert tr.n_experts == 4 and tr.name == "m" and tr.meta["model"] == {"any": [1, "thing"]}
 
@@ -87,12 +104,20 @@ def test_an_expert_id_past_the_key_space_is_refused_naming_its_row(tmp_path):
 
 
 @settings(max_examples=60, deadline=None)
-@given(ticks=st.integers(0, 9), batch=st.integers(1, 3), prefill_tokens=st.integers(0, 5),
-       prefill_every=st.integers(0, 4), layers=st.integers(1, 3), top_k=st.integers(1, 3))
-def test_synthetic_rows_counts_what_the_generator_makes(ticks, batch, prefill_tokens,
-                                                        prefill_every, layers, top_k):
-    kw = dict(batch=batch, prefill_tokens=prefill_tokens, prefill_every=prefill_every,
-              n_layers=layers, top_k=top_k)
+@given(
+    ticks=st.integers(0, 9),
+    batch=st.integers(1, 3),
+    prefill_tokens=st.integers(0, 5),
+    prefill_every=st.integers(0, 4),
+    layers=st.integers(1, 3),
+    top_k=st.integers(1, 3),
+)
+def test_synthetic_rows_counts_what_the_generator_makes(
+    ticks, batch, prefill_tokens, prefill_every, layers, top_k
+):
+    kw = dict(
+        batch=batch, prefill_tokens=prefill_tokens, prefill_every=prefill_every, n_layers=layers, top_k=top_k
+    )
     tr = synth.synthetic_trace(ticks, n_experts=8, **kw)
     assert synth.synthetic_rows(ticks, **kw) == tr.n_rows
 
@@ -128,14 +153,24 @@ def test_save_load_round_trip(tmp_path_factory, data):
 
 def test_recorder_captures_rank_order_and_saves_atomically(tmp_path):
     rec = traces.TraceRecorder(meta={"model": "toy", "num_experts": 8})
-    rec.record(1, np.array([[5, 2], [7, 0]]))   # layer 1 first: rows are re-sorted by layer
+    rec.record(1, np.array([[5, 2], [7, 0]]))  # layer 1 first: rows are re-sorted by layer
     rec.record(0, np.array([[3, 1], [4, 6]]))
     rec.step()
     rec.record(0, np.array([[2, 3]]))
     path = rec.save(tmp_path / "cap.npy")
     rows = np.load(path)
-    assert rows.tolist() == [[0, 0, 3], [0, 0, 1], [0, 0, 4], [0, 0, 6],
-                             [0, 1, 5], [0, 1, 2], [0, 1, 7], [0, 1, 0], [1, 0, 2], [1, 0, 3]]
+    assert rows.tolist() == [
+        [0, 0, 3],
+        [0, 0, 1],
+        [0, 0, 4],
+        [0, 0, 6],
+        [0, 1, 5],
+        [0, 1, 2],
+        [0, 1, 7],
+        [0, 1, 0],
+        [1, 0, 2],
+        [1, 0, 3],
+    ]
     meta = json.loads((tmp_path / "cap.meta.json").read_text())
     assert meta["model"] == "toy" and meta["n_ticks"] == 2
     assert traces.load_trace(path).n_rows == 10

@@ -1,16 +1,16 @@
 """The pinned RAM arena (tierstore.arena) through the store: layout, zero-copy hits,
 load_arena, source-row pinning and scan resistance."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from store_helpers import assert_store_consistent
 
 import tierstore as ts
 from tierstore.testing.packs import make_random_pack
 
-from store_helpers import assert_store_consistent
-
-L, E, SLOT = 3, 16, 5000   # stride 8192
+L, E, SLOT = 3, 16, 5000  # stride 8192
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +19,9 @@ def pack(tmp_path_factory):
 
 
 def open_store(pack, device, rows=4, slots=8, **kw):
-    return ts.ExpertStore(pack, vram_slots=slots, ram_gb=rows * pack.stride / 2**30,
-                          device=device, threads=2, **kw)
+    return ts.ExpertStore(
+        pack, vram_slots=slots, ram_gb=rows * pack.stride / 2**30, device=device, threads=2, **kw
+    )
 
 
 def test_arena_rows_are_page_aligned_and_stride_apart(pack):
@@ -45,7 +46,7 @@ def test_load_arena_reads_rows_in_place_and_skips_loaded_ones(pack, device):
         assert store.load_arena([(1, 1), (1, 2)]) == 2
         assert store.load_arena([(1, 2), (1, 3)]) == 1
         assert sorted(store.resident_keys("arena").tolist()) == [[1, 1], [1, 2], [1, 3]]
-        assert store.resident_keys("pool").tolist() == []      # no pool copy
+        assert store.resident_keys("pool").tolist() == []  # no pool copy
         assert_store_consistent(store)
 
 
@@ -73,9 +74,9 @@ def test_full_arena_never_evicts_a_row_that_is_this_batchs_copy_source(pack, dev
     # taken, so a miss in the same batch could evict a hit's row before its copy ran.
     with open_store(pack, device, rows=2, arena_policy="lru") as store:
         store.load_arena([(1, 8)])
-        store.load_arena([(1, 9)])                   # (1, 8) is now the LRU victim
-        store.fire([(1, 8), (1, 10)])                # hit on (1, 8) + a miss needing a row
-        assert store.wait_idle(10)                   # CUDA: the worker unpins copy sources
+        store.load_arena([(1, 9)])  # (1, 8) is now the LRU victim
+        store.fire([(1, 8), (1, 10)])  # hit on (1, 8) + a miss needing a row
+        assert store.wait_idle(10)  # CUDA: the worker unpins copy sources
         assert_store_consistent(store)
         assert store.stats().arena.pinned == 0
 
@@ -87,12 +88,12 @@ def test_scan_fills_free_slots_but_keeps_the_hot_set(pack, device):
             store.record(0, np.arange(4).reshape(-1, 1))
         store.promote(hot).wait(10)
         store.stats()
-        prefill = np.arange(16)                      # a prefill touching every expert of layer 2
+        prefill = np.arange(16)  # a prefill touching every expert of layer 2
         fr = store.ensure_resident(2, prefill.reshape(-1, 2))
         resident = {tuple(k) for k in store.resident_keys("pool").tolist()}
         assert set(hot) <= resident, "a scan evicted the decode hot set"
         assert fr.promoted == 4 and len(resident) == 8  # the 4 free slots, nothing more
         assert np.all(store.tier("pool").pins(fr.keys) == 1)
-        store.step()                                 # prefill pins end with the step
+        store.step()  # prefill pins end with the step
         assert store.stats().pool.pinned == 0
         assert_store_consistent(store)

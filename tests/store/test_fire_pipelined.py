@@ -3,19 +3,20 @@ layer becomes resident (slot table + bytes) at its own wait_layer, a failed laye
 raises there and leaves nothing of itself or later unpublished layers behind, and
 release publishes what nobody waited for. Runs on the CPU pool and, with a GPU, on
 the CUDA pool (the `device` fixture)."""
+
 from __future__ import annotations
 
 import errno
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from store_helpers import assert_store_consistent, pairs
 
 import tierstore as ts
 from tierstore.errors import TierIOError
 from tierstore.testing.packs import make_random_pack
-
-from store_helpers import assert_store_consistent, pairs
 
 L, E, SLOT = 6, 8, 3000
 
@@ -51,8 +52,8 @@ def test_layers_publish_at_their_own_wait(store, pack):
         assert np.all(table(store)[dense] == -1)
     fr.wait_layer(2)
     assert all(row_ok(store, pack, int(k)) for k in dense[2:4])
-    assert np.all(table(store)[dense[4:]] == -1)                 # layer 5 still unpublished
-    fr.wait_layer(3)                                             # nothing of layer 3 routed
+    assert np.all(table(store)[dense[4:]] == -1)  # layer 5 still unpublished
+    fr.wait_layer(3)  # nothing of layer 3 routed
     fr.wait_layer(0)
     fr.wait_layer(5)
     assert fr.pending.done and all(row_ok(store, pack, int(k)) for k in dense)
@@ -83,14 +84,14 @@ def test_failed_layer_raises_at_its_wait_and_rolls_back_the_rest(store, pack):
         fr.wait_layer(3)
     assert "layer 3 expert 2" in str(err.value) and err.value.errno == errno.EIO
     with pytest.raises(TierIOError):
-        fr.wait_layer(4)                          # rolled back with it: never published
-    store.release(fr)                             # the error was reported: release is quiet
+        fr.wait_layer(4)  # rolled back with it: never published
+    store.release(fr)  # the error was reported: release is quiet
     store.engine._inject_faults()
     store.wait_idle(10)
     assert sorted(map(tuple, store.resident_keys("pool").tolist())) == [(0, 0), (1, 3)]
     assert store.stats().pool.pinned == 0
     assert_store_consistent(store)
-    again = store.fire([(3, 2), (4, 6)])          # the same keys load fine afterwards
+    again = store.fire([(3, 2), (4, 6)])  # the same keys load fine afterwards
     assert again.promoted == 2
     store.release(again)
     assert_store_consistent(store)
@@ -130,13 +131,13 @@ def test_any_wait_order_ends_consistent(store, pack, data):
             fr.wait_layer(layer)
     store.release(fr)
     store.wait_idle(10)
-    assert all(row_ok(store, pack, k) for k in dense[:store.n_slots])
+    assert all(row_ok(store, pack, k) for k in dense[: store.n_slots])
     assert_store_consistent(store)
 
 
 def test_grouped_layers_publish_together(store, pack):
     keys = np.array([(0, 1), (1, 2), (2, 3), (4, 4), (5, 5)])
-    fr = store.fire(keys, pipelined=2 * SLOT)      # groups: layers {0, 1}, {2, 4}, {5}
+    fr = store.fire(keys, pipelined=2 * SLOT)  # groups: layers {0, 1}, {2, 4}, {5}
     dense = keys[:, 0] * E + keys[:, 1]
     assert sorted(fr.pending.spans) == [0, 2, 5]
     fr.wait_layer(4)

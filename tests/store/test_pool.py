@@ -1,4 +1,5 @@
 """SlotPool + the slot state machine (tierstore.pool, tierstore.slots) on real memory."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,22 +1,25 @@
 """Pool / arena sizing and the fire floor (tierstore.sizing), and their use by ExpertStore."""
+
 from __future__ import annotations
 
 import warnings
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tierstore as ts
-from tierstore.store import sizing
 from tierstore.errors import CapacityError, ConfigError
+from tierstore.store import sizing
 from tierstore.testing.packs import make_random_pack
 
 GIB = 1 << 30
 DS4_FP4 = 12_582_912  # 12 MiB standalone FP4 expert (COMPAT.md)
 
 
-@pytest.mark.parametrize("n_spec, max_seqs, want", [(0, 1, 438), (1, 1, 877), (2, 1, 1315),
-                                                     (0, 4, 1754), (0, 9, 1754)])
+@pytest.mark.parametrize(
+    "n_spec, max_seqs, want", [(0, 1, 438), (1, 1, 877), (2, 1, 1315), (0, 4, 1754), (0, 9, 1754)]
+)
 def test_fire_floor_ds4_matches_compat_numbers(n_spec, max_seqs, want):
     assert ts.fire_floor(43, 6, n_spec=n_spec, max_seqs=max_seqs) == want
 
@@ -26,8 +29,7 @@ def test_fire_floor_gate_fp_max_one_has_no_fp_margin():
     assert ts.fire_floor(43, 6, max_seqs=0) == ts.fire_floor(43, 6, max_seqs=1)
 
 
-@given(st.integers(1, 100), st.integers(1, 16), st.integers(0, 3), st.integers(0, 8),
-       st.integers(0, 6))
+@given(st.integers(1, 100), st.integers(1, 16), st.integers(0, 3), st.integers(0, 8), st.integers(0, 6))
 def test_fire_floor_is_monotone_in_every_argument(L, k, spec, seqs, fp):
     base = ts.fire_floor(L, k, spec, seqs, fp)
     assert base >= L * k
@@ -38,8 +40,9 @@ def test_fire_floor_is_monotone_in_every_argument(L, k, spec, seqs, fp):
     assert ts.fire_floor(L, k, spec, seqs, fp + 1) >= base
 
 
-@pytest.mark.parametrize("bad", [dict(n_layers=0, top_k=6), dict(n_layers=43, top_k=0),
-                                 dict(n_layers=43, top_k=6, n_spec=-1)])
+@pytest.mark.parametrize(
+    "bad", [dict(n_layers=0, top_k=6), dict(n_layers=43, top_k=0), dict(n_layers=43, top_k=6, n_spec=-1)]
+)
 def test_fire_floor_bad_arguments_raise_config_error(bad):
     with pytest.raises(ConfigError, match="fire_floor"):
         ts.fire_floor(**bad)
@@ -52,25 +55,36 @@ def test_slots_for_gib_matches_reference_and_floor_of_eight():
 
 
 def test_auto_pool_is_free_memory_minus_reserve_capped_by_keys_and_max_gb():
-    n = sizing.resolve_pool_slots(slot_bytes=DS4_FP4, n_keys=11008, device="cpu",
-                                  reserve_gb=3, available=20 * GIB)
+    n = sizing.resolve_pool_slots(
+        slot_bytes=DS4_FP4, n_keys=11008, device="cpu", reserve_gb=3, available=20 * GIB
+    )
     assert n == (17 * GIB) // DS4_FP4
-    assert sizing.resolve_pool_slots(slot_bytes=DS4_FP4, n_keys=100, device="cpu",
-                                     vram_gb="auto", available=20 * GIB) == 100
-    assert sizing.resolve_pool_slots(slot_bytes=DS4_FP4, n_keys=11008, device="cpu",
-                                     max_gb=6, available=20 * GIB) == 512
+    assert (
+        sizing.resolve_pool_slots(
+            slot_bytes=DS4_FP4, n_keys=100, device="cpu", vram_gb="auto", available=20 * GIB
+        )
+        == 100
+    )
+    assert (
+        sizing.resolve_pool_slots(
+            slot_bytes=DS4_FP4, n_keys=11008, device="cpu", max_gb=6, available=20 * GIB
+        )
+        == 512
+    )
 
 
 def test_auto_pool_with_no_room_names_free_memory_and_reserve():
     with pytest.raises(CapacityError, match=r"2\.00 GiB free minus a 3 GiB reserve"):
-        sizing.resolve_pool_slots(slot_bytes=DS4_FP4, n_keys=11008, device="cpu",
-                                  reserve_gb=3, available=2 * GIB)
+        sizing.resolve_pool_slots(
+            slot_bytes=DS4_FP4, n_keys=11008, device="cpu", reserve_gb=3, available=2 * GIB
+        )
 
 
 def test_pool_larger_than_memory_is_refused_before_allocating():
     with pytest.raises(CapacityError, match=r"vram_gb=64\) needs 64\.00 GiB but cpu has 8\.00 GiB free"):
-        sizing.resolve_pool_slots(slot_bytes=DS4_FP4, n_keys=11008, device="cpu", vram_gb=64,
-                                  available=8 * GIB)
+        sizing.resolve_pool_slots(
+            slot_bytes=DS4_FP4, n_keys=11008, device="cpu", vram_gb=64, available=8 * GIB
+        )
     with pytest.raises(ConfigError, match="not both"):
         sizing.resolve_pool_slots(slot_bytes=4096, n_keys=8, device="cpu", vram_slots=8, vram_gb=1)
     with pytest.raises(ConfigError, match="vram_gb must be"):

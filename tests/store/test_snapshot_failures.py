@@ -1,6 +1,7 @@
 """A failing periodic snapshot (issue 41) warns once per run of failures and counts the
 rest, in each of the three periodic writers: the store's own ``snapshot=`` option,
 PeriodicSnapshot and async_snapshot_loop. A success after a run says so once."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,10 +27,13 @@ def _warnings(caplog) -> list[str]:
 
 
 def test_the_store_s_failing_snapshot_warns_once_then_counts(tmp_path, caplog):
-    target = tmp_path / "gone" / "poolmon.json"          # its directory does not exist
-    with caplog.at_level(logging.INFO, logger="tierstore.store"), \
-            ts.ExpertStore(_pack(tmp_path), vram_slots=2, device="cpu", snapshot=str(target),
-                           snapshot_every_s=0.001) as store:
+    target = tmp_path / "gone" / "poolmon.json"  # its directory does not exist
+    with (
+        caplog.at_level(logging.INFO, logger="tierstore.store"),
+        ts.ExpertStore(
+            _pack(tmp_path), vram_slots=2, device="cpu", snapshot=str(target), snapshot_every_s=0.001
+        ) as store,
+    ):
         for _ in range(6):
             time.sleep(0.003)
             store.step()
@@ -37,13 +41,13 @@ def test_the_store_s_failing_snapshot_warns_once_then_counts(tmp_path, caplog):
         assert store.snapshot_failures == 6
         warned = _warnings(caplog)
         assert len(warned) == 1 and str(target) in warned[0] and "counted" in warned[0], warned
-        (tmp_path / "gone").mkdir()                       # the disk is back
+        (tmp_path / "gone").mkdir()  # the disk is back
         time.sleep(0.003)
         store.step()
         assert store.wait_idle(10) and target.exists()
         assert any("again after 6 failed" in r.getMessage() for r in caplog.records)
         os.unlink(target)
-        os.rmdir(tmp_path / "gone")                       # a new run of failures: warned
+        os.rmdir(tmp_path / "gone")  # a new run of failures: warned
         time.sleep(0.003)
         store.step()
         assert store.wait_idle(10) and store.snapshot_failures == 7
@@ -52,11 +56,13 @@ def test_the_store_s_failing_snapshot_warns_once_then_counts(tmp_path, caplog):
 
 def test_periodic_snapshot_warns_once_for_a_run_of_different_errors(tmp_path, caplog):
     target = tmp_path / "d" / "p.json"
-    with ts.ExpertStore(_pack(tmp_path), vram_slots=2, device="cpu") as store, \
-            caplog.at_level(logging.WARNING, logger="tierstore.warmstart"):
+    with (
+        ts.ExpertStore(_pack(tmp_path), vram_slots=2, device="cpu") as store,
+        caplog.at_level(logging.WARNING, logger="tierstore.warmstart"),
+    ):
         snap = ws.PeriodicSnapshot(store, target, every_s=100)
-        assert snap.snapshot_now() is False               # ENOENT: no directory
-        target.mkdir(parents=True)                        # now the name is a directory
+        assert snap.snapshot_now() is False  # ENOENT: no directory
+        target.mkdir(parents=True)  # now the name is a directory
         assert snap.snapshot_now() is False and snap.snapshot_now() is False
     assert snap.failures == 3
     warned = _warnings(caplog)
@@ -66,9 +72,10 @@ def test_periodic_snapshot_warns_once_for_a_run_of_different_errors(tmp_path, ca
 def test_async_snapshot_loop_warns_once_not_every_tick(tmp_path, caplog):
     target = tmp_path / "gone" / "p.json"
     with ts.ExpertStore(_pack(tmp_path), vram_slots=2, device="cpu") as store:
+
         async def go():
             task = asyncio.create_task(ws.async_snapshot_loop(store, target, every_s=0.005))
-            await asyncio.sleep(0.3)                      # ~60 ticks, every one failing
+            await asyncio.sleep(0.3)  # ~60 ticks, every one failing
             task.cancel()
             try:
                 await task

@@ -1,17 +1,17 @@
 """ExpertStore public API on a real pack and the real engine (CPU pool; CUDA when present)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from store_helpers import assert_store_consistent
 
 import tierstore as ts
 from tierstore.errors import ClosedError, ConfigError, FormatError
 from tierstore.testing.packs import make_random_pack
 
-from store_helpers import assert_store_consistent
-
-L, E, SLOT = 4, 16, 5000          # stride 8192; layer 3 is left unwritten
+L, E, SLOT = 4, 16, 5000  # stride 8192; layer 3 is left unwritten
 WRITTEN = [0, 1, 2]
 
 
@@ -30,6 +30,7 @@ def make_store(pack, device):
         store = ts.ExpertStore(pack, **kw)
         opened.append(store)
         return store
+
     yield make
     for store in opened:
         store.close()
@@ -42,7 +43,7 @@ def heat(store, layer, experts, times=1):
 
 def test_fire_makes_routed_keys_resident_pinned_and_byte_exact(make_store, pack):
     store = make_store(ram_gb=0)
-    routed = [(0, 1), (0, 2), (1, 3), (0, 1)]           # a repeat counts once
+    routed = [(0, 1), (0, 2), (1, 3), (0, 1)]  # a repeat counts once
     fr = store.fire(routed)
     assert isinstance(fr, ts.FireResult)
     assert (fr.promoted, fr.already_resident, fr.over_cap, fr.no_slot) == (3, 0, 0, 0)
@@ -66,7 +67,7 @@ def test_fire_caps_new_promotions_hottest_first_and_reports_over_cap(make_store)
     fr = store.fire([(1, e) for e in (5, 6, 7, 8)], max_promote=2)
     assert fr.promoted == 2 and fr.over_cap == 2
     assert sorted(store.resident_keys("pool")[:, 1].tolist()) == [5, 7]
-    assert sorted((fr.keys % E).tolist()) == [5, 7]     # over-cap keys are not left pinned
+    assert sorted((fr.keys % E).tolist()) == [5, 7]  # over-cap keys are not left pinned
     store.release(fr)
     assert_store_consistent(store)
 
@@ -74,10 +75,10 @@ def test_fire_caps_new_promotions_hottest_first_and_reports_over_cap(make_store)
 def test_pinned_keys_survive_any_later_promotion(make_store):
     store = make_store(ram_gb=0)
     fr = store.fire([(0, e) for e in range(6)])
-    heat(store, 2, range(16), times=4)                   # much hotter than the pinned keys
+    heat(store, 2, range(16), times=4)  # much hotter than the pinned keys
     store.promote([(2, e) for e in range(16)]).wait(10)
     resident = {tuple(k) for k in store.resident_keys("pool").tolist()}
-    assert {(0, e) for e in range(6)} <= resident       # 6 pinned + only 2 new fitted
+    assert {(0, e) for e in range(6)} <= resident  # 6 pinned + only 2 new fitted
     assert len(resident) == 8
     store.release(fr)
     store.promote([(2, e) for e in range(16)]).wait(10)
@@ -100,7 +101,7 @@ def test_promote_is_asynchronous_and_ticket_reports_promoted(make_store):
     store = make_store(ram_gb=0)
     ticket = store.promote(torch.tensor([[2, 1], [2, 2], [2, 2]]))
     assert ticket.wait(10) is True and ticket.done() and ticket.promoted == 2
-    assert store.promote([(2, 1)]).wait(10)              # already resident: nothing to do
+    assert store.promote([(2, 1)]).wait(10)  # already resident: nothing to do
     assert_store_consistent(store)
 
 
@@ -138,7 +139,7 @@ def test_record_counts_token_weighted_and_distinct_hits_per_tier(make_store):
     store.fire([(0, 0)])
     store.load_arena([(0, 1)])
     store.record(0, np.array([[0, 1], [0, 2], [0, 0]]))  # 0 x4 (pool), 1 x1 (arena), 2 x1 (miss)
-    store.record(0, np.array([[-1, 0]]))                 # -1 = padding, ignored; 0 x5
+    store.record(0, np.array([[-1, 0]]))  # -1 = padding, ignored; 0 x5
     st = store.stats()
     assert isinstance(st, ts.StoreStats)
     assert (st.pool.hits, st.pool.misses, st.pool.distinct_hits, st.pool.distinct_misses) == (5, 2, 1, 2)
@@ -166,7 +167,7 @@ def test_lazy_promotion_does_not_displace_hotter_residents(make_store):
     store = make_store(vram_slots=8, ram_gb=0, lazy_per_step=8)
     heat(store, 0, range(8), times=10)
     store.promote([(0, e) for e in range(8)]).wait(10)
-    heat(store, 2, [9], times=1)                         # one cold newcomer
+    heat(store, 2, [9], times=1)  # one cold newcomer
     store.step()
     store.wait_idle(10)
     assert store.stats().lazy_rejected == 1
@@ -178,7 +179,7 @@ def test_resident_keys_are_hottest_first(make_store):
     store.promote([(1, 1), (1, 2), (1, 3)]).wait(10)
     heat(store, 1, [2], times=3)
     heat(store, 1, [3], times=1)
-    store.stats()                                         # folds the records
+    store.stats()  # folds the records
     assert store.resident_keys("pool").tolist()[:2] == [[1, 2], [1, 3]]
     with pytest.raises(ConfigError, match="tier must be"):
         store.resident_keys("disk")
@@ -197,12 +198,14 @@ def test_policy_per_tier_and_no_knob_leaks_across_tiers(pack):
 
 def test_bad_options_are_reported_together(pack):
     with pytest.raises(ConfigError) as err:
-        ts.ExpertStore(pack, vram_slots=8, device="cpu", policy="mru", threads=0, direct="maybe",
-                       bogus=1)
+        ts.ExpertStore(pack, vram_slots=8, device="cpu", policy="mru", threads=0, direct="maybe", bogus=1)
     msg = str(err.value)
-    for part in ("unknown option(s) bogus", "pool policy 'mru' unknown",
-                 "threads must be an integer >= 1 and <= 512, found 0",
-                 "direct='maybe': unknown O_DIRECT mode 'maybe'; expected one of auto, on, off"):
+    for part in (
+        "unknown option(s) bogus",
+        "pool policy 'mru' unknown",
+        "threads must be an integer >= 1 and <= 512, found 0",
+        "direct='maybe': unknown O_DIRECT mode 'maybe'; expected one of auto, on, off",
+    ):
         assert part in msg
 
 
@@ -210,10 +213,16 @@ def test_close_makes_later_calls_raise_closed_error(make_store):
     store = make_store(ram_gb=0)
     fr = store.fire([(0, 0)])
     store.close()
-    store.close()                                        # idempotent
-    for call in (lambda: store.fire([(0, 1)]), lambda: store.promote([(0, 1)]),
-                 lambda: store.record(0, np.zeros((1, 1), np.int64)), store.step, store.stats,
-                 lambda: store.release(fr), lambda: store.load_arena([(0, 2)])):
+    store.close()  # idempotent
+    for call in (
+        lambda: store.fire([(0, 1)]),
+        lambda: store.promote([(0, 1)]),
+        lambda: store.record(0, np.zeros((1, 1), np.int64)),
+        store.step,
+        store.stats,
+        lambda: store.release(fr),
+        lambda: store.load_arena([(0, 2)]),
+    ):
         with pytest.raises(ClosedError, match="closed store"):
             call()
 
@@ -234,6 +243,7 @@ def test_shared_engine_is_not_closed_by_the_store(pack):
 
 def test_an_unclosed_store_is_closed_when_collected(pack):
     import gc
+
     store = ts.ExpertStore(pack, vram_slots=8, device="cpu")
     store.release(store.fire([(0, 1)]))
     store.step()
@@ -265,8 +275,9 @@ def test_policy_spec_errors_are_clear(pack):
     with pytest.raises(ConfigError, match="pool policy must be a name"):
         ts.ExpertStore(pack, vram_slots=8, device="cpu", policy={"pool": 3})
     with pytest.raises(ConfigError, match="half_life given both"):
-        ts.ExpertStore(pack, vram_slots=8, device="cpu",
-                       policy={"pool": {"name": "heat", "half_life": 4}}, half_life=5)
+        ts.ExpertStore(
+            pack, vram_slots=8, device="cpu", policy={"pool": {"name": "heat", "half_life": 4}}, half_life=5
+        )
 
 
 def test_release_refuses_another_stores_result_and_both_keep_their_pins(tmp_path):
@@ -274,14 +285,17 @@ def test_release_refuses_another_stores_result_and_both_keep_their_pins(tmp_path
     (it would drop its own pin on the same key and leak the owner's)."""
     from tierstore.errors import ConfigError
     from tierstore.testing.packs import make_random_pack
+
     pack_a = make_random_pack(tmp_path / "a", 2, 8, 512, seed=1)
     pack_b = make_random_pack(tmp_path / "b", 2, 8, 512, seed=2)
-    with ts.ExpertStore(pack_a, vram_slots=4, device="cpu", lazy_per_step=0) as a, \
-            ts.ExpertStore(pack_b, vram_slots=4, device="cpu", lazy_per_step=0) as b:
+    with (
+        ts.ExpertStore(pack_a, vram_slots=4, device="cpu", lazy_per_step=0) as a,
+        ts.ExpertStore(pack_b, vram_slots=4, device="cpu", lazy_per_step=0) as b,
+    ):
         fa, fb = a.fire([(0, 1)]), b.fire([(0, 1)])
         with pytest.raises(ConfigError, match="belongs to another store"):
             b.release(fa)
-        assert b.evict([(0, 1)]) == 0 and a.evict([(0, 1)]) == 0   # both still pinned
+        assert b.evict([(0, 1)]) == 0 and a.evict([(0, 1)]) == 0  # both still pinned
         a.release(fa)
         b.release(fb)
         a.check_invariants(idle=True)

@@ -1,6 +1,7 @@
 """Faults: reads failing mid-fire / mid-promotion, a pack truncated under the store,
 close() with promotions in flight. After every fault the store must hold no leaked
 slot, no pin, and only byte-exact published rows (store_helpers)."""
+
 from __future__ import annotations
 
 import errno
@@ -9,12 +10,11 @@ import time
 
 import numpy as np
 import pytest
+from store_helpers import assert_store_consistent
 
 import tierstore as ts
 from tierstore.errors import ClosedError, TierIOError
 from tierstore.testing.packs import make_random_pack
-
-from store_helpers import assert_store_consistent
 
 L, E, SLOT = 3, 16, 5000
 ARENA_GB = 6 * 8192 / 2**30
@@ -47,13 +47,13 @@ def test_read_failing_mid_fire_names_file_offset_layer_expert_and_leaks_nothing(
     msg = str(err.value)
     assert pack.path in msg and "layer 1 expert 7" in msg and f"{bad:#x}" in msg and "EIO" in msg
     assert err.value.errno == errno.EIO
-    assert store.resident_keys("pool").tolist() == before          # nothing published
-    assert store.stats().pool.pinned == 2              # only the first fire's pins
+    assert store.resident_keys("pool").tolist() == before  # nothing published
+    assert store.stats().pool.pinned == 2  # only the first fire's pins
     assert store.tier("pool").n_free == 6 and store.tier("arena").n_free == 4  # rows of the first fire only
     no_slot_in_flight(store)
     assert_store_consistent(store)
     store.engine._inject_faults()
-    fr = store.fire([(1, 6), (1, 7)])                               # the same keys load fine now
+    fr = store.fire([(1, 6), (1, 7)])  # the same keys load fine now
     assert fr.promoted == 2
     assert_store_consistent(store)
 
@@ -62,9 +62,9 @@ def test_failed_fire_returns_arena_rows_and_pins(store, pack):
     store.load_arena([(2, 3)])
     store.engine._inject_faults(fail_offset=pack.row_offset(2, 4))
     with pytest.raises(TierIOError, match="layer 2 expert 4"):
-        store.fire([(2, 3), (2, 4)])                                 # an arena hit + a failing read
+        store.fire([(2, 3), (2, 4)])  # an arena hit + a failing read
     assert store.stats().arena.pinned == 0 and store.stats().pool.pinned == 0
-    assert store.resident_keys("arena").tolist() == [[2, 3]]         # the good arena row stays
+    assert store.resident_keys("arena").tolist() == [[2, 3]]  # the good arena row stays
     no_slot_in_flight(store)
     assert_store_consistent(store)
 
@@ -88,7 +88,7 @@ def test_every_nth_read_failing_in_background_promotions(store, pack):
 
 def test_pack_truncated_under_a_live_store_fails_cleanly(store, pack):
     store.fire([(0, 3)])
-    os.truncate(pack.path, pack.row_offset(2, 8) + 100)              # cut inside row (2, 8)
+    os.truncate(pack.path, pack.row_offset(2, 8) + 100)  # cut inside row (2, 8)
     with pytest.raises(ts.TierstoreError, match=r"layer 2 expert (8|9)|offset|end of file"):
         store.fire([(2, 8), (2, 9)])
     no_slot_in_flight(store)
@@ -102,8 +102,8 @@ def test_fire_retries_a_key_whose_background_load_failed(store, pack):
     deadline = time.monotonic() + 5
     while store.tier("pool").slot_of(key[0] * E + key[1]) < 0 and time.monotonic() < deadline:
         time.sleep(0.002)
-    time.sleep(0.2)         # the worker's read syscall has started (and sleeps 1 s, then fails)
-    store.engine._inject_faults()                                    # the in-flight read still fails
+    time.sleep(0.2)  # the worker's read syscall has started (and sleeps 1 s, then fails)
+    store.engine._inject_faults()  # the in-flight read still fails
     fr = store.fire([key])
     with pytest.raises(TierIOError):
         ticket.wait(5)
@@ -119,7 +119,7 @@ def test_fire_waits_for_a_key_the_worker_is_loading(store, pack):
     deadline = time.monotonic() + 5
     while store.tier("pool").slot_of(key[0] * E + key[1]) < 0 and time.monotonic() < deadline:
         time.sleep(0.002)
-    fr = store.fire([key])                     # does not read it twice: waits for the worker
+    fr = store.fire([key])  # does not read it twice: waits for the worker
     assert (fr.waited, fr.promoted, fr.rounds) == (1, 0, 1) and ticket.done()
     assert store.stats().bytes_read == SLOT
     assert_store_consistent(store)

@@ -1,12 +1,14 @@
 """The native routing fold (csrc/store/src/fold.cpp) against a pure-numpy reference kept
 here as the oracle (the product has no numpy fold): same keys, counts, hit split, seen
 marks and dropped ids, for any mix of records."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tierstore.store.recorder import NativeFold, RoutingRecorder
 from tierstore.store.stats import Counters
@@ -59,11 +61,15 @@ def _take(rec, pool_slot, arena_slot):
     return (keys[order].tolist(), counts[order].tolist(), list(tally)), seen
 
 
-records = st.lists(st.tuples(
-    st.integers(0, L - 1),
-    st.lists(st.integers(-3, E + 3), min_size=0, max_size=40),
-    st.sampled_from(["int64", "int32", "int16", "uint8", "strided", "torch", "list"])),
-    min_size=0, max_size=12)
+records = st.lists(
+    st.tuples(
+        st.integers(0, L - 1),
+        st.lists(st.integers(-3, E + 3), min_size=0, max_size=40),
+        st.sampled_from(["int64", "int32", "int16", "uint8", "strided", "torch", "list"]),
+    ),
+    min_size=0,
+    max_size=12,
+)
 
 
 def _as(ids, kind):

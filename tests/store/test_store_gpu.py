@@ -1,16 +1,16 @@
 """CUDA pool tests (marked gpu; skipped without a device): pool bytes after promote /
 fire, stream-ordered publish on a caller's stream, device-side record, and a CUDA
 graph that reads slot_table + pool, replayed after promotions and evictions."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from store_helpers import assert_store_consistent
 
 import tierstore as ts
 from tierstore.testing.packs import make_random_pack, random_layer_rows
-
-from store_helpers import assert_store_consistent
 
 pytestmark = pytest.mark.gpu
 
@@ -44,7 +44,7 @@ def test_cuda_pool_bytes_equal_pack_rows_after_promote_and_fire(pack):
         assert_store_consistent(store)
         store.release(fr)
         store.load_arena([(2, 9)])
-        fr = store.fire([(2, 9), (2, 10)])          # an arena-sourced copy and a read
+        fr = store.fire([(2, 9), (2, 10)])  # an arena-sourced copy and a read
         assert fr.sources["arena"] == 1
         store.release(fr)
         assert store.wait_idle(30)
@@ -57,7 +57,7 @@ def test_publish_is_ordered_on_the_callers_stream_without_host_sync(pack, row_su
         side = torch.cuda.Stream()
         keys = torch.tensor([[0, 3], [1, 4], [2, 5]], device="cuda")
         fr = store.fire(keys.cpu(), stream=side)
-        with torch.cuda.stream(side):           # no synchronize between fire and use
+        with torch.cuda.stream(side):  # no synchronize between fire and use
             slots = store.slot_table[keys[:, 0], keys[:, 1]]
             sums = store.pool.index_select(0, slots.clamp(min=0).long()).to(torch.int64).sum(1)
             sums = torch.where(slots >= 0, sums, -1)
@@ -82,7 +82,7 @@ def test_record_captured_in_a_cuda_graph_counts_every_replay(pack):
         warm = torch.cuda.Stream()
         warm.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(warm):
-            store.record(1, ids)                   # warm-up (counted too)
+            store.record(1, ids)  # warm-up (counted too)
         torch.cuda.current_stream().wait_stream(warm)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -129,7 +129,7 @@ def test_cuda_graph_reading_slot_table_and_pool_replays_correctly_after_churn(pa
         fr = store.fire([(0, 0), (0, 2), (1, 4)])
         assert check() == 3
         store.release(fr)
-        for layer in range(L):                     # churn: 6 slots, many more keys
+        for layer in range(L):  # churn: 6 slots, many more keys
             store.record(layer, np.arange(0, E, 2).reshape(-1, 1))
             store.promote([(layer, e) for e in range(0, E, 2)]).wait(30)
             assert check() == 6

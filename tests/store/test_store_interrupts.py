@@ -7,6 +7,7 @@ a stride of lines. Afterwards, once the next call into the store has run: no pin
 counted call, no batch in flight, no half-written section, and every table agrees with
 the bytes. A second Ctrl-C during the roll-forward is finished by the next call.
 """
+
 from __future__ import annotations
 
 import gc
@@ -17,9 +18,9 @@ import sys
 
 import numpy as np
 import pytest
+from store_helpers import assert_store_consistent
 
 import tierstore as ts
-from store_helpers import assert_store_consistent
 from tierstore.errors import TierIOError
 from tierstore.testing.packs import make_random_pack
 
@@ -82,8 +83,8 @@ def _fire_and_release(store, keys=KEYS, pipelined=False):
 def _every_section_line(store, run, reset, expect=KeyboardInterrupt):
     """Run ``run(store)`` once counting the lines inside sections, then once per such
     line with SIGINT there; returns how many lines were interrupted."""
-    try:                                 # once untraced: the arena then holds what later
-        reset(store)                     # runs find there, so every run takes one path
+    try:  # once untraced: the arena then holds what later
+        reset(store)  # runs find there, so every run takes one path
         run(store)
     except expect:
         pass
@@ -109,11 +110,12 @@ def _every_section_line(store, run, reset, expect=KeyboardInterrupt):
 @pytest.mark.parametrize("ram_rows", [0, 8])
 def test_sigint_at_every_line_of_a_publish_section_leaves_the_store_whole(tmp_path, ram_rows):
     pack = make_random_pack(tmp_path, L, E, SLOT, seed=4)
-    with ts.ExpertStore(pack, vram_slots=6, ram_gb=ram_rows * 4096 / 2**30, device="cpu",
-                        lazy_per_step=0) as store:
+    with ts.ExpertStore(
+        pack, vram_slots=6, ram_gb=ram_rows * 4096 / 2**30, device="cpu", lazy_per_step=0
+    ) as store:
         hit, n = _every_section_line(store, _fire_and_release, lambda s: s.evict(ALL))
-        assert hit == n                    # every line of every section was interrupted
-        fr = store.fire(KEYS)              # and the store still serves what it published
+        assert hit == n  # every line of every section was interrupted
+        fr = store.fire(KEYS)  # and the store still serves what it published
         assert fr.promoted + fr.already_resident == len(KEYS)
         store.release(fr)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -122,10 +124,10 @@ def test_sigint_at_every_line_of_a_publish_section_leaves_the_store_whole(tmp_pa
 @pytest.mark.parametrize("how", [True, 2 * SLOT], ids=["layers", "grouped"])
 def test_sigint_at_every_line_of_a_pipelined_publish_leaves_the_store_whole(tmp_path, how):
     pack = make_random_pack(tmp_path, L, E, SLOT, seed=5)
-    with ts.ExpertStore(pack, vram_slots=6, ram_gb=8 * 4096 / 2**30, device="cpu",
-                        lazy_per_step=0) as store:
-        hit, n = _every_section_line(store, lambda s: _fire_and_release(s, pipelined=how),
-                                     lambda s: s.evict(ALL))
+    with ts.ExpertStore(pack, vram_slots=6, ram_gb=8 * 4096 / 2**30, device="cpu", lazy_per_step=0) as store:
+        hit, n = _every_section_line(
+            store, lambda s: _fire_and_release(s, pipelined=how), lambda s: s.evict(ALL)
+        )
         assert hit == n
 
 
@@ -133,18 +135,20 @@ def test_sigint_at_every_line_of_a_rollback_section_leaves_the_store_whole(tmp_p
     """A fire whose read fails (a rotted row, verify on) rolls its batch back; a Ctrl-C
     anywhere in that rollback still gives every slot and pin back."""
     pack = make_random_pack(tmp_path, L, E, SLOT, seed=6)
-    with open(pack.path, "r+b") as f:                 # layer 1 expert 2 rots on disk
+    with open(pack.path, "r+b") as f:  # layer 1 expert 2 rots on disk
         f.seek((1 * E + 2) * pack.stride + 10)
         f.write(b"\x00" * 32)
     pack.close()
     pack = ts.Pack.open(pack.path)
-    with ts.ExpertStore(pack, vram_slots=6, ram_gb=8 * 4096 / 2**30, device="cpu",
-                        lazy_per_step=0, verify="always") as store:
+    with ts.ExpertStore(
+        pack, vram_slots=6, ram_gb=8 * 4096 / 2**30, device="cpu", lazy_per_step=0, verify="always"
+    ) as store:
         with pytest.raises(TierIOError, match="layer 1 expert 2"):
             _fire_and_release(store)
         _settled(store)
-        hit, n = _every_section_line(store, _fire_and_release, lambda s: s.evict(ALL),
-                                     expect=(KeyboardInterrupt, TierIOError))
+        hit, n = _every_section_line(
+            store, _fire_and_release, lambda s: s.evict(ALL), expect=(KeyboardInterrupt, TierIOError)
+        )
         assert hit == n
         assert not store.resident_keys().size or (1, 2) not in map(tuple, store.resident_keys())
 
@@ -157,8 +161,8 @@ def test_sigint_anywhere_in_a_fire_or_step_leaves_no_pin_and_no_call_counted(tmp
         _fire_and_release(store, pipelined=pipelined)
         store.ensure_resident(2, np.array([4, 5, 6]))
         store.step()
-    with ts.ExpertStore(pack, vram_slots=6, ram_gb=8 * 4096 / 2**30, device="cpu",
-                        lazy_per_step=2) as store:
+
+    with ts.ExpertStore(pack, vram_slots=6, ram_gb=8 * 4096 / 2**30, device="cpu", lazy_per_step=2) as store:
         counter = _SigintAt(0)
         _traced(counter, forward, store)
         hit = 0
@@ -169,7 +173,7 @@ def test_sigint_anywhere_in_a_fire_or_step_leaves_no_pin_and_no_call_counted(tmp
             except KeyboardInterrupt:
                 hit += 1
             store.wait_idle(10)
-            store.step()          # a prefill's pins are held to the step's end by design
+            store.step()  # a prefill's pins are held to the step's end by design
             store.wait_idle(10)
             _settled(store)
         assert hit > 20
@@ -231,8 +235,9 @@ print(f"left_open={left}")
 
 
 def test_a_second_sigint_during_the_roll_forward_is_finished_by_the_next_call():
-    done = subprocess.run([sys.executable, "-c", _SECOND_SIGINT_CHILD], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _SECOND_SIGINT_CHILD], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     counts = dict(kv.split("=") for kv in done.stdout.split())
     assert int(counts["left_open"]) > 10, done.stdout  # the case this test is for happened
@@ -243,9 +248,9 @@ def test_no_store_call_touches_signal_handlers(tmp_path, monkeypatch):
 
     def refuse(*a, **k):
         raise AssertionError("a library call changed a signal handler")
+
     monkeypatch.setattr(signal, "signal", refuse)
-    with ts.ExpertStore(pack, vram_slots=6, ram_gb=8 * 4096 / 2**30, device="cpu",
-                        lazy_per_step=2) as store:
+    with ts.ExpertStore(pack, vram_slots=6, ram_gb=8 * 4096 / 2**30, device="cpu", lazy_per_step=2) as store:
         _fire_and_release(store)
         _fire_and_release(store, KEYS[:2], pipelined=True)
         store.ensure_resident(1, np.array([7, 8]))

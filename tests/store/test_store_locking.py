@@ -1,6 +1,7 @@
 """The forward path never waits on a read: slow I/O in the worker or in another
 thread's fire leaves store.lock, record(), fire() of resident keys and stats() fast.
 Also: periodic poolmon snapshots are written by the worker, not by step()."""
+
 from __future__ import annotations
 
 import threading
@@ -26,17 +27,17 @@ def test_slow_reads_do_not_hold_the_lock_the_forward_path_takes(pack, device):
     with ts.ExpertStore(pack, vram_slots=8, ram_gb=0, device=device, threads=2) as store:
         resident = store.fire([(0, 0)])
         store.engine._inject_faults(delay_us=SLOW_US)
-        ticket = store.promote([(1, 1), (1, 2)])                 # worker: slow read
+        ticket = store.promote([(1, 1), (1, 2)])  # worker: slow read
         other = threading.Thread(target=lambda: store.release(store.fire([(1, 5)])))
-        other.start()                                              # another fire: slow read
+        other.start()  # another fire: slow read
         deadline = time.monotonic() + 5
         while store.tier("pool").slot_of([E + 1, E + 5]).min() < 0 and time.monotonic() < deadline:
-            time.sleep(0.001)                                      # both batches are LOADING
+            time.sleep(0.001)  # both batches are LOADING
         t0 = time.perf_counter()
         with store.lock:
             pass
         store.record(0, np.array([[0, 1]]))
-        store.release(store.fire([(0, 0)]))                        # resident: no read
+        store.release(store.fire([(0, 0)]))  # resident: no read
         store.stats()
         fast = time.perf_counter() - t0
         assert not ticket.done(), "the slow read finished before we measured"
@@ -49,8 +50,7 @@ def test_slow_reads_do_not_hold_the_lock_the_forward_path_takes(pack, device):
 
 def test_snapshot_option_writes_poolmon_from_the_worker(pack, tmp_path):
     out = tmp_path / "poolmon.json"
-    with ts.ExpertStore(pack, vram_slots=8, device="cpu", snapshot=str(out),
-                        snapshot_every_s=0.001) as store:
+    with ts.ExpertStore(pack, vram_slots=8, device="cpu", snapshot=str(out), snapshot_every_s=0.001) as store:
         store.release(store.fire([(0, 3), (1, 4)]))
         time.sleep(0.01)
         store.step()

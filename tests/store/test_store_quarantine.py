@@ -2,17 +2,18 @@
 the load that read it fails naming it, later fires and lazy promotions leave it out
 (the engine serves its fallback), it is counted and named once; without the option
 nothing changes (every fire of it fails again)."""
+
 from __future__ import annotations
 
 import logging
 
 import numpy as np
 import pytest
+from store_helpers import assert_store_consistent
+from store_helpers import corrupt_in_place as _corrupt_in_place
 
 import tierstore as ts
 from tierstore.testing.packs import make_random_pack
-
-from store_helpers import assert_store_consistent, corrupt_in_place as _corrupt_in_place
 
 L, E, SLOT = 3, 16, 5000
 
@@ -24,14 +25,15 @@ def pack(tmp_path):
 
 def test_a_rotten_row_is_quarantined_once_and_the_rest_keeps_loading(pack, caplog):
     _corrupt_in_place(pack, 1, 5)
-    with ts.ExpertStore(pack, vram_slots=8, ram_gb=0, device="cpu", lazy_per_step=0,
-                        quarantine=True) as store:
+    with ts.ExpertStore(
+        pack, vram_slots=8, ram_gb=0, device="cpu", lazy_per_step=0, quarantine=True
+    ) as store:
         with caplog.at_level(logging.WARNING, logger="tierstore.store"):
             with pytest.raises(ts.TierIOError, match=r"layer 1 expert 5"):
                 store.fire([(1, 4), (1, 5)])
             assert store.quarantined_keys().tolist() == [[1, 5]]
             assert store.stats().quarantined == 1
-            fr = store.fire([(1, 4), (1, 5), (0, 3)])      # no error: (1, 5) left out
+            fr = store.fire([(1, 4), (1, 5), (0, 3)])  # no error: (1, 5) left out
             table = store.slot_table.cpu().numpy()
             assert table[1, 5] == -1 and table[1, 4] >= 0 and table[0, 3] >= 0
             store.release(fr)
@@ -45,8 +47,9 @@ def test_a_rotten_row_is_quarantined_once_and_the_rest_keeps_loading(pack, caplo
 
 def test_lazy_promotions_leave_a_quarantined_row_out(pack):
     _corrupt_in_place(pack, 2, 7)
-    with ts.ExpertStore(pack, vram_slots=8, ram_gb=0, device="cpu", lazy_per_step=4,
-                        quarantine=True) as store:
+    with ts.ExpertStore(
+        pack, vram_slots=8, ram_gb=0, device="cpu", lazy_per_step=4, quarantine=True
+    ) as store:
         for _ in range(3):
             store.record(2, np.array([[7, 8]]))
             store.step()
@@ -74,22 +77,23 @@ def test_the_tiered_vllm_face_serves_a_rotten_expert_from_its_base_row(tmp_path)
     import shutil
 
     import torch
-
     from adapter_helpers import make_tier, model_and_dir
+
     from tierstore.format import Pack
 
     _, d = model_and_dir()
     private = tmp_path / "packs"
     shutil.copytree(d, private)
-    model_and_dir.packs[str(private)] = {k: str(private / os.path.basename(v))
-                                         for k, v in model_and_dir.packs[d].items()}
+    model_and_dir.packs[str(private)] = {
+        k: str(private / os.path.basename(v)) for k, v in model_and_dir.packs[d].items()
+    }
     fp4 = Pack.open(model_and_dir.packs[str(private)]["fp4"])
     _corrupt_in_place(fp4, 0, 3)
     fp4.close()
     tier = make_tier(str(private), slots=16)
     try:
-        ids = torch.tensor([[3, 1], [2, 3]] * 9)            # 18 tokens: a prefill batch
-        tier.ensure_resident(0, ids)                         # no error: (0, 3) quarantined
+        ids = torch.tensor([[3, 1], [2, 3]] * 9)  # 18 tokens: a prefill batch
+        tier.ensure_resident(0, ids)  # no error: (0, 3) quarantined
         assert tier.store.quarantined_keys().tolist() == [[0, 3]]
         table = tier.store.slot_table.cpu().numpy()
         assert table[0, 3] == -1 and table[0, 1] >= 0 and table[0, 2] >= 0

@@ -3,19 +3,26 @@ record / fire / release / promote / evict / load_arena / step, with injected rea
 faults. After every rule: bookkeeping agrees (pool, arena, policies, device slot
 table), every published row is byte-exact, and the pins equal the model's count
 of fires not yet released (so nothing a fire holds can be evicted)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings as hsettings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, \
-    run_state_machine_as_test
+from hypothesis import HealthCheck
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from store_helpers import assert_store_consistent
 
 import tierstore as ts
 from tierstore.errors import TierIOError
 from tierstore.testing.packs import make_random_pack
-
-from store_helpers import assert_store_consistent
 
 L, E, SLOT = 2, 8, 300
 keys_st = st.lists(st.tuples(st.integers(0, L - 1), st.integers(0, E - 1)), min_size=1, max_size=6)
@@ -27,8 +34,9 @@ class StoreMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.store = ts.ExpertStore(self.pack, vram_slots=4, ram_gb=3 * 4096 / 2**30,
-                                    device=self.device, threads=2, lazy_per_step=2)
+        self.store = ts.ExpertStore(
+            self.pack, vram_slots=4, ram_gb=3 * 4096 / 2**30, device=self.device, threads=2, lazy_per_step=2
+        )
         self.open_fires: list = []
 
     def teardown(self):
@@ -45,7 +53,9 @@ class StoreMachine(RuleBasedStateMachine):
         assert set(fr.keys.tolist()) <= dense
         assert fr.promoted <= cap and fr.waited == 0  # one thread: nothing else loads
         assert fr.promoted + fr.already_resident == len(fr.keys)
-        assert np.all(self.store.tier("pool").resident_slot(fr.keys) >= 0), "a pinned key of a fire is not resident"
+        assert np.all(self.store.tier("pool").resident_slot(fr.keys) >= 0), (
+            "a pinned key of a fire is not resident"
+        )
         self.open_fires.append(fr)
 
     @precondition(lambda self: self.open_fires)
@@ -80,7 +90,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.store.engine._inject_faults(fail_offset=self.pack.row_offset(l, e))
         try:
             fr = self.store.fire(keys)
-            self.open_fires.append(fr)     # the failing row was resident or an arena hit
+            self.open_fires.append(fr)  # the failing row was resident or an arena hit
         except TierIOError as exc:
             assert f"layer {l} expert {e}" in str(exc)
         finally:
@@ -104,6 +114,12 @@ def small_pack(tmp_path_factory):
 
 def test_slot_state_machine_under_random_calls_and_faults(small_pack, device):
     StoreMachine.pack, StoreMachine.device = small_pack, device
-    run_state_machine_as_test(StoreMachine, settings=hsettings(
-        max_examples=30, stateful_step_count=25, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow]))
+    run_state_machine_as_test(
+        StoreMachine,
+        settings=hsettings(
+            max_examples=30,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )

@@ -6,6 +6,7 @@ holds no fd of its pack. A hang is a failure with every thread's stack (Crew.joi
 faulthandler), never a stuck suite.
 
 Bounded for CI (~30 s per device on two cores); STRESS_SECONDS=600 soaks."""
+
 from __future__ import annotations
 
 import faulthandler
@@ -17,25 +18,30 @@ import warnings
 
 import numpy as np
 import pytest
+from stress_helpers import (
+    Crew,
+    check_published_bytes,
+    leaked_pack_fds,
+    stress_seconds,
+    try_rewrite,
+    wait_ticket,
+)
 
 import tierstore as ts
 from tierstore.testing.packs import make_random_pack, random_layer_rows
 
-from stress_helpers import (Crew, check_published_bytes, leaked_pack_fds, stress_seconds,
-                            try_rewrite, wait_ticket)
-
 L, E, SLOT, SEED = 4, 32, 2000, 23
 N_SLOTS, ARENA_ROWS = 24, 40
-ROUND_S = 0.6                       # one round's busy time
-CI_SECONDS = 14.0                   # per device; STRESS_SECONDS overrides
-TOTAL = {"fires": 0}                # fires across every round and device (printed)
+ROUND_S = 0.6  # one round's busy time
+CI_SECONDS = 14.0  # per device; STRESS_SECONDS overrides
+TOTAL = {"fires": 0}  # fires across every round and device (printed)
 
 
 @pytest.fixture(scope="module")
 def stress_pack(tmp_path_factory):
     d = tmp_path_factory.mktemp("stress")
     pack = make_random_pack(d, L, E, SLOT, seed=SEED)
-    pack.close()                      # the stores open it by path (and must close it)
+    pack.close()  # the stores open it by path (and must close it)
     rows = np.stack([random_layer_rows(SEED, l, E, SLOT) for l in range(L)]).reshape(L * E, SLOT)
     return pack.path, rows, d
 
@@ -47,8 +53,7 @@ def _warm_file(pack_path, d, device):
         with ts.ExpertStore(pack_path, vram_slots=N_SLOTS, device=device, lazy_per_step=0) as s:
             rng = np.random.default_rng(5)
             for _ in range(6):
-                s.release(s.fire([(int(k // E), int(k % E))
-                                  for k in rng.choice(L * E, 6, replace=False)]))
+                s.release(s.fire([(int(k // E), int(k % E)) for k in rng.choice(L * E, 6, replace=False)]))
             s.save_poolmon(path)
     return path
 
@@ -58,8 +63,14 @@ def _keys(rng, n):
 
 
 def _run_round(pack_path, rows, warm, device, seed, close_midway, counts):
-    store = ts.ExpertStore(pack_path, vram_slots=N_SLOTS, ram_gb=ARENA_ROWS * 2048 / 2**30,
-                           device=device, threads=2, lazy_per_step=3)
+    store = ts.ExpertStore(
+        pack_path,
+        vram_slots=N_SLOTS,
+        ram_gb=ARENA_ROWS * 2048 / 2**30,
+        device=device,
+        threads=2,
+        lazy_per_step=3,
+    )
     crew, tickets = Crew(), []
     closed = (ts.ClosedError,)
 
@@ -72,15 +83,18 @@ def _run_round(pack_path, rows, warm, device, seed, close_midway, counts):
                 for layer in range(L):
                     store.record(layer, rng.choice(hot, (2, 2)) % E)
                 pipelined = rng.random() < 0.25
-                fr = store.fire(_keys(rng, int(rng.integers(1, 5))),
-                                max_promote=int(rng.integers(0, 4)), pipelined=pipelined)
+                fr = store.fire(
+                    _keys(rng, int(rng.integers(1, 5))),
+                    max_promote=int(rng.integers(0, 4)),
+                    pipelined=pipelined,
+                )
                 counts["fires"] += 1
                 if pipelined:
                     for layer in range(L):
                         fr.wait_layer(layer)
                 view = table.device_table()
                 pool = store.pool.cpu().numpy() if store.pool.is_cuda else store.pool.numpy()
-                for k in fr.keys.tolist():     # pinned: resident and its bytes stay put
+                for k in fr.keys.tolist():  # pinned: resident and its bytes stay put
                     slot = int(view[k])
                     assert slot >= 0, f"pinned key {k} is not published"
                     assert np.array_equal(pool[slot, :SLOT], rows[k]), f"key {k}: wrong bytes"
@@ -114,7 +128,7 @@ def _run_round(pack_path, rows, warm, device, seed, close_midway, counts):
 
     def preheater():
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # "stopped early" once close() wins
+            warnings.simplefilter("ignore")  # "stopped early" once close() wins
             while not crew.stop.is_set():
                 try:
                     store.preheat(warm, progress=False)
@@ -131,11 +145,11 @@ def _run_round(pack_path, rows, warm, device, seed, close_midway, counts):
         except closed:
             return
 
-    def rewriter():      # PackWriter vs the live store: refused (reader lock), never torn
+    def rewriter():  # PackWriter vs the live store: refused (reader lock), never torn
         rng = np.random.default_rng([seed, 12])
         while not crew.stop.is_set() and not store.closed:
             layer = int(rng.integers(L))
-            if try_rewrite(pack_path, layer, rows[layer * E:(layer + 1) * E]):
+            if try_rewrite(pack_path, layer, rows[layer * E : (layer + 1) * E]):
                 assert store.closed, "a PackWriter rewrote the pack under a live store"
                 return
             counts["rewrites_refused"] += 1
@@ -155,12 +169,12 @@ def _run_round(pack_path, rows, warm, device, seed, close_midway, counts):
         time.sleep(ROUND_S)
     crew.stop.set()
     crew.join(30)
-    for tk in tickets:                        # every ticket finishes, promoted or refused
+    for tk in tickets:  # every ticket finishes, promoted or refused
         wait_ticket(tk, closed_ok=closed)
     counts["checked"] += check_published_bytes(store, rows)
     if not store.closed:
         assert store.wait_idle(30), "the worker never went idle"
-        store.step()                          # releases the last prefill's pins
+        store.step()  # releases the last prefill's pins
         assert store.stats().pool.pinned == 0, "pool pins leaked"
         assert store.stats().arena.pinned == 0, "arena pins leaked"
         store.check_invariants()
@@ -174,15 +188,15 @@ def _run_round(pack_path, rows, warm, device, seed, close_midway, counts):
 def _stress(stress_pack, device, budget):
     pack_path, rows, d = stress_pack
     warm = _warm_file(pack_path, d, device)
-    counts = dict.fromkeys(("fires", "promotes", "prefills", "preheats", "checked",
-                            "rewrites_refused", "rounds"), 0)
-    faulthandler.dump_traceback_later(budget + 120, exit=False)   # last resort: stacks on stderr
+    counts = dict.fromkeys(
+        ("fires", "promotes", "prefills", "preheats", "checked", "rewrites_refused", "rounds"), 0
+    )
+    faulthandler.dump_traceback_later(budget + 120, exit=False)  # last resort: stacks on stderr
     try:
         t0 = time.monotonic()
         while time.monotonic() - t0 < budget:
             r = counts["rounds"]
-            _run_round(pack_path, rows, warm, device, seed=r, close_midway=r % 2 == 1,
-                       counts=counts)
+            _run_round(pack_path, rows, warm, device, seed=r, close_midway=r % 2 == 1, counts=counts)
             counts["rounds"] += 1
     finally:
         faulthandler.cancel_dump_traceback_later()

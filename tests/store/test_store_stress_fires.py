@@ -12,6 +12,7 @@ the fires the stores counted.
 
 Bounded by fire count for CI (``FIRES``, small rows so it takes well under 2 minutes on
 two cores); STRESS_SECONDS=N soaks for N seconds instead (at least ``FIRES`` fires)."""
+
 from __future__ import annotations
 
 import sys
@@ -20,19 +21,18 @@ import time
 
 import numpy as np
 import pytest
+from stress_helpers import Crew, check_published_bytes, leaked_pack_fds, stress_seconds
 
 import tierstore as ts
 from tierstore.testing.packs import make_random_pack, random_layer_rows
 
-from stress_helpers import Crew, check_published_bytes, leaked_pack_fds, stress_seconds
-
 L, E, SLOT, SEED = 4, 32, 256, 41
 N_SLOTS, ARENA_ROWS = 64, 24
 THREADS = 8
-HOT = 16                            # keys every thread fires (the overlapping set)
-FIRES = 40_000                      # fires the CI run must reach (asserted)
-FIRES_PER_ROUND = 2_000             # fires between two round-end checks (all threads)
-ROUNDS_PER_STORE = 5                # then the store is closed and a fresh one opened
+HOT = 16  # keys every thread fires (the overlapping set)
+FIRES = 40_000  # fires the CI run must reach (asserted)
+FIRES_PER_ROUND = 2_000  # fires between two round-end checks (all threads)
+ROUNDS_PER_STORE = 5  # then the store is closed and a fresh one opened
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +58,8 @@ class _Tally:
         self.pipelined = [0] * THREADS
         self.checked_keys = [0] * THREADS
         self.cross_released = [0] * THREADS
-        self.waited = [0] * THREADS         # fires that needed a key another batch was loading
-        self.no_slot = [0] * THREADS        # fires that found every slot pinned for some key
+        self.waited = [0] * THREADS  # fires that needed a key another batch was loading
+        self.no_slot = [0] * THREADS  # fires that found every slot pinned for some key
 
 
 def _check_pinned(store, fr, rows):
@@ -79,15 +79,16 @@ def _firer(store, rows, tid, seed, quota, hot, mine, tally, handoff, handoff_loc
     held: list = []
 
     def release_one():
-        i = int(rng.integers(len(held)))           # random order, not fire order
+        i = int(rng.integers(len(held)))  # random order, not fire order
         store.release(held.pop(i))
 
     for _ in range(quota):
         if crew.stop.is_set():
             break
         n_hot, n_mine = int(rng.integers(0, 4)), int(rng.integers(0, 4))
-        keys = np.concatenate([rng.choice(hot, n_hot, replace=False),
-                               rng.choice(mine, n_mine, replace=False)])
+        keys = np.concatenate(
+            [rng.choice(hot, n_hot, replace=False), rng.choice(mine, n_mine, replace=False)]
+        )
         if not len(keys):
             keys = rng.choice(pool_keys, 1)
         routed = [(int(k // E), int(k % E)) for k in keys]
@@ -101,7 +102,7 @@ def _firer(store, rows, tid, seed, quota, hot, mine, tally, handoff, handoff_loc
             tally.pipelined[tid] += 1
             how = rng.random()
             if how < 0.4:
-                for layer in rng.permutation(L).tolist():   # any order: each publishes its group
+                for layer in rng.permutation(L).tolist():  # any order: each publishes its group
                     fr.wait_layer(layer)
                 tally.checked_keys[tid] += _check_pinned(store, fr, rows)
             elif how < 0.7:
@@ -112,7 +113,7 @@ def _firer(store, rows, tid, seed, quota, hot, mine, tally, handoff, handoff_loc
             tally.checked_keys[tid] += _check_pinned(store, fr, rows)
         if rng.random() < 0.1:
             with handoff_lock:
-                handoff.append(fr)                  # someone else releases it
+                handoff.append(fr)  # someone else releases it
         else:
             held.append(fr)
         if rng.random() < 0.1:
@@ -137,30 +138,58 @@ def _round_end_checks(store, rows, counts):
     counts["checked_rows"] += check_published_bytes(store, rows)
     assert store.stats().pool.pinned == 0, "pool pins leaked"
     assert store.stats().arena.pinned == 0, "arena pins leaked"
-    store.check_invariants(idle=True)   # nothing in flight, no lazy promotion left busy
+    store.check_invariants(idle=True)  # nothing in flight, no lazy promotion left busy
 
 
 def _storm(pack_path, rows, min_fires, seconds):
-    counts = dict(fires=0, pipelined=0, waited=0, no_slot=0, checked_keys=0, checked_rows=0,
-                  cross_released=0, store_fires=0, rounds=0, stores=0)
+    counts = dict(
+        fires=0,
+        pipelined=0,
+        waited=0,
+        no_slot=0,
+        checked_keys=0,
+        checked_rows=0,
+        cross_released=0,
+        store_fires=0,
+        rounds=0,
+        stores=0,
+    )
     t0 = time.monotonic()
     quota = -(-FIRES_PER_ROUND // THREADS)
     while counts["fires"] < min_fires or time.monotonic() - t0 < seconds:
-        store = ts.ExpertStore(pack_path, vram_slots=N_SLOTS, ram_gb=ARENA_ROWS * 4096 / 2**30,
-                               device="cpu", threads=2, lazy_per_step=3)
+        store = ts.ExpertStore(
+            pack_path,
+            vram_slots=N_SLOTS,
+            ram_gb=ARENA_ROWS * 4096 / 2**30,
+            device="cpu",
+            threads=2,
+            lazy_per_step=3,
+        )
         counts["stores"] += 1
         for _ in range(ROUNDS_PER_STORE):
             seed = counts["rounds"]
             hot, mine = _key_sets(seed)
             tally, handoff, handoff_lock, crew = _Tally(), [], threading.Lock(), Crew()
             for tid in range(THREADS):
-                crew.spawn(_firer, store, rows, tid, seed, quota, hot, mine[tid], tally,
-                           handoff, handoff_lock, crew, name=f"firer{tid}")
+                crew.spawn(
+                    _firer,
+                    store,
+                    rows,
+                    tid,
+                    seed,
+                    quota,
+                    hot,
+                    mine[tid],
+                    tally,
+                    handoff,
+                    handoff_lock,
+                    crew,
+                    name=f"firer{tid}",
+                )
             crew.join(120)
-            for fr in handoff:                       # left over: released by the main thread
+            for fr in handoff:  # left over: released by the main thread
                 store.release(fr)
-            for name in ("fires", "pipelined", "waited", "no_slot", "checked_keys",
-                         "cross_released"):
+            for name in ("fires", "pipelined", "waited", "no_slot", "checked_keys", "cross_released"):
                 counts[name] += sum(getattr(tally, name))
             _round_end_checks(store, rows, counts)
             counts["rounds"] += 1
@@ -169,8 +198,10 @@ def _storm(pack_path, rows, min_fires, seconds):
         assert not store.worker_alive
         assert not leaked_pack_fds(pack_path), leaked_pack_fds(pack_path)
     elapsed = time.monotonic() - t0
-    print(f"\nfires storm: {counts} in {elapsed:.1f} s "
-          f"({counts['fires'] / elapsed:.0f} fires/s)", file=sys.stderr)
+    print(
+        f"\nfires storm: {counts} in {elapsed:.1f} s ({counts['fires'] / elapsed:.0f} fires/s)",
+        file=sys.stderr,
+    )
     return counts
 
 
@@ -180,5 +211,5 @@ def test_forty_thousand_concurrent_fires_publish_only_pack_bytes_and_leak_nothin
     assert counts["fires"] >= FIRES
     assert counts["store_fires"] == counts["fires"], "fires counted here != fires the stores counted"
     assert counts["pipelined"] > FIRES // 5
-    assert counts["cross_released"] > 0 and counts["waited"] > 0   # shared releases, shared loads
+    assert counts["cross_released"] > 0 and counts["waited"] > 0  # shared releases, shared loads
     assert counts["checked_keys"] > FIRES and counts["checked_rows"] > 0

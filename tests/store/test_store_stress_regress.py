@@ -6,6 +6,7 @@ The hang: a fire that needs a key another batch is loading waited for that batch
 crossing on two threads, or a fire racing a close() whose ``release`` was refused,
 waited forever (and close() with it, waiting for the active fire). Now the waiting
 fire publishes the landed layers itself (LayerLoad.settle)."""
+
 from __future__ import annotations
 
 import os
@@ -14,13 +15,12 @@ import time
 
 import numpy as np
 import pytest
+from store_helpers import assert_store_consistent
+from stress_helpers import Crew, check_published_bytes, leaked_pack_fds
 
 import tierstore as ts
 from tierstore.store.mover import Mover
 from tierstore.testing.packs import make_random_pack, random_layer_rows
-
-from store_helpers import assert_store_consistent
-from stress_helpers import Crew, check_published_bytes, leaked_pack_fds
 
 L, E, SLOT, SEED = 4, 16, 4000, 3
 
@@ -38,16 +38,16 @@ def _in_thread(fn, seconds=20.0):
     crew = Crew()
     out = {}
     crew.spawn(lambda: out.setdefault("value", fn()), name="caller")
-    crew.join(seconds)            # a hang fails with every thread's stack
+    crew.join(seconds)  # a hang fails with every thread's stack
     return out.get("value")
 
 
 def test_fire_needing_a_pipelined_fires_keys_on_the_same_thread_does_not_hang(pack, device):
     with ts.ExpertStore(pack, vram_slots=8, device=device, lazy_per_step=0) as store:
-        first = store.fire([(1, 3), (2, 5)], pipelined=True)     # LOADING until published
+        first = store.fire([(1, 3), (2, 5)], pipelined=True)  # LOADING until published
         second = _in_thread(lambda: store.fire([(1, 3), (2, 2)]))
         assert int(store.slot_table[1, 3]) >= 0 and int(store.slot_table[2, 2]) >= 0
-        first.wait_layer(1)                                       # already published: no-op
+        first.wait_layer(1)  # already published: no-op
         store.release(second)
         store.release(first)
         assert store.stats().pool.pinned == 0
@@ -80,19 +80,21 @@ def test_close_while_a_fire_waits_on_a_refused_pipelined_release_finishes(pack, 
     def waiting_fire():
         real = Mover.plan
 
-        def plan_then_signal(mover, *a, **k):   # the fire is active: close() must wait for it
+        def plan_then_signal(mover, *a, **k):  # the fire is active: close() must wait for it
             entered.set()
             return real(mover, *a, **k)
+
         monkeypatch.setattr(Mover, "plan", plan_then_signal)
         try:
             store.release(store.fire([(3, 1), (0, 0)]))
         except ts.ClosedError:
-            pass                          # release() after close(): refused, not hung
+            pass  # release() after close(): refused, not hung
+
     crew = Crew()
     crew.spawn(waiting_fire)
     assert entered.wait(20)
     crew.spawn(store.close, name="closer")
-    crew.join(20)                                 # neither the fire nor close() hangs
+    crew.join(20)  # neither the fire nor close() hangs
     with pytest.raises(ts.ClosedError):
         store.release(first)
     assert store.closed
@@ -104,10 +106,10 @@ def test_a_failed_pipelined_layer_settled_by_another_fire_is_reported_to_its_own
         first = store.fire([(2, 4)], pipelined=True)
         comp = first.pending.comps[2]
         deadline = time.monotonic() + 20
-        while not comp.done() and time.monotonic() < deadline:   # the read failed first
+        while not comp.done() and time.monotonic() < deadline:  # the read failed first
             time.sleep(0.001)
         store.engine._inject_faults(every_nth=0)
-        second = _in_thread(lambda: store.fire([(2, 4)]))   # retries it in its next round
+        second = _in_thread(lambda: store.fire([(2, 4)]))  # retries it in its next round
         with pytest.raises(ts.TierIOError, match="layer 2 expert 4"):
             first.wait_layer(2)
         store.release(first)
@@ -137,7 +139,7 @@ def test_close_publishes_a_pipelined_fires_pending_layers_before_dropping_the_pa
     store.close()
     assert fr.pending.done and store.batches_in_flight == 0
     for layer in range(L):
-        fr.wait_layer(layer)                       # published by close(): a no-op
+        fr.wait_layer(layer)  # published by close(): a no-op
     assert check_published_bytes(store, _rows()) == 3
     with pytest.raises(ts.ClosedError):
         store.release(fr)
@@ -150,6 +152,6 @@ def test_close_racing_the_owners_wait_layer_never_fails_a_published_layer(pack):
         crew = Crew()
         crew.spawn(store.close, name="closer")
         for layer in range(L):
-            fr.wait_layer(layer)                   # never "pack file is gone"
+            fr.wait_layer(layer)  # never "pack file is gone"
         crew.join(20)
         assert check_published_bytes(store, _rows()) == L

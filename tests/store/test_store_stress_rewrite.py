@@ -5,6 +5,7 @@ PackBusyError naming the pack and the holder, also with verify="off" and under a
 concurrent load; a replacement by rename is refused by the store (inode check) and never
 served; once the store is closed the rewrite goes through and a new store serves the new
 bytes, every published slot checked against the rows of the generation it opened."""
+
 from __future__ import annotations
 
 import os
@@ -13,25 +14,32 @@ import time
 
 import numpy as np
 import pytest
+from stress_helpers import Crew, check_published_bytes, leaked_pack_fds, stress_seconds
 
 import tierstore as ts
 from tierstore.format import Pack, PackBusyError, PackWriter
 from tierstore.testing.packs import RANDOM_QUANTIZER_ABI, make_random_pack, random_layer_rows
 
-from stress_helpers import Crew, check_published_bytes, leaked_pack_fds, stress_seconds
-
 L, E, SLOT, SEED = 3, 16, 3000, 8
 
 
 def _writer(out):
-    return PackWriter(out, tag="fp4", n_layers=L, n_experts=E, slot_bytes=SLOT,
-                      ckpt_id=f"random-seed{SEED}", quantizer_abi=RANDOM_QUANTIZER_ABI)
+    return PackWriter(
+        out,
+        tag="fp4",
+        n_layers=L,
+        n_experts=E,
+        slot_bytes=SLOT,
+        ckpt_id=f"random-seed{SEED}",
+        quantizer_abi=RANDOM_QUANTIZER_ABI,
+    )
 
 
 def _rows(gens):
     """Expected rows when layer l holds generation gens[l] (generation g = seed SEED + g)."""
-    return np.stack([random_layer_rows(SEED + g, l, E, SLOT) for l, g in enumerate(gens)]
-                    ).reshape(L * E, SLOT)
+    return np.stack([random_layer_rows(SEED + g, l, E, SLOT) for l, g in enumerate(gens)]).reshape(
+        L * E, SLOT
+    )
 
 
 @pytest.fixture
@@ -47,11 +55,14 @@ def _path(pack_dir):
 def test_writer_under_a_live_store_is_refused_naming_the_reader(pack_dir):
     path = _path(pack_dir)
     with ts.ExpertStore(path, vram_slots=4, device="cpu", verify="off") as store:
-        with pytest.raises(PackBusyError, match=rf"\.lock: a live reader \(ExpertStore\) "
-                                                rf"\(pid {os.getpid()}\) is serving"):
+        with pytest.raises(
+            PackBusyError,
+            match=rf"\.lock: a live reader \(ExpertStore\) "
+            rf"\(pid {os.getpid()}\) is serving",
+        ):
             _writer(pack_dir)
         store.release(store.fire([(1, 2)]))
-    with _writer(pack_dir) as w:                       # closed: the lock is free
+    with _writer(pack_dir) as w:  # closed: the lock is free
         w.write_layer(1, random_layer_rows(SEED + 1, 1, E, SLOT))
     with ts.ExpertStore(path, vram_slots=4, device="cpu", verify="off") as store:
         store.release(store.fire([(1, 2), (0, 3)]))
@@ -61,8 +72,11 @@ def test_writer_under_a_live_store_is_refused_naming_the_reader(pack_dir):
 def test_store_on_a_pack_being_written_is_refused_naming_the_writer(pack_dir):
     path = _path(pack_dir)
     with _writer(pack_dir):
-        with pytest.raises(PackBusyError, match=rf"is being written by a PackWriter "
-                                                rf"\(pid {os.getpid()}\)"):
+        with pytest.raises(
+            PackBusyError,
+            match=rf"is being written by a PackWriter "
+            rf"\(pid {os.getpid()}\)",
+        ):
             ts.ExpertStore(path, vram_slots=4, device="cpu")
     assert not leaked_pack_fds(path)
     ts.ExpertStore(path, vram_slots=4, device="cpu").close()
@@ -73,7 +87,7 @@ def test_rewrite_between_pack_open_and_the_store_is_caught_within_one_mtime_tick
     st = os.stat(pack.path)
     with _writer(pack_dir) as w:
         w.write_layer(0, random_layer_rows(SEED + 1, 0, E, SLOT))
-    os.utime(pack.path, ns=(st.st_atime_ns, st.st_mtime_ns))   # the same clock tick
+    os.utime(pack.path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same clock tick
     with pytest.raises(ts.FormatError, match="sidecar was republished since Pack.open"):
         ts.ExpertStore(pack, vram_slots=4, device="cpu", verify="off")
     pack.close()
@@ -81,13 +95,15 @@ def test_rewrite_between_pack_open_and_the_store_is_caught_within_one_mtime_tick
 
 def test_two_stores_share_the_reader_lock(pack_dir):
     path = _path(pack_dir)
-    with ts.ExpertStore(path, vram_slots=4, device="cpu") as a, \
-            ts.ExpertStore(path, vram_slots=4, device="cpu") as b:
+    with (
+        ts.ExpertStore(path, vram_slots=4, device="cpu") as a,
+        ts.ExpertStore(path, vram_slots=4, device="cpu") as b,
+    ):
         a.release(a.fire([(0, 1)]))
         b.release(b.fire([(0, 1)]))
         a.close()
         with pytest.raises(PackBusyError, match="live reader"):
-            _writer(pack_dir)                          # b still serves it
+            _writer(pack_dir)  # b still serves it
 
 
 def _replace_by_rename(pack_dir, tmp_path, gen):
@@ -123,8 +139,15 @@ def test_concurrent_rewrites_never_publish_a_torn_row(pack_dir, tmp_path):
         r = counts["rounds"]
         path = _path(pack_dir)
         expect = _rows(gens)
-        store = ts.ExpertStore(path, vram_slots=10, ram_gb=12 * 3072 / 2**30, device="cpu",
-                               verify="off", threads=2, lazy_per_step=2)
+        store = ts.ExpertStore(
+            path,
+            vram_slots=10,
+            ram_gb=12 * 3072 / 2**30,
+            device="cpu",
+            verify="off",
+            threads=2,
+            lazy_per_step=2,
+        )
         crew, replaced = Crew(), r % 3 == 2
 
         def forward(tid):
@@ -134,14 +157,15 @@ def test_concurrent_rewrites_never_publish_a_torn_row(pack_dir, tmp_path):
                 try:
                     fr = store.fire(keys, max_promote=2, pipelined=bool(frng.random() < 0.3))
                     fr.wait_all()
-                except ts.FormatError as exc:       # replaced under us: refused, not served
+                except ts.FormatError as exc:  # replaced under us: refused, not served
                     assert replaced and "since Pack.open" in str(exc), exc
                     continue
                 counts["fires"] += 1
                 table = store.tier("pool").device_table()
                 for k in fr.keys.tolist():
-                    assert np.array_equal(store.pool[int(table[k])].numpy()[:SLOT], expect[k]), \
+                    assert np.array_equal(store.pool[int(table[k])].numpy()[:SLOT], expect[k]), (
                         f"key {k}: torn or foreign row"
+                    )
                 store.release(fr)
                 if tid == 0:
                     store.step()
@@ -168,10 +192,10 @@ def test_concurrent_rewrites_never_publish_a_torn_row(pack_dir, tmp_path):
             time.sleep(0.15)
         crew.stop.set()
         crew.join(30)
-        check_published_bytes(store, expect)      # the generation it opened, never torn
+        check_published_bytes(store, expect)  # the generation it opened, never torn
         store.close()
         assert not leaked_pack_fds(path)
-        if not replaced:                          # closed: now the rewrite goes through
+        if not replaced:  # closed: now the rewrite goes through
             layer = int(rng.integers(L))
             gens[layer] += 1
             with _writer(pack_dir) as w:
@@ -180,6 +204,6 @@ def test_concurrent_rewrites_never_publish_a_torn_row(pack_dir, tmp_path):
         counts["rounds"] += 1
     with ts.ExpertStore(_path(pack_dir), vram_slots=L * E, device="cpu", verify="always") as s:
         s.release(s.fire([(l, e) for l in range(L) for e in range(E)]))
-        assert check_published_bytes(s, _rows(gens)) == L * E   # the last generation, whole
+        assert check_published_bytes(s, _rows(gens)) == L * E  # the last generation, whole
     print(f"\nrewrite stress: {counts}")
     assert counts["refused"] > 0 and counts["rewrites"] > 0 and counts["replaced"] > 0

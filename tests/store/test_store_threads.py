@@ -1,6 +1,7 @@
 """Threaded hammer: a forward thread (record / fire / check bytes / release / step), the
 store's background worker (lazy promotions), a user thread calling promote(), and a
 stats reader, all at once on a pool much smaller than the key space."""
+
 from __future__ import annotations
 
 import threading
@@ -8,11 +9,10 @@ import time
 
 import numpy as np
 import pytest
+from store_helpers import assert_store_consistent
 
 import tierstore as ts
 from tierstore.testing.packs import make_random_pack, random_layer_rows
-
-from store_helpers import assert_store_consistent
 
 L, E, SLOT, SEED = 4, 32, 3000, 17
 
@@ -24,8 +24,9 @@ def pack(tmp_path_factory):
 
 def test_forward_worker_and_user_threads_hammer_the_store(pack, device):
     rows = np.stack([random_layer_rows(SEED, l, E, SLOT) for l in range(L)]).reshape(L * E, SLOT)
-    store = ts.ExpertStore(pack, vram_slots=24, ram_gb=16 * 4096 / 2**30, device=device,
-                           threads=2, lazy_per_step=4)
+    store = ts.ExpertStore(
+        pack, vram_slots=24, ram_gb=16 * 4096 / 2**30, device=device, threads=2, lazy_per_step=4
+    )
     errors: list[BaseException] = []
     stop = threading.Event()
     counts = {"fires": 0, "promotes": 0, "checked": 0}
@@ -37,6 +38,7 @@ def test_forward_worker_and_user_threads_hammer_the_store(pack, device):
             except BaseException as exc:  # noqa: BLE001 - reported by the main thread
                 errors.append(exc)
                 stop.set()
+
         return run
 
     @guarded
@@ -47,16 +49,21 @@ def test_forward_worker_and_user_threads_hammer_the_store(pack, device):
             if stop.is_set():
                 return
             for layer in range(L):
-                ids = np.where(rng.random((2, 3)) < 0.8, hot[rng.integers(0, 20, (2, 3))] % E,
-                               rng.integers(0, E, (2, 3)))
+                ids = np.where(
+                    rng.random((2, 3)) < 0.8, hot[rng.integers(0, 20, (2, 3))] % E, rng.integers(0, E, (2, 3))
+                )
                 store.record(layer, ids)
             if step % 3 == 0:
                 routed = [(int(k // E), int(k % E)) for k in rng.choice(L * E, 6, replace=False)]
                 fr = store.fire(routed, max_promote=4)
                 counts["fires"] += 1
-                table = store.tier("pool").device_table() if device != "cpu" else store.slot_table.view(-1).numpy()
+                table = (
+                    store.tier("pool").device_table()
+                    if device != "cpu"
+                    else store.slot_table.view(-1).numpy()
+                )
                 pool = store.pool.cpu().numpy() if device != "cpu" else store.pool.numpy()
-                for k in fr.keys.tolist():       # pinned: must stay put while we read it
+                for k in fr.keys.tolist():  # pinned: must stay put while we read it
                     slot = int(table[k])
                     assert slot >= 0, f"pinned key {k} not published"
                     assert np.array_equal(pool[slot], rows[k]), f"pinned key {k}: wrong bytes"

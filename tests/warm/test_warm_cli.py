@@ -1,4 +1,5 @@
 """`tierstore warm inspect | merge | convert` through tierstore.cli.main."""
+
 from __future__ import annotations
 
 import json
@@ -24,11 +25,18 @@ def _ident(pack):
 
 
 def poolmon(tmp_path, pack, name, owners, wall_time, arena=()):
-    d = {"version": "tierstore-poolmon-v1", "pack": _ident(pack),
-         "tiers": {"pool": {"capacity": 8, "owners": [list(o) for o in owners]},
-                   "arena": {"capacity": 16, "owners": [list(o) for o in arena]}},
-         "counters": {"pool": {"hits": 10, "misses": 4, "promotions": 4, "evictions": 1}},
-         "wall_time": wall_time, "steps": 100, "policy": "heat"}
+    d = {
+        "version": "tierstore-poolmon-v1",
+        "pack": _ident(pack),
+        "tiers": {
+            "pool": {"capacity": 8, "owners": [list(o) for o in owners]},
+            "arena": {"capacity": 16, "owners": [list(o) for o in arena]},
+        },
+        "counters": {"pool": {"hits": 10, "misses": 4, "promotions": 4, "evictions": 1}},
+        "wall_time": wall_time,
+        "steps": 100,
+        "policy": "heat",
+    }
     p = tmp_path / name
     p.write_text(json.dumps(d))
     return str(p)
@@ -36,9 +44,14 @@ def poolmon(tmp_path, pack, name, owners, wall_time, arena=()):
 
 def pool_heat(tmp_path, name, owners, E_=E):
     p = tmp_path / name
-    p.write_text(json.dumps({"meta": {"version": "pool-heat-v1", "tag": "fp4", "n_layers": L,
-                                      "E": E_, "slot_bytes": SLOT},
-                             "owners": [list(o) for o in owners]}))
+    p.write_text(
+        json.dumps(
+            {
+                "meta": {"version": "pool-heat-v1", "tag": "fp4", "n_layers": L, "E": E_, "slot_bytes": SLOT},
+                "owners": [list(o) for o in owners],
+            }
+        )
+    )
     return str(p)
 
 
@@ -134,8 +147,7 @@ def test_convert_poolmon_to_pool_heat_and_back(tmp_path, pack, capsys):
     raw = open(ph).read()
     assert raw.count("\n") == 0 and json.loads(raw)["owners"] == [[3, 1], [0, 2]]
     back = str(tmp_path / "back.json")
-    assert run(capsys, "warm", "convert", ph, "-o", back, "--to", "poolmon",
-               "--pack", pack.path)[0] == 0
+    assert run(capsys, "warm", "convert", ph, "-o", back, "--to", "poolmon", "--pack", pack.path)[0] == 0
     wf = read_warm_file(back)
     assert wf.pool.keys.tolist() == [[3, 1], [0, 2]] and wf.identity.key20 == pack.key20
     ah = str(tmp_path / "a.heat.json")
@@ -153,8 +165,9 @@ def test_convert_arena_heat_without_pack_is_an_error(tmp_path, capsys):
 
 def test_convert_refuses_file_of_another_pack(tmp_path, pack, capsys):
     ph = pool_heat(tmp_path, "ph.json", [(0, 0)], E_=4)
-    rc, _, err = run(capsys, "warm", "convert", ph, "-o", str(tmp_path / "o.json"),
-                     "--to", "poolmon", "--pack", pack.path)
+    rc, _, err = run(
+        capsys, "warm", "convert", ph, "-o", str(tmp_path / "o.json"), "--to", "poolmon", "--pack", pack.path
+    )
     assert rc == 1 and "is for another pack" in err and "n_experts 4, pack has 8" in err
     assert os.listdir(tmp_path) == ["ph.json"]
 

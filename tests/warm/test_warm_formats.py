@@ -1,4 +1,5 @@
 """Warm-start formats: round trips, sniffing, and one test per rejection reason."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,24 @@ from hypothesis import strategies as st
 
 from tierstore.errors import FormatError
 from tierstore.testing.packs import make_random_pack
-from tierstore.warm import (MAX_WARM_FILE_BYTES, PackIdentity, WarmFile, WarmStartWarning,
-                            WarmTier, arena_heat_path, encode, fit_to_pack, load_hint,
-                            parse_warm_bytes, pool_heat_name, read_warm_file, to_arena_heat,
-                            to_pool_heat, to_poolmon, write_atomic)
+from tierstore.warm import (
+    MAX_WARM_FILE_BYTES,
+    PackIdentity,
+    WarmFile,
+    WarmStartWarning,
+    WarmTier,
+    arena_heat_path,
+    encode,
+    fit_to_pack,
+    load_hint,
+    parse_warm_bytes,
+    pool_heat_name,
+    read_warm_file,
+    to_arena_heat,
+    to_pool_heat,
+    to_poolmon,
+    write_atomic,
+)
 
 L, E, SLOT = 4, 8, 64
 
@@ -34,13 +49,21 @@ def half_pack(tmp_path_factory):  # layers 0 and 2 written, 1 and 3 holes
 
 def poolmon_dict(pack, owners, arena=(), **over):
     ident = PackIdentity.of_pack(pack)
-    d = {"version": "tierstore-poolmon-v1",
-         "pack": {f: getattr(ident, f) for f in ident.__struct_fields__},
-         "tiers": {"pool": {"capacity": 16, "owners": [list(o) for o in owners]},
-                   "arena": {"capacity": 32, "owners": [list(o) for o in arena]}},
-         "counters": {"pool": {"hits": 5, "misses": 2, "promotions": 2, "evictions": 0},
-                      "arena": {"hits": 1, "misses": 1, "promotions": 1, "evictions": 0}},
-         "wall_time": 1.7e9, "steps": 12, "policy": "heat"}
+    d = {
+        "version": "tierstore-poolmon-v1",
+        "pack": {f: getattr(ident, f) for f in ident.__struct_fields__},
+        "tiers": {
+            "pool": {"capacity": 16, "owners": [list(o) for o in owners]},
+            "arena": {"capacity": 32, "owners": [list(o) for o in arena]},
+        },
+        "counters": {
+            "pool": {"hits": 5, "misses": 2, "promotions": 2, "evictions": 0},
+            "arena": {"hits": 1, "misses": 1, "promotions": 1, "evictions": 0},
+        },
+        "wall_time": 1.7e9,
+        "steps": 12,
+        "policy": "heat",
+    }
     d.update(over)
     return d
 
@@ -65,19 +88,25 @@ def hint(path, pack):
 
 
 # ------------------------------------------------------------------ round trips
-keys_st = st.lists(st.tuples(st.integers(0, L - 1), st.integers(0, E - 1)), unique=True,
-                   max_size=L * E)
+keys_st = st.lists(st.tuples(st.integers(0, L - 1), st.integers(0, E - 1)), unique=True, max_size=L * E)
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(keys=keys_st, data=st.data())
 def test_poolmon_roundtrip_any_owners_identical(pack, keys, data):
-    heat = sorted(data.draw(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=len(keys),
-                                     max_size=len(keys))), reverse=True)
-    wf = WarmFile("<mem>", "poolmon", PackIdentity.of_pack(pack),
-                  WarmTier(np.array(keys, np.int64).reshape(-1, 2), np.array(heat), 16),
-                  WarmTier(np.array(keys[::-1], np.int64).reshape(-1, 2),
-                           np.linspace(1, 0, len(keys)), 32), wall_time=5.0, steps=7)
+    heat = sorted(
+        data.draw(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=len(keys), max_size=len(keys))),
+        reverse=True,
+    )
+    wf = WarmFile(
+        "<mem>",
+        "poolmon",
+        PackIdentity.of_pack(pack),
+        WarmTier(np.array(keys, np.int64).reshape(-1, 2), np.array(heat), 16),
+        WarmTier(np.array(keys[::-1], np.int64).reshape(-1, 2), np.linspace(1, 0, len(keys)), 32),
+        wall_time=5.0,
+        steps=7,
+    )
     back = parse_warm_bytes(encode(to_poolmon(wf)), "x.json")
     assert back.kind == "poolmon" and back.identity == wf.identity
     np.testing.assert_array_equal(back.pool.keys, wf.pool.keys)
@@ -89,9 +118,13 @@ def test_poolmon_roundtrip_any_owners_identical(pack, keys, data):
 @settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(keys=keys_st)
 def test_pool_heat_and_arena_heat_roundtrip_keep_order(pack, keys):
-    wf = WarmFile("<mem>", "poolmon", PackIdentity.of_pack(pack),
-                  WarmTier(np.array(keys, np.int64).reshape(-1, 2), np.ones(len(keys))),
-                  WarmTier.empty())
+    wf = WarmFile(
+        "<mem>",
+        "poolmon",
+        PackIdentity.of_pack(pack),
+        WarmTier(np.array(keys, np.int64).reshape(-1, 2), np.ones(len(keys))),
+        WarmTier.empty(),
+    )
     ph_bytes = encode(to_pool_heat(wf))
     assert b"\n" not in ph_bytes  # pool-heat-v1 is one line
     ph = parse_warm_bytes(ph_bytes, "ph.json")
@@ -127,18 +160,24 @@ def test_write_atomic_into_missing_dir_raises_naming_target(tmp_path):
 
 
 # ------------------------------------------------------------------ rejections (strict read)
-@pytest.mark.parametrize("raw, reason", [
-    (b"", "empty file"),
-    (b'{"meta": {"version": "pool-heat-v1", "tag": "fp4"', "warm-start file is not valid JSON: truncated"),
-    (b"[1, 2, 3]", "not a warm-start file"),
-    (b'{"hello": 1}', "not a warm-start file"),
-    (b'{"meta": {"version": "pool-heat-v2"}, "owners": []}', "meta.version 'pool-heat-v2'"),
-    (b'{"version": 2, "keys": []}', "arena heat version 2"),
-    (b'{"version": true, "keys": []}', "arena heat version True"),
-    (b'{"version": 1, "keys": [[0, "a"]]}', "Expected `int`, got `str` - at `$.keys[0][1]`"),
-    (b'{"version": 1, "keys": [[0, -1]]}', "keys[0] = [0, -1]: layer and expert must be >= 0"),
-    (b'{"version": 1, "keys": [[0, 1, 2]]}', "Expected `array` of length 2"),
-])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"", "empty file"),
+        (
+            b'{"meta": {"version": "pool-heat-v1", "tag": "fp4"',
+            "warm-start file is not valid JSON: truncated",
+        ),
+        (b"[1, 2, 3]", "not a warm-start file"),
+        (b'{"hello": 1}', "not a warm-start file"),
+        (b'{"meta": {"version": "pool-heat-v2"}, "owners": []}', "meta.version 'pool-heat-v2'"),
+        (b'{"version": 2, "keys": []}', "arena heat version 2"),
+        (b'{"version": true, "keys": []}', "arena heat version True"),
+        (b'{"version": 1, "keys": [[0, "a"]]}', "Expected `int`, got `str` - at `$.keys[0][1]`"),
+        (b'{"version": 1, "keys": [[0, -1]]}', "keys[0] = [0, -1]: layer and expert must be >= 0"),
+        (b'{"version": 1, "keys": [[0, 1, 2]]}', "Expected `array` of length 2"),
+    ],
+)
 def test_bad_bytes_rejected_with_reason(tmp_path, raw, reason):
     p = write(tmp_path, raw)
     with pytest.raises(FormatError) as ei:
@@ -208,8 +247,7 @@ def test_hint_out_of_range_and_duplicates_dropped_rest_kept(pack, tmp_path):
 
 
 def test_hint_unwritten_layers_dropped(half_pack, tmp_path):
-    wf, msgs = hint(write(tmp_path, {"version": 1, "keys": [[1, 0], [0, 0], [3, 3], [2, 5]]}),
-                    half_pack)
+    wf, msgs = hint(write(tmp_path, {"version": 1, "keys": [[1, 0], [0, 0], [3, 3], [2, 5]]}), half_pack)
     assert wf.arena.keys.tolist() == [[0, 0], [2, 5]]
     assert wf.skipped == {"arena: layer not written": 2} and "layer not written" in msgs[0]
 
@@ -223,18 +261,44 @@ def test_fit_keeps_heat_aligned_with_keys(pack, tmp_path):
 def test_strict_msgspec_types_reject_bool_layer(tmp_path):
     with pytest.raises(FormatError, match="got `bool`"):
         read_warm_file(write(tmp_path, pool_heat_dict([(True, 1)])))
-    assert msgspec.json.decode(encode(to_arena_heat(WarmFile("m", "arena-heat", None,
-                               WarmTier.empty(), WarmTier.empty())))) == {"version": 1, "keys": []}
+    assert msgspec.json.decode(
+        encode(to_arena_heat(WarmFile("m", "arena-heat", None, WarmTier.empty(), WarmTier.empty())))
+    ) == {"version": 1, "keys": []}
 
 
 # ------------------------------------------------------------------ fuzz: never a crash
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
     | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.sampled_from(["meta", "owners", "version", "keys", "tiers", "pack", "pool", "tag",
-                         "n_layers", "E", "slot_bytes", "capacity", "x"]), inner, max_size=5),
-    max_leaves=20)
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "meta",
+                    "owners",
+                    "version",
+                    "keys",
+                    "tiers",
+                    "pack",
+                    "pool",
+                    "tag",
+                    "n_layers",
+                    "E",
+                    "slot_bytes",
+                    "capacity",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=5,
+        )
+    ),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -272,12 +336,17 @@ def test_huge_layer_number_is_a_format_error(tmp_path):
         read_warm_file(write(tmp_path, b'{"version": 1, "keys": [[0, 1], [18446744073709551616, 0]]}'))
 
 
-@pytest.mark.parametrize("raw, reason", [
-    (b'{"meta": {"version": "pool-heat-v1", "tag": "fp4", "n_layers": 4, "E": 8, "slot_bytes": 64}}',
-     "pool-heat: Object missing required field `owners`"),
-    (b'{"keys": [[0, 1]]}', "arena heat version None, expected 1"),
-    (b'{"version": "tierstore-poolmon-v1", "pack": {}}', "Object missing required field"),
-])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (
+            b'{"meta": {"version": "pool-heat-v1", "tag": "fp4", "n_layers": 4, "E": 8, "slot_bytes": 64}}',
+            "pool-heat: Object missing required field `owners`",
+        ),
+        (b'{"keys": [[0, 1]]}', "arena heat version None, expected 1"),
+        (b'{"version": "tierstore-poolmon-v1", "pack": {}}', "Object missing required field"),
+    ],
+)
 def test_missing_required_field_names_the_format(tmp_path, raw, reason):
     with pytest.raises(FormatError, match=re.escape(reason)):
         read_warm_file(write(tmp_path, raw))
@@ -289,6 +358,7 @@ HOSTILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "warm
 @pytest.mark.parametrize("name", sorted(os.listdir(HOSTILE)))
 def test_hostile_sample_file_is_an_error_strict_and_a_cold_start_as_hint(pack, name, capsys):
     from tierstore.cli import main
+
     path = os.path.join(HOSTILE, name)
     with pytest.raises(FormatError) as ei:
         read_warm_file(path)

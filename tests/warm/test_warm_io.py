@@ -1,5 +1,6 @@
 """Atomic writes under real faults: a full/limited filesystem never leaves a
 half-written warm file or a stray temp file behind."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,9 @@ def test_write_past_file_size_limit_keeps_old_file_and_no_temp(tmp_path, how):
     # (the async writer used to report offset 0 whatever the file reached)
     target = tmp_path / "poolmon.json"
     target.write_bytes(b'{"old": true}')
-    proc = subprocess.run([sys.executable, "-c", _LIMITED_WRITE, str(target), how],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", _LIMITED_WRITE, str(target), how], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout.strip() == f"{target}: write at offset 0x1000 failed: EFBIG (File too large)"
     assert target.read_bytes() == b'{"old": true}'
@@ -74,7 +76,7 @@ def test_a_cancelled_async_write_settles_before_the_cancel_goes_on(tmp_path, can
     async def main():
         loop = asyncio.get_running_loop()
         loop.set_default_executor(pool)
-        loop.run_in_executor(None, gate.wait)          # the one worker is busy
+        loop.run_in_executor(None, gate.wait)  # the one worker is busy
         task = asyncio.ensure_future(write_atomic_async(target, b"new" * 1000))
         try:
             await asyncio.sleep(0.05)
@@ -85,7 +87,7 @@ def test_a_cancelled_async_write_settles_before_the_cancel_goes_on(tmp_path, can
                 await asyncio.sleep(0.05)
             assert not task.done(), "the cancel went on before the write settled"
         finally:
-            gate.set()   # asyncio.run joins the executor: a failed check must not hang
+            gate.set()  # asyncio.run joins the executor: a failed check must not hang
         with pytest.raises(asyncio.CancelledError):
             await task
         assert os.listdir(tmp_path) == ["p.json"]
@@ -97,6 +99,7 @@ def test_a_cancelled_async_write_settles_before_the_cancel_goes_on(tmp_path, can
 
 def test_read_capped_refuses_directory_and_large_file(tmp_path):
     from tierstore.errors import FormatError
+
     with pytest.raises(FormatError, match="is a directory"):
         read_capped(tmp_path, cap=100)
     big = tmp_path / "big.json"

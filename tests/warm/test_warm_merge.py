@@ -1,4 +1,5 @@
 """Merge and summary properties; the poolmon JSON Schema agrees with the structs."""
+
 from __future__ import annotations
 
 import json
@@ -14,19 +15,28 @@ from tierstore.warm import PackIdentity, Poolmon, WarmFile, WarmTier, merge, sum
 from tierstore.warm.formats import TierOwners
 
 L, E = 3, 5
-IDENT = PackIdentity(tag="fp4", n_layers=L, n_experts=E, slot_bytes=64, stride=4096,
-                     ckpt_id="c", key20="0123456789abcdef0123")
+IDENT = PackIdentity(
+    tag="fp4", n_layers=L, n_experts=E, slot_bytes=64, stride=4096, ckpt_id="c", key20="0123456789abcdef0123"
+)
 
 
 @st.composite
 def warm_files(draw):
     dense = draw(st.lists(st.integers(0, L * E - 1), unique=True, min_size=1, max_size=L * E))
-    heat = sorted(draw(st.lists(st.floats(0.01, 100), min_size=len(dense), max_size=len(dense))),
-                  reverse=True)
+    heat = sorted(
+        draw(st.lists(st.floats(0.01, 100), min_size=len(dense), max_size=len(dense))), reverse=True
+    )
     keys = np.array([[k // E, k % E] for k in dense], np.int64)
     wall = draw(st.floats(0, 1e4))
-    return WarmFile("f%d" % draw(st.integers(0, 99)), "poolmon", IDENT,
-                    WarmTier(keys, np.array(heat), 8), WarmTier.empty(), wall_time=wall, steps=1)
+    return WarmFile(
+        "f%d" % draw(st.integers(0, 99)),
+        "poolmon",
+        IDENT,
+        WarmTier(keys, np.array(heat), 8),
+        WarmTier.empty(),
+        wall_time=wall,
+        steps=1,
+    )
 
 
 @settings(max_examples=80, deadline=None)
@@ -38,7 +48,7 @@ def test_merge_is_order_independent_and_conserves_shares(a, b):
     d_ba = dict(zip(map(tuple, ba.pool.keys.tolist()), ba.pool.heat))
     assert all(d_ab[k] == pytest.approx(d_ba[k]) for k in d_ab)
     assert ab.pool.heat.sum() == pytest.approx(2.0)  # each file contributes shares summing to 1
-    assert np.all(np.diff(ab.pool.heat) <= 1e-12)     # hottest first
+    assert np.all(np.diff(ab.pool.heat) <= 1e-12)  # hottest first
     assert ab.steps == 2 and ab.wall_time == max(a.wall_time, b.wall_time)
 
 
@@ -66,8 +76,7 @@ def test_merge_half_life_weights_the_older_file_down(a, b, half_life):
 
 def test_merge_refuses_other_checkpoint_naming_it():
     a = WarmFile("a.json", "poolmon", IDENT, WarmTier.empty(), WarmTier.empty())
-    other = PackIdentity(**{**{f: getattr(IDENT, f) for f in IDENT.__struct_fields__},
-                            "ckpt_id": "d"})
+    other = PackIdentity(**{**{f: getattr(IDENT, f) for f in IDENT.__struct_fields__}, "ckpt_id": "d"})
     b = WarmFile("b.json", "poolmon", other, WarmTier.empty(), WarmTier.empty())
     with pytest.raises(FormatError, match=r"^b.json: does not match a.json: ckpt_id 'd', expected 'c'$"):
         merge([a, b])
@@ -75,8 +84,13 @@ def test_merge_refuses_other_checkpoint_naming_it():
 
 def test_summary_counts_layers_and_problems():
     keys = np.array([[0, 1], [0, 1], [2, 4], [2, 9]], np.int64)
-    wf = WarmFile("s.json", "pool-heat", IDENT, WarmTier(keys, np.array([4., 3., 2., 1.]), None, True),
-                  WarmTier.empty())
+    wf = WarmFile(
+        "s.json",
+        "pool-heat",
+        IDENT,
+        WarmTier(keys, np.array([4.0, 3.0, 2.0, 1.0]), None, True),
+        WarmTier.empty(),
+    )
     s = summarize(wf, top_n=1)
     assert s["tiers"]["pool"]["per_layer"] == [2, 0, 2]
     assert s["problems"] == {"pool: out of range": 1, "pool: duplicate": 1}

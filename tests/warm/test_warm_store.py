@@ -1,4 +1,5 @@
 """Warm start against a real ExpertStore on the CPU pool: snapshots, preheat, faults."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,11 +34,16 @@ def open_store(pack, device="cpu", **kw):
 
 def poolmon_file(path, pack, pool_owners, arena_owners=(), **pack_over):
     ident = ws.PackIdentity.of_pack(pack)
-    d = {"version": ws.POOLMON_VERSION,
-         "pack": {**{f: getattr(ident, f) for f in ident.__struct_fields__}, **pack_over},
-         "tiers": {"pool": {"capacity": N_SLOTS, "owners": [list(o) for o in pool_owners]},
-                   "arena": {"capacity": ARENA_ROWS, "owners": [list(o) for o in arena_owners]}},
-         "wall_time": 1.0, "steps": 3}
+    d = {
+        "version": ws.POOLMON_VERSION,
+        "pack": {**{f: getattr(ident, f) for f in ident.__struct_fields__}, **pack_over},
+        "tiers": {
+            "pool": {"capacity": N_SLOTS, "owners": [list(o) for o in pool_owners]},
+            "arena": {"capacity": ARENA_ROWS, "owners": [list(o) for o in arena_owners]},
+        },
+        "wall_time": 1.0,
+        "steps": 3,
+    }
     path.write_text(json.dumps(d))
     return str(path)
 
@@ -51,6 +57,7 @@ def hot_owners(n, seed=0):
 def assert_pool_rows_match_pack(store, pack):
     if store.pool.is_cuda:  # copies and table writes are ordered on the store's stream
         import torch
+
         torch.cuda.synchronize()
     keys = store.resident_keys("pool")
     table = store.slot_table.cpu().numpy()
@@ -120,9 +127,14 @@ def test_preheat_progress_callback_sees_every_row(pack, tmp_path):
     assert seen[-1] == (12, 12) and all(t == 12 for _, t in seen)
 
 
-@pytest.mark.parametrize("over, reason", [({"ckpt_id": "other-ckpt"}, "ckpt_id 'other-ckpt'"),
-                                          ({"n_experts": 32}, "n_experts 32, pack has 16"),
-                                          ({"slot_bytes": 999}, "slot_bytes 999")])
+@pytest.mark.parametrize(
+    "over, reason",
+    [
+        ({"ckpt_id": "other-ckpt"}, "ckpt_id 'other-ckpt'"),
+        ({"n_experts": 32}, "n_experts 32, pack has 16"),
+        ({"slot_bytes": 999}, "slot_bytes 999"),
+    ],
+)
 def test_mismatched_file_warns_and_starts_cold(pack, tmp_path, over, reason):
     src = poolmon_file(tmp_path / "pm.json", pack, hot_owners(8), **over)
     with open_store(pack) as store:
@@ -178,8 +190,7 @@ def test_pool_heat_written_for_vllm_moet_reads_back(pack, tmp_path):
     raw = out.read_text()
     assert raw.count("\n") == 0
     meta = json.loads(raw)["meta"]
-    assert meta == {"version": "pool-heat-v1", "tag": pack.tag, "n_layers": L, "E": E,
-                    "slot_bytes": SLOT}
+    assert meta == {"version": "pool-heat-v1", "tag": pack.tag, "n_layers": L, "E": E, "slot_bytes": SLOT}
     assert json.loads(raw)["owners"] == want
     assert ws.read_warm_file(tmp_path / "x.pack.heat.json").kind == "arena-heat"
 
@@ -251,12 +262,12 @@ def test_preheat_read_error_stops_with_warning_and_no_wrong_rows(pack, tmp_path)
         os.truncate(pack.path, L * E * pack.stride)  # restore the size for the checks below
         for l, e in keys.tolist():
             slot = store.slot_table.cpu().numpy()[l, e]
-            np.testing.assert_array_equal(store.pool.cpu().numpy()[slot, :SLOT],
-                                          pack.read_row(l, e))
+            np.testing.assert_array_equal(store.pool.cpu().numpy()[slot, :SLOT], pack.read_row(l, e))
 
 
 def test_preheat_accepts_an_in_memory_merge_and_rejects_bad_fill(pack, tmp_path):
     from tierstore.errors import ConfigError
+
     a = poolmon_file(tmp_path / "a.json", pack, hot_owners(6, seed=1))
     b = poolmon_file(tmp_path / "b.json", pack, hot_owners(6, seed=2))
     merged = ws.merge([ws.read_warm_file(a), ws.read_warm_file(b)])

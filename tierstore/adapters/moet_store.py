@@ -14,6 +14,7 @@ which it holds; every read, the pool and its slot table are the ExpertStore's.
 * unset: a process-private pack in ``/dev/shm`` (else the temp dir), removed by
   ``release``: the rows live in RAM once, and reads are the store's own preads.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,11 +36,11 @@ def _joined(parts, E: int, slot_bytes: int, what: str) -> np.ndarray:
     widths = [int(t.shape[1]) if t.dim() == 2 else -1 for t in parts]
     for t in parts:
         if t.dim() != 2 or t.shape[0] != E or t.dtype != torch.uint8:
-            raise ConfigError(f"{what}: sections must be uint8 [{E}, n], found "
-                              f"{t.dtype} {list(t.shape)}")
+            raise ConfigError(f"{what}: sections must be uint8 [{E}, n], found {t.dtype} {list(t.shape)}")
     if sum(widths) != slot_bytes:
-        raise ConfigError(f"{what}: sections total {sum(widths)} bytes per expert, expected "
-                          f"slot_bytes={slot_bytes}")
+        raise ConfigError(
+            f"{what}: sections total {sum(widths)} bytes per expert, expected slot_bytes={slot_bytes}"
+        )
     return torch.cat([t.detach().to("cpu") for t in parts], dim=1).numpy()
 
 
@@ -50,7 +51,8 @@ def checkpoint_id(env: MoetEnv) -> str | None:
         return env.ckpt_id
     try:
         from vllm.model_executor.layers.quantization.utils import moe_w2_planes_cache
-        return str(getattr(moe_w2_planes_cache, "_ckpt_id")()) or None
+
+        return str(moe_w2_planes_cache._ckpt_id()) or None
     except Exception:  # noqa: BLE001 - no vLLM-Moet or no current config: unverified
         return None
 
@@ -58,8 +60,12 @@ def checkpoint_id(env: MoetEnv) -> str | None:
 def rank_info() -> tuple[int, int, tuple[int, int] | None]:
     """(tp rank, tp world, pp) as vLLM-Moet names its packs; (0, 1, None) without vLLM."""
     try:
-        from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank,
-                                      get_tensor_model_parallel_world_size)
+        from vllm.distributed import (
+            get_pp_group,
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+        )
+
         rank, world = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
         pp = get_pp_group()
         return rank, world, ((pp.rank_in_group, pp.world_size) if pp.world_size > 1 else None)
@@ -85,17 +91,24 @@ class MoetPack:
 
     def __init__(self, env: MoetEnv, tag: str, n_layers: int, n_experts: int, slot_bytes: int):
         from tierstore.format.sidecar import PackName, key20_of, round_up
+
         self.env, self.tag = env, tag
         self.n_layers, self.E, self.slot_bytes = int(n_layers), int(n_experts), int(slot_bytes)
         self.stride = round_up(self.slot_bytes)
-        self._private = None if env.store_dir else _private_dir(
-            self.n_layers * self.E * self.stride)
+        self._private = None if env.store_dir else _private_dir(self.n_layers * self.E * self.stride)
         # vLLM-Moet never trusts a pack across boots without a checkpoint id: such a pack
         # gets a process-local name, exactly as there.
         self.ckpt_id = checkpoint_id(env) or f"unverified-process-{os.getpid()}"
-        self.identity = {"ckpt_id": self.ckpt_id, "zero_mode": env.zero_mode,
-                         "quantizer_abi": QUANTIZER_ABI, "tag": tag, "n_layers": self.n_layers,
-                         "E": self.E, "slot_bytes": self.slot_bytes, "stride": self.stride}
+        self.identity = {
+            "ckpt_id": self.ckpt_id,
+            "zero_mode": env.zero_mode,
+            "quantizer_abi": QUANTIZER_ABI,
+            "tag": tag,
+            "n_layers": self.n_layers,
+            "E": self.E,
+            "slot_bytes": self.slot_bytes,
+            "stride": self.stride,
+        }
         self._rank = rank_info()
         rank, world, pp = self._rank
         name = PackName(tag, key20_of(self.identity), rank, world, pp).filename()
@@ -103,40 +116,49 @@ class MoetPack:
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"VLLM_MOE_W2_STORE_DIR={directory}: cannot create the pack "
-                              f"directory ({exc.strerror})") from None
+            raise ConfigError(
+                f"VLLM_MOE_W2_STORE_DIR={directory}: cannot create the pack directory ({exc.strerror})"
+            ) from None
         if not os.path.isdir(directory):
             raise ConfigError(f"VLLM_MOE_W2_STORE_DIR={directory}: not a directory")
         self.path = os.path.join(directory, name)
         self._writer = None
         self._present = self._find_written()
         if self._present:
-            log.info("%s: %d/%d layers already packed; staging them is skipped",
-                     self.path, len(self._present), self.n_layers)
+            log.info(
+                "%s: %d/%d layers already packed; staging them is skipped",
+                self.path,
+                len(self._present),
+                self.n_layers,
+            )
 
     def _find_written(self) -> set[int]:
         """Layers the pack on disk holds. A pack that cannot be read is never renamed or
         rebuilt here (that would drop ~130 GB on every boot): one line says what to do."""
         from tierstore.format.pack import Pack
         from tierstore.format.sidecar import sidecar_path_of
+
         if not os.path.exists(self.path) and not os.path.exists(sidecar_path_of(self.path)):
             return set()
         try:
-            if not os.path.exists(self.path):   # sidecar only: the writer decides (it names it)
+            if not os.path.exists(self.path):  # sidecar only: the writer decides (it names it)
                 return set()
             with Pack.open(self.path) as pack:
                 return {int(li) for li in np.flatnonzero(pack.written)}
         except (FormatError, TierIOError, ConfigError) as exc:
-            try:   # vLLM-Moet extended it (its layers have no sums): the writer resumes
-                self._open_writer()   # it and hashes those layers once
+            try:  # vLLM-Moet extended it (its layers have no sums): the writer resumes
+                self._open_writer()  # it and hashes those layers once
                 return set(self._writer.written_layers)
             except (FormatError, TierIOError, ConfigError):
                 return self._unusable(exc)
 
     def _unusable(self, exc: Exception):
         from tierstore.format.sidecar import sidecar_path_of
-        raise ConfigError(f"{self.path}: cannot resume this pack ({exc}); delete it and "
-                          f"{sidecar_path_of(self.path)} to rebuild it") from None
+
+        raise ConfigError(
+            f"{self.path}: cannot resume this pack ({exc}); delete it and "
+            f"{sidecar_path_of(self.path)} to rebuild it"
+        ) from None
 
     def __contains__(self, layer_key) -> bool:
         return int(layer_key) in self._present
@@ -166,11 +188,21 @@ class MoetPack:
         """PackWriter on the pack (resumes it: layers another engine wrote are hashed)."""
         if self._writer is None:
             from tierstore.format.writer import PackWriter
+
             rank, world, pp = self._rank
-            self._writer = PackWriter(self.path, tag=self.tag, n_layers=self.n_layers,
-                                      n_experts=self.E, slot_bytes=self.slot_bytes,
-                                      ckpt_id=self.ckpt_id, zero_mode=self.env.zero_mode,
-                                      quantizer_abi=QUANTIZER_ABI, rank=rank, world=world, pp=pp)
+            self._writer = PackWriter(
+                self.path,
+                tag=self.tag,
+                n_layers=self.n_layers,
+                n_experts=self.E,
+                slot_bytes=self.slot_bytes,
+                ckpt_id=self.ckpt_id,
+                zero_mode=self.env.zero_mode,
+                quantizer_abi=QUANTIZER_ABI,
+                rank=rank,
+                world=world,
+                pp=pp,
+            )
 
     def finish(self) -> str:
         """Loading is over: close the writer (its exclusive lock would refuse readers);

@@ -10,6 +10,7 @@ has the call-by-call table ("What changes"); in short, the store is opened with
 store's worker read. ``dev`` may be a CPU device (the pool is then host memory): how the
 surface is tested without a GPU.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,19 +27,28 @@ from tierstore.store.pool import new_slot_table, unsized_pool
 
 log = logging.getLogger("tierstore.adapters.moet")
 
-W13_BYTES = 4096 * 4096 // 2          # DS4 TP1 fp4 w13 plane per expert (8 MiB)
-W2_BYTES = 4096 * 2048 // 2           # DS4 TP1 fp4 w2 plane per expert (4 MiB)
+W13_BYTES = 4096 * 4096 // 2  # DS4 TP1 fp4 w13 plane per expert (8 MiB)
+W2_BYTES = 4096 * 2048 // 2  # DS4 TP1 fp4 w2 plane per expert (4 MiB)
 SLOT_BYTES = W13_BYTES + W2_BYTES
-_POLICIES = {"need": "need", "freq": "freq"}   # anything else: vLLM-Moet's lru-like rule
+_POLICIES = {"need": "need", "freq": "freq"}  # anything else: vLLM-Moet's lru-like rule
 
 
 class TierstoreDeltaTier:
     """One process's FP4 recovery tier. The runner thread calls every method."""
 
-    def __init__(self, n_layers: int, n_experts: int, dev, w13_bytes: int = W13_BYTES,
-                 w2_bytes: int = W2_BYTES, pool_gb: float | None = None,
-                 policy: str | None = None, tag: str = "delta", host_pinned: bool = True,
-                 env: MoetEnv | None = None):
+    def __init__(
+        self,
+        n_layers: int,
+        n_experts: int,
+        dev,
+        w13_bytes: int = W13_BYTES,
+        w2_bytes: int = W2_BYTES,
+        pool_gb: float | None = None,
+        policy: str | None = None,
+        tag: str = "delta",
+        host_pinned: bool = True,
+        env: MoetEnv | None = None,
+    ):
         self.env = env = from_env() if env is None else env
         self.n_layers, self.E = int(n_layers), int(n_experts)
         self._policy = policy if policy is not None else env.policy
@@ -49,10 +59,12 @@ class TierstoreDeltaTier:
         self.dev, self._cuda = dev, dev.type == "cuda"
         self.w13_bytes, self.w2_bytes = int(w13_bytes), int(w2_bytes)
         self.slot_bytes = self.w13_bytes + self.w2_bytes
-        if self.n_layers * self.E > MAX_KEYS:   # before the slot table is allocated
-            raise ConfigError(f"moet tier [{tag}]: {self.n_layers} layer rows x {self.E} experts "
-                              f"= {self.n_layers * self.E} keys, over a pack's limit of "
-                              f"{MAX_KEYS} (check VLLM_MOE_W2_NUM_LAYERS)")
+        if self.n_layers * self.E > MAX_KEYS:  # before the slot table is allocated
+            raise ConfigError(
+                f"moet tier [{tag}]: {self.n_layers} layer rows x {self.E} experts "
+                f"= {self.n_layers * self.E} keys, over a pack's limit of "
+                f"{MAX_KEYS} (check VLLM_MOE_W2_NUM_LAYERS)"
+            )
         self._auto_pending = env.delta_auto and pool_gb is None
         if pool_gb is None:
             self._want_slots = env.initial_slots(self.slot_bytes)
@@ -68,25 +80,29 @@ class TierstoreDeltaTier:
         self.seen_w = torch.zeros(self.n_layers, self.E, dtype=torch.float32, device=dev)
         self.mutate_hooks: list = []
         # step_end's host copies of ``seen`` (two: one folded a step late, one in flight)
-        self._seen_host = [torch.zeros(self.n_layers, self.E, dtype=seen_dtype,
-                                       pin_memory=self._cuda) for _ in range(2)]
+        self._seen_host = [
+            torch.zeros(self.n_layers, self.E, dtype=seen_dtype, pin_memory=self._cuda) for _ in range(2)
+        ]
         self._flip, self._pending = 0, None
         self._store = MoetPack(env, tag, self.n_layers, self.E, self.slot_bytes)
-        self.expert_store = None        # the ExpertStore, opened by the first serving call
-        self._step_fires: list = []     # FireResults pinned until step_end
+        self.expert_store = None  # the ExpertStore, opened by the first serving call
+        self._step_fires: list = []  # FireResults pinned until step_end
         self._closed = False
         self._refused: str | None = None  # a floor refusal finalize_auto's caller swallowed
-        self._deferred_floor = None       # set by check_pool_floor while auto is pending
+        self._deferred_floor = None  # set by check_pool_floor while auto is pending
         self._win_active = 0.0
         self._kpi_unfixed = self._kpi_deferred = 0
         # Routing capture (DELTA_CAPTURE, vLLM-Moet's variable, or TIERSTORE_CAPTURE): the
         # seen table of every step, bounded, written atomically (tierstore/sim/capture.py)
         self._capture = _routing_capture(env, tag, self.n_layers, self.E)
-        self._capture_fired = None        # a fired step's routing, read before force_promote
-        self._metrics = None              # tierstore.metrics handle of the open store
+        self._capture_fired = None  # a fired step's routing, read before force_promote
+        self._metrics = None  # tierstore.metrics handle of the open store
         if self._auto_pending:
-            log.info("moet tier [%s]: auto pool deferred until after the KV cache (slot %.2f MiB)",
-                     tag, self.slot_bytes / 2**20)
+            log.info(
+                "moet tier [%s]: auto pool deferred until after the KV cache (slot %.2f MiB)",
+                tag,
+                self.slot_bytes / 2**20,
+            )
 
     # -- what the glue reads -----------------------------------------------------------------
     @property
@@ -125,8 +141,11 @@ class TierstoreDeltaTier:
     def add_layer_host_sections(self, layer_key: int, parts13, parts2) -> None:
         """Write one layer given as column sections; a layer the pack holds is skipped."""
         if self._store.add_layer(layer_key, (*parts13, *parts2)) and self.expert_store is not None:
-            log.warning("moet tier [%s]: layer %s added after serving began: the store is "
-                        "reopened (pool emptied)", self._tag, layer_key)
+            log.warning(
+                "moet tier [%s]: layer %s added after serving began: the store is reopened (pool emptied)",
+                self._tag,
+                layer_key,
+            )
             self._close_store()
 
     def start(self) -> None:
@@ -137,19 +156,30 @@ class TierstoreDeltaTier:
         if self.expert_store is not None or self._closed or len(self._store) == 0:
             return self.expert_store
         from tierstore.store.expert_store import ExpertStore
+
         env = self.env
         half_life = env.half_life_s
         name = _POLICIES.get(self._policy, "lru")
-        policy = {"name": name, "half_life_s": half_life} if name != "lru" and half_life \
-            else name
-        checks = {"verify": "always"} if env.ts_checksums else {}   # else TIERSTORE_VERIFY's
-        es = ExpertStore(self._store.finish(), vram_slots="deferred", ram_gb=env.ts_ram_gb,
-                         policy=policy, device=str(self.dev), max_promote=0,
-                         threads=env.store_threads, direct=env.ts_direct, **checks,
-                         lazy_per_step=0 if name == "need" else env.promote_per_pass,
-                         publish="step", lazy_admission="all", scan_keep=0.5,
-                         slot_table=self.slot_table,
-                         reserve_gb=env.reserve_gb, max_gb=env.max_gb)
+        policy = {"name": name, "half_life_s": half_life} if name != "lru" and half_life else name
+        checks = {"verify": "always"} if env.ts_checksums else {}  # else TIERSTORE_VERIFY's
+        es = ExpertStore(
+            self._store.finish(),
+            vram_slots="deferred",
+            ram_gb=env.ts_ram_gb,
+            policy=policy,
+            device=str(self.dev),
+            max_promote=0,
+            threads=env.store_threads,
+            direct=env.ts_direct,
+            **checks,
+            lazy_per_step=0 if name == "need" else env.promote_per_pass,
+            publish="step",
+            lazy_admission="all",
+            scan_keep=0.5,
+            slot_table=self.slot_table,
+            reserve_gb=env.reserve_gb,
+            max_gb=env.max_gb,
+        )
         self.expert_store = es
         self._metrics = _register_metrics(es, self._tag, self.dev)
         if not self._auto_pending:
@@ -157,8 +187,13 @@ class TierstoreDeltaTier:
                 es.finalize(self._want_slots)
             except CapacityError as exc:
                 raise CapacityError(f"VLLM_MOE_W2_DELTA_GB={env.delta_gb_raw}: {exc}") from None
-            log.info("moet tier [%s]: %d slots x %.2f MiB over %s", self._tag, es.n_slots,
-                     self.slot_bytes / 2**20, es.pack.path)
+            log.info(
+                "moet tier [%s]: %d slots x %.2f MiB over %s",
+                self._tag,
+                es.n_slots,
+                self.slot_bytes / 2**20,
+                es.pack.path,
+            )
         return es
 
     def finalize_auto(self, free_bytes: int | None = None) -> None:
@@ -169,11 +204,16 @@ class TierstoreDeltaTier:
         the worker that calls this only logs what it raises."""
         if not self._auto_pending:
             return
-        es = self._open_store()     # while auto is pending: opened unsized
+        es = self._open_store()  # while auto is pending: opened unsized
         self._auto_pending = False
         n = 0 if es is None else es.finalize("auto", free_bytes=free_bytes)
-        log.info("moet tier [%s] auto: %d slots (%.2f GiB)%s", self._tag, n,
-                 n * self.slot_bytes / 2**30, "" if n else ": inert")
+        log.info(
+            "moet tier [%s] auto: %d slots (%.2f GiB)%s",
+            self._tag,
+            n,
+            n * self.slot_bytes / 2**30,
+            "" if n else ": inert",
+        )
         deferred, self._deferred_floor = self._deferred_floor, None
         try:
             if deferred is not None:
@@ -182,7 +222,7 @@ class TierstoreDeltaTier:
             self._refused = str(exc)
             raise
         finally:
-            if n == 0:   # vLLM-Moet's inert tier: no pool, the pack let go (kept on disk)
+            if n == 0:  # vLLM-Moet's inert tier: no pool, the pack let go (kept on disk)
                 self._want_slots = 0
                 self._close_store()
                 self._store.release()
@@ -201,8 +241,10 @@ class TierstoreDeltaTier:
         if es is None or not es.sized or _capturing(self._cuda):
             return
         if not es.wait_idle(timeout):
-            raise RuntimeError(f"moet tier [{self._tag}]: the store's worker did not reach "
-                               f"a safe point within {timeout:.0f} s")
+            raise RuntimeError(
+                f"moet tier [{self._tag}]: the store's worker did not reach "
+                f"a safe point within {timeout:.0f} s"
+            )
         es.publish(stream=self._stream())
         self._fire_hooks()
 
@@ -256,8 +298,12 @@ class TierstoreDeltaTier:
                 self._kpi_deferred += short
             else:
                 self._kpi_unfixed += short
-                log.warning("moet tier [%s]: %d routed experts got no slot (pool %d); raise "
-                            "VLLM_MOE_W2_DELTA_GB", self._tag, short, self.n_slots)
+                log.warning(
+                    "moet tier [%s]: %d routed experts got no slot (pool %d); raise VLLM_MOE_W2_DELTA_GB",
+                    self._tag,
+                    short,
+                    self.n_slots,
+                )
         self._fire_hooks()
         return int(result.promoted)
 
@@ -309,12 +355,12 @@ class TierstoreDeltaTier:
             event = torch.cuda.Event()
             event.record()
         self.seen.zero_()
-        self._fold_pending()                        # the previous step's copy: long done
+        self._fold_pending()  # the previous step's copy: long done
         fired, self._capture_fired = self._capture_fired, None
         self._pending = (host, event, fired)
         publish = es.publish_pending
         if publish or not self._cuda:
-            self._fold_pending()                    # this step's: waited for when publishing
+            self._fold_pending()  # this step's: waited for when publishing
         self._release_fires()
         es.step(stream=self._stream(), publish=publish or not self._cuda)
         self._fire_hooks()
@@ -329,7 +375,7 @@ class TierstoreDeltaTier:
         counts = host.numpy()
         self._win_active += float(counts.sum())
         self.expert_store.record_counts(counts)
-        if self._capture is not None:   # a fired step: its forward's routing, not the replay's
+        if self._capture is not None:  # a fired step: its forward's routing, not the replay's
             self._capture.record_counts(counts if fired is None else fired)
             self._capture.step()
 
@@ -348,8 +394,13 @@ class TierstoreDeltaTier:
         if es is None:
             return dict(slots=self.n_slots, cached=0, tick=0, promoted=0, evicted=0)
         pool = es.stats().pool
-        return dict(slots=self.n_slots, cached=int(pool.resident), tick=es.step_count,
-                    promoted=int(pool.promotions), evicted=int(pool.evictions))
+        return dict(
+            slots=self.n_slots,
+            cached=int(pool.resident),
+            tick=es.step_count,
+            promoted=int(pool.promotions),
+            evicted=int(pool.evictions),
+        )
 
     def precision_of(self, layer: int, expert: int) -> str:
         return "fp4" if int(self.slot_table[layer, expert]) >= 0 else "base"
@@ -362,7 +413,7 @@ class TierstoreDeltaTier:
         self._step_fires = []
         handle, self._metrics = self._metrics, None
         if handle is not None:
-            handle.close()         # its last values written first (multiprocess mode)
+            handle.close()  # its last values written first (multiprocess mode)
         if es is not None:
             es.close()
 
@@ -380,7 +431,7 @@ class TierstoreDeltaTier:
                     path = capture.close()
                     if path is not None:
                         log.info("moet tier [%s]: routing capture written to %s", self._tag, path)
-                except Exception as exc:   # noqa: BLE001 - a diagnostic must not fail shutdown
+                except Exception as exc:  # noqa: BLE001 - a diagnostic must not fail shutdown
                     log.warning("moet tier [%s]: routing capture not written: %s", self._tag, exc)
 
 
@@ -389,6 +440,7 @@ def _register_metrics(store, tag: str, dev):
     another open store of this process) is logged: metrics must not stop serving."""
     from tierstore import metrics
     from tierstore.errors import ConfigError
+
     try:
         return metrics.register_store(store, {"tag": tag, "device": str(dev)})
     except ConfigError as exc:
@@ -400,9 +452,14 @@ def _routing_capture(env: MoetEnv, tag: str, n_layers: int, n_experts: int):
     """The tier's RoutingCapture, or None: DELTA_CAPTURE (bounded by DELTA_CAPTURE_TICKS
     steps) or else the TIERSTORE_CAPTURE setting."""
     from tierstore.sim.capture import RoutingCapture
-    meta = {"num_experts": int(n_experts), "engine": "vLLM-Moet (tierstore face)",
-            "tier": tag, "slot_table_rows": int(n_layers),
-            "weights": "token counts" if env.count_seen else "one row per routed expert a step"}
+
+    meta = {
+        "num_experts": int(n_experts),
+        "engine": "vLLM-Moet (tierstore face)",
+        "tier": tag,
+        "slot_table_rows": int(n_layers),
+        "weights": "token counts" if env.count_seen else "one row per routed expert a step",
+    }
     if env.capture:
         return RoutingCapture(env.capture, max_steps=env.capture_ticks, meta=meta)
     return RoutingCapture.from_settings(meta)

@@ -29,6 +29,7 @@ The logic is in :class:`TierstoreMoEMethodLogic` and plain functions that take
 any tier with the serving-tier surface (:class:`~tierstore.adapters.vllm_tier.ServingTier`), so it
 is tested without vLLM; :func:`method_class` mixes it into vLLM's base class.
 """
+
 from __future__ import annotations
 
 import functools
@@ -58,8 +59,10 @@ def require_vllm(what: str = "this hook"):
     try:
         return importlib.import_module("vllm")
     except ImportError as exc:
-        raise ConfigError(f"tierstore.adapters.vllm: {what} needs vLLM, which is not installed "
-                          f"({exc}); install vllm=={VLLM_VERSION}") from None
+        raise ConfigError(
+            f"tierstore.adapters.vllm: {what} needs vLLM, which is not installed "
+            f"({exc}); install vllm=={VLLM_VERSION}"
+        ) from None
 
 
 def vllm_names() -> dict[str, Any]:
@@ -77,13 +80,16 @@ def layer_index_from_name(layer_name: str) -> int:
     packs built per transformer layer."""
     m = _LAYER_NUMBER.search(layer_name)
     if m is None:
-        raise ConfigError(f"vLLM layer {layer_name!r}: no '.layers.<n>.' in the name, "
-                          "pass layer_index_of= to map it to a slot-table row")
+        raise ConfigError(
+            f"vLLM layer {layer_name!r}: no '.layers.<n>.' in the name, "
+            "pass layer_index_of= to map it to a slot-table row"
+        )
     return int(m.group(1))
 
 
-def to_local_experts(topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                     expert_map: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def to_local_experts(
+    topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Map global expert ids to this rank's ids with vLLM's ``expert_map``.
 
     Pairs routed to another rank (map entry -1) keep weight 0 and id 0, so the
@@ -96,8 +102,14 @@ def to_local_experts(topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     return topk_weights * here.to(topk_weights.dtype), torch.where(here, local, 0).to(topk_ids.dtype)
 
 
-def discard_expert_weight(param=None, loaded_weight=None, weight_name=None, shard_id=None,
-                          expert_id=None, return_success: bool = False):
+def discard_expert_weight(
+    param=None,
+    loaded_weight=None,
+    weight_name=None,
+    shard_id=None,
+    expert_id=None,
+    return_success: bool = False,
+):
     """Weight loader for the placeholder expert parameters: the pack (and its 2-bit
     base) is the source of truth, so checkpoint expert tensors are accepted and
     dropped instead of occupying GPU memory."""
@@ -124,13 +136,18 @@ class TierstoreMoEMethodLogic:
         self.layer_index = int(layer_index)
         self.prefill_tokens = int(prefill_tokens)
 
-    def create_weights(self, layer, num_experts: int, hidden_size: int,
-                       intermediate_size_per_partition: int, params_dtype: torch.dtype,
-                       **extra_weight_attrs) -> None:
+    def create_weights(
+        self,
+        layer,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size_per_partition: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ) -> None:
         """Check the layer's geometry against the pack; register empty placeholders
         whose loader drops the checkpoint's expert tensors."""
-        check_geometry(self.tier, self.layer_index, num_experts, hidden_size,
-                       intermediate_size_per_partition)
+        check_geometry(self.tier, self.layer_index, num_experts, hidden_size, intermediate_size_per_partition)
         for name in ("w13_weight", "w2_weight"):
             param = torch.nn.Parameter(torch.empty(0, dtype=params_dtype), requires_grad=False)
             param.weight_loader = discard_expert_weight
@@ -144,33 +161,60 @@ class TierstoreMoEMethodLogic:
         """No vLLM quant config: our kernel dequantises pool / base rows itself."""
         return None
 
-    def apply(self, layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-              shared_experts=None, shared_experts_input=None) -> torch.Tensor:
-        return routed_forward(self.tier, self.layer_index, x, topk_weights, topk_ids,
-                              expert_map=getattr(layer, "expert_map", None),
-                              prefill_tokens=self.prefill_tokens)
+    def apply(
+        self,
+        layer,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        shared_experts=None,
+        shared_experts_input=None,
+    ) -> torch.Tensor:
+        return routed_forward(
+            self.tier,
+            self.layer_index,
+            x,
+            topk_weights,
+            topk_ids,
+            expert_map=getattr(layer, "expert_map", None),
+            prefill_tokens=self.prefill_tokens,
+        )
 
 
-def check_geometry(tier, layer_index: int, num_experts: int, hidden_size: int,
-                   intermediate_size: int) -> None:
+def check_geometry(
+    tier, layer_index: int, num_experts: int, hidden_size: int, intermediate_size: int
+) -> None:
     """ConfigError naming the layer when vLLM's layer does not match the pack."""
-    found = {"num_experts": int(num_experts), "hidden_size": int(hidden_size),
-             "intermediate_size": int(intermediate_size)}
-    expected = {"num_experts": tier.n_experts,
-                "hidden_size": getattr(tier, "hidden_size", None),
-                "intermediate_size": getattr(tier, "intermediate_size", None)}
-    bad = [f"{k} {found[k]}, expected {v}" for k, v in expected.items()
-           if v is not None and v != found[k]]
+    found = {
+        "num_experts": int(num_experts),
+        "hidden_size": int(hidden_size),
+        "intermediate_size": int(intermediate_size),
+    }
+    expected = {
+        "num_experts": tier.n_experts,
+        "hidden_size": getattr(tier, "hidden_size", None),
+        "intermediate_size": getattr(tier, "intermediate_size", None),
+    }
+    bad = [f"{k} {found[k]}, expected {v}" for k, v in expected.items() if v is not None and v != found[k]]
     if not 0 <= layer_index < tier.n_layers:
         bad.append(f"layer index {layer_index}, expected 0..{tier.n_layers - 1}")
     if bad:
-        raise ConfigError(f"vLLM MoE layer {layer_index} does not match the tierstore pack "
-                          f"{getattr(tier, 'pack_path', '')}: " + "; ".join(bad))
+        raise ConfigError(
+            f"vLLM MoE layer {layer_index} does not match the tierstore pack "
+            f"{getattr(tier, 'pack_path', '')}: " + "; ".join(bad)
+        )
 
 
-def routed_forward(tier, layer_index: int, x: torch.Tensor, topk_weights: torch.Tensor,
-                   topk_ids: torch.Tensor, *, expert_map: torch.Tensor | None = None,
-                   prefill_tokens: int = 16) -> torch.Tensor:
+def routed_forward(
+    tier,
+    layer_index: int,
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    expert_map: torch.Tensor | None = None,
+    prefill_tokens: int = 16,
+) -> torch.Tensor:
     """The body of ``apply``: mark seen (in-graph), make prefill experts resident
     (eager only), and run the slot-aware fused MoE. Returns [T, H] in x's dtype."""
     topk_weights, topk_ids = to_local_experts(topk_weights, topk_ids, expert_map)
@@ -198,8 +242,9 @@ def method_class() -> type:
     return TierstoreFusedMoEMethod
 
 
-def install(model: torch.nn.Module, tier, *, layer_index_of=None,
-            drop_weights: bool = True, prefill_tokens: int = 16) -> int:
+def install(
+    model: torch.nn.Module, tier, *, layer_index_of=None, drop_weights: bool = True, prefill_tokens: int = 16
+) -> int:
     """Swap the quant method of every ``RoutedExperts`` in a loaded vLLM model for
     tierstore's (for tests and custom runners; serving uses ``--quantization
     tierstore``, docs/VLLM.md, which also writes the packs and skips loading experts).
@@ -217,14 +262,22 @@ def install(model: torch.nn.Module, tier, *, layer_index_of=None,
             continue
         index = hooked if layer_index_of is None else layer_index_of(module.layer_name)
         # ids reach the kernel mapped to this rank (to_local_experts): the pack is per rank
-        check_geometry(tier, index, module.local_num_experts, module.hidden_size,
-                       module.moe_config.intermediate_size_per_partition)
+        check_geometry(
+            tier,
+            index,
+            module.local_num_experts,
+            module.hidden_size,
+            module.moe_config.intermediate_size_per_partition,
+        )
         module._replace_quant_method(cls(module.moe_config, tier, index, prefill_tokens))
         if drop_weights:
             for name in ("w13_weight", "w2_weight"):
                 if isinstance(getattr(module, name, None), torch.nn.Parameter):
-                    setattr(module, name, torch.nn.Parameter(
-                        torch.empty(0, dtype=module.params_dtype), requires_grad=False))
+                    setattr(
+                        module,
+                        name,
+                        torch.nn.Parameter(torch.empty(0, dtype=module.params_dtype), requires_grad=False),
+                    )
         hooked += 1
     if hooked == 0:
         raise ConfigError("tierstore.adapters.vllm.install: the model has no RoutedExperts layer")

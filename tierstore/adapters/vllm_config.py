@@ -7,6 +7,7 @@ plugin loader calls in vLLM's own processes.
 core and workers (a spawned process gets a fresh :class:`Runtime`: locks, packs and
 stores are never pickled).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,7 +25,7 @@ from tierstore.adapters.vllm_quant import NAME, Runtime, method_class, method_pa
 from tierstore.errors import ConfigError
 
 log = logging.getLogger("vllm.tierstore")
-vllm_exact.routed_experts_op()     # registered at import: never created under tracing
+vllm_exact.routed_experts_op()  # registered at import: never created under tracing
 
 
 def inner_moe_method(inner: QuantizationConfig | None, layer, prefix: str):
@@ -32,11 +33,12 @@ def inner_moe_method(inner: QuantizationConfig | None, layer, prefix: str):
     if inner is not None:
         method = inner.get_quant_method(layer, prefix)
         if method is None:
-            raise ConfigError(f"{prefix}: the checkpoint's quantization "
-                              f"{inner.get_name()!r} gives its MoE layer no method")
+            raise ConfigError(
+                f"{prefix}: the checkpoint's quantization {inner.get_name()!r} gives its MoE layer no method"
+            )
         return method
-    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
-        UnquantizedFusedMoEMethod)
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
     return UnquantizedFusedMoEMethod(layer.moe_config)
 
 
@@ -48,7 +50,7 @@ class TierstoreExactMoEMethod(FusedMoEMethodBase):
         super().__init__(moe)
         self.runtime, self.layer_index, self.inner, self.prefix = runtime, layer_index, inner, prefix
         self.key = f"{id(runtime):x}:{prefix}"
-        self.written = False          # this boot wrote the layer's rows (first boot)
+        self.written = False  # this boot wrote the layer's rows (first boot)
         self.n_created = 0
 
     # what the runner asks the method, answered as stock's method would
@@ -66,7 +68,7 @@ class TierstoreExactMoEMethod(FusedMoEMethodBase):
 
     @property
     def mk_can_overlap_shared_experts(self) -> bool:
-        return False      # the runner runs shared experts itself, before the routed ones
+        return False  # the runner runs shared experts itself, before the routed ones
 
     @property
     def is_monolithic(self) -> bool:
@@ -81,21 +83,34 @@ class TierstoreExactMoEMethod(FusedMoEMethodBase):
     def get_fused_moe_quant_config(self, layer):
         return self.inner.get_fused_moe_quant_config(layer)
 
-    def create_weights(self, layer, num_experts: int, hidden_size: int,
-                       intermediate_size_per_partition: int, params_dtype: torch.dtype,
-                       **extra_weight_attrs) -> None:
+    def create_weights(
+        self,
+        layer,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size_per_partition: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ) -> None:
         if self.inner.is_monolithic:
-            raise ConfigError(f"{self.prefix}: vLLM's MoE method {type(self.inner).__name__} "
-                              "routes inside its kernel (monolithic); exact mode needs the "
-                              "routed ids: use TIERSTORE_VLLM_MODE=tiered")
+            raise ConfigError(
+                f"{self.prefix}: vLLM's MoE method {type(self.inner).__name__} "
+                "routes inside its kernel (monolithic); exact mode needs the "
+                "routed ids: use TIERSTORE_VLLM_MODE=tiered"
+            )
         skip = self.runtime.exact_has_layer(self.layer_index, self.inner, params_dtype)
         # loader-skip: a 1-expert placeholder the loader never fills; the kernel is built
         # over it and the parameters are pointed at the shared scratch when serving starts
         self.n_created = 1 if skip else num_experts
         before = {n for n, _ in layer.named_parameters(recurse=False)}
-        self.inner.create_weights(layer, self.n_created, hidden_size,
-                                  intermediate_size_per_partition, params_dtype,
-                                  **extra_weight_attrs)
+        self.inner.create_weights(
+            layer,
+            self.n_created,
+            hidden_size,
+            intermediate_size_per_partition,
+            params_dtype,
+            **extra_weight_attrs,
+        )
         # the method's own parameters; others on the layer (a router's
         # e_score_correction_bias) are not expert weights and load as stock
         self.own = {n for n, _ in layer.named_parameters(recurse=False)} - before
@@ -110,25 +125,25 @@ class TierstoreExactMoEMethod(FusedMoEMethodBase):
         def call(x, topk_weights, topk_ids):
             tier = self.runtime.exact_tier()
             return tier.forward(self.layer_index, layer, self.inner, x, topk_weights, topk_ids)
+
         return call
 
     def process_weights_after_loading(self, layer) -> None:
         self.inner.process_weights_after_loading(layer)
         where = f"vLLM MoE layer {self.prefix} (tierstore row {self.layer_index})"
-        if self.n_created > 1:       # first boot: the processed bytes go to the pack
+        if self.n_created > 1:  # first boot: the processed bytes go to the pack
             planes = vllm_exact.expert_planes(layer, self.n_created, where, self.own)
             self.runtime.exact_write(self.layer_index, planes, where)
             self.written = True
         else:
             planes = [(p.name, getattr(layer, p.name)) for p in self.runtime.exact_layout()]
-        for _, param in planes:      # full tensors freed; the scratch is attached at serve
+        for _, param in planes:  # full tensors freed; the scratch is attached at serve
             param.data = param.data[:0]
         self.runtime.exact_layers[self.layer_index] = (layer, where)
-        if getattr(layer, "expert_map", None) is not None:   # expert parallelism: this rank's map
+        if getattr(layer, "expert_map", None) is not None:  # expert parallelism: this rank's map
             self.runtime.expert_maps[self.layer_index] = layer.expert_map.detach().to("cpu").clone()
 
-    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None,
-              shared_experts_input=None):
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
         return torch.ops.tierstore.routed_experts(x, topk_weights, topk_ids, self.key)
 
 
@@ -142,16 +157,23 @@ def split_at_routed_experts() -> None:
     the host). Full-graph decode capture cannot hold it: serve with
     ``--compilation-config '{"cudagraph_mode": "PIECEWISE"}'`` or ``--enforce-eager``."""
     from vllm.config import get_current_vllm_config
+
     try:
         cc = get_current_vllm_config().compilation_config
-    except Exception:          # no current config: a layer built by hand
+    except Exception:  # no current config: a layer built by hand
         return
     if cc.splitting_ops is not None and SPLIT_OP not in cc.splitting_ops:
         cc.splitting_ops.append(SPLIT_OP)
 
 
-def _drop(param=None, loaded_weight=None, weight_name=None, shard_id=None, expert_id=None,
-          return_success: bool = False):
+def _drop(
+    param=None,
+    loaded_weight=None,
+    weight_name=None,
+    shard_id=None,
+    expert_id=None,
+    return_success: bool = False,
+):
     """Loader-skip: the pack already holds this layer's experts."""
     return True if return_success else None
 
@@ -170,7 +192,7 @@ class TierstoreConfig(QuantizationConfig):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["runtime"] = None          # locks, packs, stores: per process
+        state["runtime"] = None  # locks, packs, stores: per process
         return state
 
     def __setstate__(self, state):
@@ -210,9 +232,12 @@ class TierstoreConfig(QuantizationConfig):
             if self.runtime.mode == "exact":
                 inner = inner_moe_method(self.inner, layer, prefix)
                 return TierstoreExactMoEMethod(moe, self.runtime, index, inner, prefix)
-            create = {"num_experts": moe.num_local_experts, "hidden_size": moe.hidden_dim,
-                      "intermediate_size_per_partition": moe.intermediate_size_per_partition,
-                      "params_dtype": layer.params_dtype}
+            create = {
+                "num_experts": moe.num_local_experts,
+                "hidden_size": moe.hidden_dim,
+                "intermediate_size_per_partition": moe.intermediate_size_per_partition,
+                "params_dtype": layer.params_dtype,
+            }
             names = method_param_names(self.inner, layer, prefix, create)
             return method_class()(moe, self.runtime, index, names)
         if self.inner is not None:

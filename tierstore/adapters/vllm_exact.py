@@ -24,6 +24,7 @@ How a layer runs (docs/VLLM.md):
 The call is the custom op ``tierstore::routed_experts`` (opaque to torch.compile, which
 vLLM's CPU platform runs by default); inside it the host reads the routed ids (eager).
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,14 +44,21 @@ log = logging.getLogger("vllm.tierstore")
 TAG = "exact"
 PLANE_ALIGN = 64
 # torch dtype -> the pack's dtype names (format/sidecar.py DTYPE_BYTES)
-DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
-               torch.uint8: "uint8", torch.int8: "int8", torch.int32: "int32",
-               torch.float8_e4m3fn: "float8_e4m3fn"}
+DTYPE_NAMES = {
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float32: "float32",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int32: "int32",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+}
 DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 
 
 class Plane(NamedTuple):
     """One per-expert parameter of a processed layer, as it sits in a pack row."""
+
     name: str
     offset: int
     nbytes: int
@@ -58,8 +66,9 @@ class Plane(NamedTuple):
     shape: tuple
 
 
-def expert_planes(layer: torch.nn.Module, n_experts: int, where: str,
-                  own: set[str] | None = None) -> list[tuple[str, torch.Tensor]]:
+def expert_planes(
+    layer: torch.nn.Module, n_experts: int, where: str, own: set[str] | None = None
+) -> list[tuple[str, torch.Tensor]]:
     """The MoE method's parameters (``own``: the names its create_weights registered; a
     processing step may replace a parameter under the same name) whose first dimension
     is ``n_experts``, by name. Any other of its parameters that holds data would not
@@ -70,13 +79,17 @@ def expert_planes(layer: torch.nn.Module, n_experts: int, where: str,
             continue
         if p.dim() >= 1 and p.shape[0] == n_experts and p.numel():
             if p.dtype not in DTYPE_NAMES:
-                raise ConfigError(f"{where}: expert parameter {name} has dtype {p.dtype}, which "
-                                  f"the exact pack cannot hold ({sorted(DTYPES)})")
+                raise ConfigError(
+                    f"{where}: expert parameter {name} has dtype {p.dtype}, which "
+                    f"the exact pack cannot hold ({sorted(DTYPES)})"
+                )
             planes.append((name, p))
         elif p.numel() > 1:
-            raise ConfigError(f"{where}: parameter {name} {tuple(p.shape)} is not per expert "
-                              f"after vLLM's processing; exact mode cannot serve this "
-                              f"checkpoint's MoE method yet (use TIERSTORE_VLLM_MODE=tiered)")
+            raise ConfigError(
+                f"{where}: parameter {name} {tuple(p.shape)} is not per expert "
+                f"after vLLM's processing; exact mode cannot serve this "
+                f"checkpoint's MoE method yet (use TIERSTORE_VLLM_MODE=tiered)"
+            )
     if not planes:
         raise ConfigError(f"{where}: vLLM's MoE method left no per-expert parameter")
     return planes
@@ -102,14 +115,17 @@ def rows_of(planes: list[tuple[str, torch.Tensor]], layout: list[Plane]) -> np.n
     rows = np.zeros((E, row_bytes_of(layout)), dtype=np.uint8)
     for (name, p), plane in zip(planes, layout):
         flat = p.detach().to("cpu").contiguous().view(E, -1).view(torch.uint8)
-        rows[:, plane.offset:plane.offset + plane.nbytes] = flat.numpy()
+        rows[:, plane.offset : plane.offset + plane.nbytes] = flat.numpy()
     return rows
 
 
 def layout_sections(layout: list[Plane]):
     from tierstore.format.sidecar import RowLayout, RowSection
-    return RowLayout(kind=TAG, sections=[RowSection(p.name, p.offset, p.nbytes, p.dtype,
-                                                    list(p.shape), "raw") for p in layout])
+
+    return RowLayout(
+        kind=TAG,
+        sections=[RowSection(p.name, p.offset, p.nbytes, p.dtype, list(p.shape), "raw") for p in layout],
+    )
 
 
 def layout_from_pack(pack) -> list[Plane]:
@@ -122,19 +138,21 @@ class ExactTier:
     """One model load's store over the exact pack and the scratch planes every MoE layer's
     parameters point at. ``slots``: pool size in experts (>= one layer's experts)."""
 
-    def __init__(self, pack_path: str, *, slots: int, device, ram_gb: float = 0.0,
-                 policy: str | None = None):
+    def __init__(self, pack_path: str, *, slots: int, device, ram_gb: float = 0.0, policy: str | None = None):
         from tierstore.format.pack import Pack
         from tierstore.store.expert_store import ExpertStore
+
         pack = Pack.open(pack_path)
         self.pack_path = pack_path
         self.layout = layout_from_pack(pack)
         self.n_layers, self.n_experts = int(pack.n_layers), int(pack.n_experts)
         self.device = torch.device(device)
         if slots < self.n_experts:
-            raise ConfigError(f"tierstore exact mode: a pool of {slots} experts is under the "
-                              f"floor of {self.n_experts} (one layer's experts: a batch may "
-                              f"route to all of them); raise TIERSTORE_VLLM_SLOTS")
+            raise ConfigError(
+                f"tierstore exact mode: a pool of {slots} experts is under the "
+                f"floor of {self.n_experts} (one layer's experts: a batch may "
+                f"route to all of them); raise TIERSTORE_VLLM_SLOTS"
+            )
         options = {"ram_gb": ram_gb}
         if slots < 2 * self.n_experts:
             # under two layers' experts the next layer call needs (nearly) every slot: a
@@ -145,16 +163,20 @@ class ExactTier:
         self.store = ExpertStore(pack, vram_slots=int(slots), device=str(self.device), **options)
         self.slots = int(slots)
         from tierstore import metrics
+
         rank, world = parallel_rank()
         metrics.register_store(self.store, metric_labels("exact", rank))
         self.capture = routing_capture("exact", self.n_experts, rank, world)
         self._last_layer = -1
-        self.scratch = {p.name: torch.empty((self.n_experts, *p.shape), dtype=DTYPES[p.dtype],
-                                            device=self.device) for p in self.layout}
+        self.scratch = {
+            p.name: torch.empty((self.n_experts, *p.shape), dtype=DTYPES[p.dtype], device=self.device)
+            for p in self.layout
+        }
         # the same scratch as bytes, [E, plane bytes]: the gather's destinations
-        self._scratch_bytes = [self.scratch[p.name].view(torch.uint8).view(self.n_experts, -1)
-                               for p in self.layout]
-        self._lock = threading.Lock()   # one layer call at a time: the scratch is shared
+        self._scratch_bytes = [
+            self.scratch[p.name].view(torch.uint8).view(self.n_experts, -1) for p in self.layout
+        ]
+        self._lock = threading.Lock()  # one layer call at a time: the scratch is shared
         self.expert_maps: dict[int, np.ndarray] = {}
 
     def adopt(self, layer: torch.nn.Module, where: str, expert_map=None) -> None:
@@ -167,14 +189,23 @@ class ExactTier:
             param = getattr(layer, p.name, None)
             if param is None or param.dtype != DTYPES[p.dtype] or tuple(param.shape[1:]) != p.shape:
                 got = None if param is None else (param.dtype, tuple(param.shape[1:]))
-                raise ConfigError(f"{where}: the exact pack {self.pack_path} has plane {p.name} "
-                                  f"{p.dtype}{list(p.shape)} per expert, vLLM's method built "
-                                  f"{got}; the pack is from another vLLM or checkpoint format: "
-                                  f"delete it and boot again")
+                raise ConfigError(
+                    f"{where}: the exact pack {self.pack_path} has plane {p.name} "
+                    f"{p.dtype}{list(p.shape)} per expert, vLLM's method built "
+                    f"{got}; the pack is from another vLLM or checkpoint format: "
+                    f"delete it and boot again"
+                )
             param.data = self.scratch[p.name]
 
-    def forward(self, layer_index: int, layer, inner, x: torch.Tensor,
-                topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        layer_index: int,
+        layer,
+        inner,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
         ids = topk_ids.to("cpu").numpy()
         emap = self.expert_maps.get(id(layer))
         # expert parallelism: ids are global; this rank's experts are emap[id] >= 0
@@ -182,10 +213,9 @@ class ExactTier:
         experts = np.unique(local_ids)
         experts = experts[experts >= 0] if emap is not None else experts
         if len(experts) and (experts[0] < 0 or experts[-1] >= self.n_experts):
-            raise TierstoreError(f"MoE layer {layer_index}: routed expert ids outside "
-                                 f"[0, {self.n_experts})")
+            raise TierstoreError(f"MoE layer {layer_index}: routed expert ids outside [0, {self.n_experts})")
         with self._lock:
-            if self.capture is not None:     # TIERSTORE_CAPTURE: the routing, step by step
+            if self.capture is not None:  # TIERSTORE_CAPTURE: the routing, step by step
                 if layer_index <= self._last_layer:
                     self.capture.step()
                 self.capture.record(layer_index, local_ids)
@@ -199,8 +229,7 @@ class ExactTier:
             keys = np.stack([np.full(len(experts), layer_index), experts], 1)
             fired = self.store.fire(keys, max_promote=len(experts))
             try:
-                slots = self.store.slot_table[layer_index][
-                    torch.from_numpy(experts).to(self.device)].long()
+                slots = self.store.slot_table[layer_index][torch.from_numpy(experts).to(self.device)].long()
                 if bool((slots < 0).any()):
                     # slots held by background promotions still loading: let them land,
                     # then fire again (a pool at the floor needs every slot)
@@ -209,25 +238,27 @@ class ExactTier:
                     self.store.wait_idle()
                     fired = self.store.fire(keys, max_promote=len(experts))
                     slots = self.store.slot_table[layer_index][
-                        torch.from_numpy(experts).to(self.device)].long()
+                        torch.from_numpy(experts).to(self.device)
+                    ].long()
                 if bool((slots < 0).any()):
                     raise TierstoreError(
                         f"MoE layer {layer_index}: {int((slots < 0).sum())} routed experts could "
-                        f"not be made resident in a pool of {self.slots} (every slot pinned)")
+                        f"not be made resident in a pool of {self.slots} (every slot pinned)"
+                    )
                 n = len(experts)
                 # whole rows first (a contiguous gather), then each plane's bytes: an
                 # index_select over a strided plane view is ~50x slower on the CPU
                 rows = self.store.pool.index_select(0, slots)
                 for plane, dst in zip(self.layout, self._scratch_bytes):
-                    dst[:n].copy_(rows[:, plane.offset:plane.offset + plane.nbytes])
+                    dst[:n].copy_(rows[:, plane.offset : plane.offset + plane.nbytes])
                 if emap is None:
                     local = torch.from_numpy(np.searchsorted(experts, ids)).to(
-                        device=topk_ids.device, dtype=topk_ids.dtype)
+                        device=topk_ids.device, dtype=topk_ids.dtype
+                    )
                     return inner.apply(layer, x, topk_weights, local, None, None)
                 # EP: stock's kernel maps global ids through layer.expert_map (-1: another
                 # rank's expert, skipped); for this call the map points at scratch rows
-                return self._apply_mapped(layer, inner, x, topk_weights, topk_ids, emap,
-                                          experts)
+                return self._apply_mapped(layer, inner, x, topk_weights, topk_ids, emap, experts)
             finally:
                 if fired is not None:
                     self.store.release(fired)
@@ -254,6 +285,7 @@ class ExactTier:
 
     def close(self) -> None:
         from tierstore import metrics
+
         if self.capture is not None:
             self.capture.close()
         metrics.unregister_store(self.store)
@@ -274,15 +306,16 @@ def routing_capture(mode: str, n_experts: int, rank: int, world: int):
     ``world`` > 1: ``x.rank1of2.npy``), else None."""
     from tierstore import settings
     from tierstore.sim.capture import RoutingCapture
+
     path = settings.get("capture")
     if not path:
         return None
     if world > 1:
-        path = f"{str(path)[:-len('.npy')]}.rank{rank}of{world}.npy" \
-            if str(path).endswith(".npy") else path
-    return RoutingCapture.from_settings(path=path, meta={
-        "engine": "vllm", "mode": mode, "num_experts": int(n_experts), "rank": rank,
-        "world": world})
+        path = f"{str(path)[: -len('.npy')]}.rank{rank}of{world}.npy" if str(path).endswith(".npy") else path
+    return RoutingCapture.from_settings(
+        path=path,
+        meta={"engine": "vllm", "mode": mode, "num_experts": int(n_experts), "rank": rank, "world": world},
+    )
 
 
 def pool_slots(setting, *, n_moe_layers: int, n_experts: int, slot_bytes: int, device) -> int:
@@ -318,9 +351,11 @@ def routed_experts_op():
     """``torch.ops.tierstore.routed_experts(x, topk_weights, topk_ids, key)``: runs the
     callable registered under ``key`` (one per MoE layer). torch.compile sees an opaque
     op with a fake implementation, so it never traces the store's host-side work."""
+
     @torch.library.custom_op("tierstore::routed_experts", mutates_args=())
-    def routed_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                       key: str) -> torch.Tensor:
+    def routed_experts(
+        x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, key: str
+    ) -> torch.Tensor:
         return CALLS[key](x, topk_weights, topk_ids)
 
     @routed_experts.register_fake
@@ -335,20 +370,26 @@ def exact_abi(inner, dtype: torch.dtype) -> str:
     """What makes the processed bytes what they are: vLLM's version, the MoE method and
     kernel it chose on this platform, the parameter dtype. Part of the pack identity."""
     import vllm
+
     backend = getattr(inner, "unquantized_backend", None)
     experts = getattr(inner, "experts_cls", None)
-    parts = [f"vllm-{vllm.__version__}", type(inner).__name__, str(backend or "-"),
-             getattr(experts, "__name__", "-"), str(dtype).replace("torch.", "")]
+    parts = [
+        f"vllm-{vllm.__version__}",
+        type(inner).__name__,
+        str(backend or "-"),
+        getattr(experts, "__name__", "-"),
+        str(dtype).replace("torch.", ""),
+    ]
     return "vllm-exact:" + ":".join(parts)
 
 
 def parallel_rank() -> tuple[int, int]:
     """(tensor-parallel rank, world) of this vLLM worker; (0, 1) outside vLLM."""
     try:
-        from vllm.distributed import (get_tensor_model_parallel_rank,
-                                      get_tensor_model_parallel_world_size)
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
         return int(get_tensor_model_parallel_rank()), int(get_tensor_model_parallel_world_size())
-    except Exception:        # no parallel state (a unit test building layers by hand)
+    except Exception:  # no parallel state (a unit test building layers by hand)
         return 0, 1
 
 
@@ -360,7 +401,7 @@ class ExactPacks:
         self.pack_dir, self.ckpt_id, self.n_layers = pack_dir, ckpt_id, int(n_layers)
         self.rank, self.world = parallel_rank()
         self.abi: str | None = None
-        self.found = None            # (path, Sidecar) of an existing pack of this identity
+        self.found = None  # (path, Sidecar) of an existing pack of this identity
         self.layout: list[Plane] | None = None
         self.writer = None
         self.wrote: list[int] = []
@@ -369,19 +410,22 @@ class ExactPacks:
     def _find(self) -> None:
         import glob
         import os
+
         from tierstore.format.sidecar import load_sidecar, sidecar_path_of
+
         pattern = os.path.join(self.pack_dir, f"{TAG}.v2.*.rank{self.rank}of{self.world}.pack")
         for path in sorted(glob.glob(pattern)):
             try:
                 sc, _ = load_sidecar(sidecar_path_of(path), key20_in_name=True)
-            except Exception as exc:          # another identity's damaged pack: not ours
+            except Exception as exc:  # another identity's damaged pack: not ours
                 log.warning("tierstore: skipping %s (%s)", path, exc)
                 continue
             if sc.ckpt_id == self.ckpt_id and sc.quantizer_abi == self.abi:
                 self.found = (path, sc)
                 if sc.layout is not None:
-                    self.layout = [Plane(x.name, x.offset, x.bytes, x.dtype, tuple(x.shape))
-                                   for x in sc.layout.sections]
+                    self.layout = [
+                        Plane(x.name, x.offset, x.bytes, x.dtype, tuple(x.shape)) for x in sc.layout.sections
+                    ]
                 return
 
     def has_layer(self, layer: int, inner, dtype: torch.dtype) -> bool:
@@ -391,26 +435,41 @@ class ExactPacks:
                 self.abi = abi
                 self._find()
             elif abi != self.abi:
-                raise ConfigError(f"MoE layer {layer}: vLLM chose {abi}, earlier layers "
-                                  f"{self.abi}; exact mode needs one method for all layers")
+                raise ConfigError(
+                    f"MoE layer {layer}: vLLM chose {abi}, earlier layers "
+                    f"{self.abi}; exact mode needs one method for all layers"
+                )
             return self.found is not None and layer in self.found[1].layers
 
     def write(self, layer: int, planes, where: str) -> None:
         from tierstore.format.writer import PackWriter
+
         layout = plane_layout(planes)
         with self._lock:
             if self.layout is not None and layout != self.layout:
-                raise ConfigError(f"{where}: its expert planes {layout} differ from the other "
-                                  f"layers' {self.layout}")
+                raise ConfigError(
+                    f"{where}: its expert planes {layout} differ from the other layers' {self.layout}"
+                )
             self.layout = layout
             if self.writer is None:
-                log.info("tierstore: first boot, writing MoE layers into %s (rank %d of %d)",
-                         self.pack_dir, self.rank, self.world)
-                self.writer = PackWriter(self.pack_dir, tag=TAG, n_layers=self.n_layers,
-                                         n_experts=planes[0][1].shape[0],
-                                         slot_bytes=row_bytes_of(layout), ckpt_id=self.ckpt_id,
-                                         quantizer_abi=self.abi, layout=layout_sections(layout),
-                                         rank=self.rank, world=self.world)
+                log.info(
+                    "tierstore: first boot, writing MoE layers into %s (rank %d of %d)",
+                    self.pack_dir,
+                    self.rank,
+                    self.world,
+                )
+                self.writer = PackWriter(
+                    self.pack_dir,
+                    tag=TAG,
+                    n_layers=self.n_layers,
+                    n_experts=planes[0][1].shape[0],
+                    slot_bytes=row_bytes_of(layout),
+                    ckpt_id=self.ckpt_id,
+                    quantizer_abi=self.abi,
+                    layout=layout_sections(layout),
+                    rank=self.rank,
+                    world=self.world,
+                )
             self.writer.write_layer(layer, rows_of(planes, layout))
             self.wrote.append(layer)
 
@@ -418,6 +477,7 @@ class ExactPacks:
         """Close the writer; the path of the complete pack. ConfigError when a MoE layer
         has no rows (the checkpoint did not deliver it)."""
         from tierstore.format.pack import Pack
+
         with self._lock:
             if self.writer is not None:
                 path = self.writer.path
@@ -426,14 +486,17 @@ class ExactPacks:
             elif self.found is not None:
                 path = self.found[0]
             else:
-                raise ConfigError("tierstore exact mode: no MoE layer was loaded or found in "
-                                  f"{self.pack_dir}")
+                raise ConfigError(
+                    f"tierstore exact mode: no MoE layer was loaded or found in {self.pack_dir}"
+                )
         pack = Pack.open(path)
         try:
             missing = [l for l in range(n_moe_layers) if l not in set(pack.layers)]
         finally:
             pack.close()
         if missing:
-            raise ConfigError(f"{path}: MoE layers {missing[:8]} have no rows; the checkpoint "
-                              "did not deliver every routed expert")
+            raise ConfigError(
+                f"{path}: MoE layers {missing[:8]} have no rows; the checkpoint "
+                "did not deliver every routed expert"
+            )
         return path

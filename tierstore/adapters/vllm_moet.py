@@ -19,6 +19,7 @@ What vLLM-Moet's glue, gate, runners and worker call on the module (docs/VLLM_MO
 the variable it does nothing. vLLM-Moet's base-cache tier (``_BASE_TIER``,
 VLLM_MOE_W2_BASE_CACHE_GB > 0) stays vLLM-Moet's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,7 +29,7 @@ import warnings
 import torch
 
 from tierstore.adapters.moet_config import MoetEnv, force_pool, from_env
-from tierstore.adapters.moet_tier import SLOT_BYTES, W13_BYTES, W2_BYTES, TierstoreDeltaTier
+from tierstore.adapters.moet_tier import SLOT_BYTES, W2_BYTES, W13_BYTES, TierstoreDeltaTier
 from tierstore.adapters.moet_tier import mark_seen_row as mark_seen
 from tierstore.errors import CapacityError, ConfigError
 
@@ -36,14 +37,27 @@ log = logging.getLogger("tierstore.adapters.moet")
 
 MOET_MODULE = "vllm.model_executor.layers.quantization.utils.moe_w2_delta"
 _TIER: TierstoreDeltaTier | None = None
-_BASE_TIER = None            # vLLM-Moet's own; never created here
+_BASE_TIER = None  # vLLM-Moet's own; never created here
 _ENV: MoetEnv | None = None  # read once, at the first call that needs it (vLLM-Moet: at import)
-_TARGET = None               # vLLM-Moet's moe_w2_delta once register() installed us
+_TARGET = None  # vLLM-Moet's moe_w2_delta once register() installed us
 _ORIGINAL: dict = {}
 
-__all__ = ["TierstoreDeltaTier", "get_tier", "enabled", "mark_seen", "check_pool_floor",
-           "shutdown", "step_promote_budget", "fire_fp_max", "force_promote_step", "register",
-           "reset_env", "W13_BYTES", "W2_BYTES", "SLOT_BYTES"]
+__all__ = [
+    "TierstoreDeltaTier",
+    "get_tier",
+    "enabled",
+    "mark_seen",
+    "check_pool_floor",
+    "shutdown",
+    "step_promote_budget",
+    "fire_fp_max",
+    "force_promote_step",
+    "register",
+    "reset_env",
+    "W13_BYTES",
+    "W2_BYTES",
+    "SLOT_BYTES",
+]
 
 
 def env() -> MoetEnv:
@@ -67,7 +81,7 @@ def _publish(tier) -> None:
     global _TIER
     _TIER = tier
     if _TARGET is not None:
-        _TARGET._TIER = tier     # vLLM-Moet's callers read moe_w2_delta._TIER directly
+        _TARGET._TIER = tier  # vLLM-Moet's callers read moe_w2_delta._TIER directly
 
 
 def enabled() -> bool:
@@ -80,8 +94,9 @@ def _default_rows() -> int:
     e = env()
     if e.num_layers is not None:
         return e.layer_rows
-    try:   # vLLM-Moet's rule: the model's main-stack layer count, + 1 row for the MTP drafter
+    try:  # vLLM-Moet's rule: the model's main-stack layer count, + 1 row for the MTP drafter
         from vllm.config import get_current_vllm_config
+
         hf = get_current_vllm_config().model_config.hf_config
         return int(hf.get_text_config().num_hidden_layers) + 1
     except Exception:  # noqa: BLE001 - no vLLM config: DS4-Flash's 43 + 1
@@ -96,19 +111,29 @@ def get_tier(n_layers=None, n_experts=256, dev=None, w13_bytes=None, w2_bytes=No
         e = env()
         base = e.base_cache_gb > 0
         if base:
-            warnings.warn("VLLM_MOE_W2_BASE_CACHE_GB > 0: the base-cache tier stays vLLM-Moet's; "
-                          "tierstore serves the FP4 tier only", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "VLLM_MOE_W2_BASE_CACHE_GB > 0: the base-cache tier stays vLLM-Moet's; "
+                "tierstore serves the FP4 tier only",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if dev is None:
             dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         tag = ("fp4q" if e.split else "fp4") if base else "delta"
         tier = TierstoreDeltaTier(
-            _default_rows() if n_layers is None else int(n_layers), int(n_experts), dev,
+            _default_rows() if n_layers is None else int(n_layers),
+            int(n_experts),
+            dev,
             w13_bytes=W13_BYTES if w13_bytes is None else int(w13_bytes),
             w2_bytes=W2_BYTES if w2_bytes is None else int(w2_bytes),
-            policy=e.tier_policy(), tag=tag, host_pinned=not base, env=e)
+            policy=e.tier_policy(),
+            tag=tag,
+            host_pinned=not base,
+            env=e,
+        )
         btier = _base_tier()
         if base and e.split and btier is not None:
-            btier._coupled_fp4 = tier   # base evictions spare FP4-mapped experts
+            btier._coupled_fp4 = tier  # base evictions spare FP4-mapped experts
         tier.start()
         _publish(tier)
     return _TIER
@@ -118,17 +143,21 @@ def _floor_check(tier, top_k: int, n_spec: int, max_num_seqs: int) -> None:
     """vLLM-Moet's floor: the layers the FP4 pack holds (not the table's rows) x top-k x
     (1 + n_spec) x min(seqs, 4) x the growth of GATE_FP_MAX rounds (tierstore.fire_floor)."""
     from tierstore.store.sizing import fire_floor
+
     e = env()
     growth = 1.0 + 0.35 * max(e.gate_fp_max - 1, 0)
     floor = fire_floor(max(len(tier._store), 1), top_k, n_spec, max_num_seqs, e.gate_fp_max)
     if tier.n_slots >= floor:
         return
-    msg = (f"moet tier [{tier._tag}]: pool of {tier.n_slots} slots is below the fire floor of "
-           f"{floor} ({len(tier._store)} MoE layers x top-{top_k} x (1+{n_spec} spec) x "
-           f"{max_num_seqs} seqs x {growth:.2f}) = {floor * tier.slot_bytes / 2**30:.1f} GiB")
+    msg = (
+        f"moet tier [{tier._tag}]: pool of {tier.n_slots} slots is below the fire floor of "
+        f"{floor} ({len(tier._store)} MoE layers x top-{top_k} x (1+{n_spec} spec) x "
+        f"{max_num_seqs} seqs x {growth:.2f}) = {floor * tier.slot_bytes / 2**30:.1f} GiB"
+    )
     if not force_pool():
-        raise CapacityError(msg + "; raise VLLM_MOE_W2_DELTA_GB, disable the gate or set "
-                                  "VLLM_MOE_W2_FORCE_POOL=1")
+        raise CapacityError(
+            msg + "; raise VLLM_MOE_W2_DELTA_GB, disable the gate or set VLLM_MOE_W2_FORCE_POOL=1"
+        )
     log.warning("%s; serving on because VLLM_MOE_W2_FORCE_POOL=1", msg)
 
 
@@ -139,7 +168,7 @@ def check_pool_floor(top_k: int, n_spec: int, max_num_seqs: int) -> None:
     An auto pool is not sized yet: its floor is checked by finalize_auto."""
     e, tier = env(), _TIER
     if _TARGET is not None and "check_pool_floor" in _ORIGINAL and _base_tier() is not None:
-        saved, _TARGET._TIER = _TARGET._TIER, None   # vLLM-Moet checks its own base tier
+        saved, _TARGET._TIER = _TARGET._TIER, None  # vLLM-Moet checks its own base tier
         try:
             _ORIGINAL["check_pool_floor"](top_k, n_spec, max_num_seqs)
         except ValueError as exc:
@@ -153,11 +182,15 @@ def check_pool_floor(top_k: int, n_spec: int, max_num_seqs: int) -> None:
         else:
             _floor_check(tier, top_k, n_spec, max_num_seqs)
     if e.gate and tier is None:
-        raise ConfigError("VLLM_MOE_W2_GATE=1 but there is no FP4 tier (VLLM_MOE_W2_DELTA_GB "
-                          "<= 0 or DELTA != 1): the gate cannot recover precision")
+        raise ConfigError(
+            "VLLM_MOE_W2_GATE=1 but there is no FP4 tier (VLLM_MOE_W2_DELTA_GB "
+            "<= 0 or DELTA != 1): the gate cannot recover precision"
+        )
     if e.prefill_t < max(max_num_seqs, 1) * (1 + n_spec):
-        raise ConfigError(f"VLLM_MOE_W2_PREFILL_T={e.prefill_t} is below the largest decode step "
-                          f"(max_num_seqs x (1 + n_spec) = {max(max_num_seqs, 1) * (1 + n_spec)})")
+        raise ConfigError(
+            f"VLLM_MOE_W2_PREFILL_T={e.prefill_t} is below the largest decode step "
+            f"(max_num_seqs x (1 + n_spec) = {max(max_num_seqs, 1) * (1 + n_spec)})"
+        )
 
 
 def shutdown() -> None:
@@ -214,15 +247,18 @@ def register() -> None:
     if os.environ.get("VLLM_MOE_W2_TIERSTORE", "0").strip() != "1" or _TARGET is not None:
         return
     try:
-        reset_env(os.environ)    # every value checked now: one line naming each bad one
+        reset_env(os.environ)  # every value checked now: one line naming each bad one
     except ConfigError as exc:
         raise ConfigError(f"VLLM_MOE_W2_TIERSTORE=1: {exc}") from None
     import importlib
+
     try:
         target = importlib.import_module(MOET_MODULE)
     except ImportError as exc:
-        log.warning("VLLM_MOE_W2_TIERSTORE=1 but vLLM-Moet's moe_w2_delta is not importable "
-                    "(%s): nothing installed", exc)
+        log.warning(
+            "VLLM_MOE_W2_TIERSTORE=1 but vLLM-Moet's moe_w2_delta is not importable (%s): nothing installed",
+            exc,
+        )
         return
     install(target)
 
@@ -235,11 +271,12 @@ def install(target) -> None:
     original_shutdown = target.shutdown
 
     def shutdown_base():
-        saved, target._TIER = target._TIER, None   # vLLM-Moet closes only its base tier
+        saved, target._TIER = target._TIER, None  # vLLM-Moet closes only its base tier
         try:
             original_shutdown()
         finally:
             target._TIER = saved
+
     _ORIGINAL["shutdown_base"] = shutdown_base
     _TARGET = target
     target.get_tier = get_tier

@@ -15,6 +15,7 @@ interrupted half-way keeps the layers already listed and writes the rest next ti
 Layers are keyed by MoE-layer order (the index the quant config gives each
 ``RoutedExperts`` in construction order), never by the transformer index.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,9 +36,9 @@ _SHARDS = ("w1", "w3", "w2")
 FP8_BLOCK = 128
 
 
-SAMPLES = 16              # evenly spaced 64 KiB samples of each large weight file
+SAMPLES = 16  # evenly spaced 64 KiB samples of each large weight file
 SAMPLE_BYTES = 64 << 10
-WHOLE_BELOW = 64 << 20    # files up to this size are hashed whole
+WHOLE_BELOW = 64 << 20  # files up to this size are hashed whole
 
 
 def _file_fingerprint(h, path: str) -> None:
@@ -104,22 +105,24 @@ def decode_part(parts: dict[str, torch.Tensor], where: str) -> torch.Tensor:
         if s.numel() == 1:
             s = s.reshape(1, 1)
         elif s.dim() == 1 or (s.dim() == 2 and s.shape[1] == 1):
-            s = s.reshape(n, 1)                       # per output channel
+            s = s.reshape(n, 1)  # per output channel
         else:
-            s = _expand_blocks(s, n, k)               # 128x128 (DeepSeek) or any block grid
+            s = _expand_blocks(s, n, k)  # 128x128 (DeepSeek) or any block grid
         return w.float() * s
     if w.dtype == torch.uint8:
         if scale is None:
             raise FormatError(f"{where}: uint8 (FP4) weight without weight_scale")
-        if scale.dtype == torch.uint8:                # MXFP4: e8m0 per 32 elements
+        if scale.dtype == torch.uint8:  # MXFP4: e8m0 per 32 elements
             return fp4.dequantize_mxfp4(w, scale).float()
-        if scale.dtype == torch.float8_e4m3fn:        # NVFP4: fp8 per 16 + fp32 global
+        if scale.dtype == torch.float8_e4m3fn:  # NVFP4: fp8 per 16 + fp32 global
             g = parts.get("weight_scale_2")
             if g is None:
                 raise FormatError(f"{where}: NVFP4 weight without weight_scale_2")
             return fp4.dequantize_nvfp4(w, scale, float(g.float().reshape(-1)[0])).float()
-        raise FormatError(f"{where}: FP4 weight with a {scale.dtype} scale (expected uint8 "
-                          "e8m0 for MXFP4 or float8_e4m3fn for NVFP4)")
+        raise FormatError(
+            f"{where}: FP4 weight with a {scale.dtype} scale (expected uint8 "
+            "e8m0 for MXFP4 or float8_e4m3fn for NVFP4)"
+        )
     raise FormatError(f"{where}: weight dtype {w.dtype} is not bf16/fp16/fp32/FP8/FP4")
 
 
@@ -137,8 +140,17 @@ class ExpertCapture:
     ``n_layers`` is an upper bound on the MoE layers (the transformer's layer count):
     rows beyond the last MoE layer stay unwritten, which the store allows."""
 
-    def __init__(self, pack_dir: str, *, ckpt_id: str, n_layers: int, n_experts: int,
-                 H: int, I: int, source: str = "checkpoint"):
+    def __init__(
+        self,
+        pack_dir: str,
+        *,
+        ckpt_id: str,
+        n_layers: int,
+        n_experts: int,
+        H: int,
+        I: int,
+        source: str = "checkpoint",
+    ):
         self.pack_dir, self.ckpt_id = pack_dir, ckpt_id
         self.n_layers, self.E, self.H, self.I = int(n_layers), int(n_experts), int(H), int(I)
         self.source = source
@@ -157,11 +169,16 @@ class ExpertCapture:
             try:
                 for tag in TAGS:
                     layout = expert_layout(tag, self.H, self.I)
-                    ws[tag] = PackWriter(self.pack_dir, tag=tag, n_layers=self.n_layers,
-                                         n_experts=self.E, slot_bytes=layouts.row_bytes(
-                                             tag, self.H, self.I), ckpt_id=self.ckpt_id,
-                                         quantizer_abi=quantizer_abi(self.source_format(), tag),
-                                         layout=layout)
+                    ws[tag] = PackWriter(
+                        self.pack_dir,
+                        tag=tag,
+                        n_layers=self.n_layers,
+                        n_experts=self.E,
+                        slot_bytes=layouts.row_bytes(tag, self.H, self.I),
+                        ckpt_id=self.ckpt_id,
+                        quantizer_abi=quantizer_abi(self.source_format(), tag),
+                        layout=layout,
+                    )
             except BaseException:
                 for w in ws.values():
                     w.close()
@@ -190,24 +207,43 @@ class ExpertCapture:
         ``layer``: keeps the tensor for the pack instead of a GPU parameter."""
         matrix, kind = suffix_of(param_name)
 
-        def weight_loader(param=None, loaded_weight=None, weight_name=None, shard_id=None,
-                          expert_id=None, return_success: bool = False):
+        def weight_loader(
+            param=None,
+            loaded_weight=None,
+            weight_name=None,
+            shard_id=None,
+            expert_id=None,
+            return_success: bool = False,
+        ):
             self.take(layer, matrix, kind, loaded_weight, shard_id, expert_id, weight_name)
             return True if return_success else None
+
         return weight_loader
 
-    def take(self, layer: int, matrix: str, kind: str, tensor: torch.Tensor,
-             shard_id: str | None, expert_id: int | None, weight_name: str | None = None) -> None:
+    def take(
+        self,
+        layer: int,
+        matrix: str,
+        kind: str,
+        tensor: torch.Tensor,
+        shard_id: str | None,
+        expert_id: int | None,
+        weight_name: str | None = None,
+    ) -> None:
         where = f"MoE layer {layer} expert {expert_id} ({weight_name or matrix + '_' + kind})"
         if expert_id is None or shard_id not in _SHARDS:
-            raise ConfigError(f"{where}: tierstore's first boot needs per-expert tensors "
-                              f"(shard w1/w3/w2, an expert id); got shard {shard_id!r}")
+            raise ConfigError(
+                f"{where}: tierstore's first boot needs per-expert tensors "
+                f"(shard w1/w3/w2, an expert id); got shard {shard_id!r}"
+            )
         if self.is_written(layer):
-            return                       # resumed boot: this layer is already in the packs
+            return  # resumed boot: this layer is already in the packs
         e = int(expert_id)
         if not 0 <= e < self.E:
-            raise ConfigError(f"{where}: expert id outside 0..{self.E - 1} (expert parallel "
-                              "first boots are not supported: build the packs at EP=1)")
+            raise ConfigError(
+                f"{where}: expert id outside 0..{self.E - 1} (expert parallel "
+                "first boots are not supported: build the packs at EP=1)"
+            )
         with self._lock:
             parts = self._parts.setdefault((layer, e), {})
             parts.setdefault(shard_id, {})[kind] = tensor.detach().to("cpu", copy=True)
@@ -225,19 +261,25 @@ class ExpertCapture:
             if w.dtype in (torch.bfloat16, torch.float16, torch.float32):
                 return True
             have = set(p) - {"weight"}
-            if w.dtype == torch.uint8 and p.get("weight_scale") is not None \
-                    and p["weight_scale"].dtype == torch.float8_e4m3fn:
+            if (
+                w.dtype == torch.uint8
+                and p.get("weight_scale") is not None
+                and p["weight_scale"].dtype == torch.float8_e4m3fn
+            ):
                 return {"weight_scale", "weight_scale_2"} <= have
             return bool(have & {"weight_scale", "weight_scale_inv"})
+
         return all(s in parts and ready(parts[s]) for s in _SHARDS)
 
     def _encode(self, layer: int, e: int, parts: dict, where: str) -> None:
         gate, up, down = (decode_part(parts[s], f"{where} {s}") for s in _SHARDS)
         w13 = torch.cat([gate, up], dim=0)
         if tuple(w13.shape) != (2 * self.I, self.H) or tuple(down.shape) != (self.H, self.I):
-            raise FormatError(f"{where}: w13 {list(w13.shape)}, w2 {list(down.shape)}; expected "
-                              f"[{2 * self.I}, {self.H}] and [{self.H}, {self.I}] (tensor "
-                              "parallel first boots are not supported: build at TP=1)")
+            raise FormatError(
+                f"{where}: w13 {list(w13.shape)}, w2 {list(down.shape)}; expected "
+                f"[{2 * self.I}, {self.H}] and [{self.H}, {self.I}] (tensor "
+                "parallel first boots are not supported: build at TP=1)"
+            )
         encoded = {tag: layouts.encode_expert(w13, down, tag) for tag in TAGS}
         with self._lock:
             for tag, row in encoded.items():
@@ -251,7 +293,7 @@ class ExpertCapture:
                 return
             rows = {tag: self._rows.pop((tag, layer)) for tag in TAGS}
             del self._done[layer]
-            for tag, w in self.writers().items():   # base last: a layer counts once both are in
+            for tag, w in self.writers().items():  # base last: a layer counts once both are in
                 if not w.is_written(layer):
                     w.write_layer(layer, rows[tag])
 

@@ -18,6 +18,7 @@ Lifetime inside one vLLM worker (MOET-facts of vLLM 0.34, docs/VLLM.md):
    the worker calls :meth:`step_end` after each step, which folds the previous step's
    ``seen`` (copied without a host sync) into the store's heat and runs ``store.step``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +36,9 @@ class ServingTier:
     ``store_options`` go to ExpertStore (vram_gb / vram_slots / ram_gb / policy ...)."""
 
     def __init__(self, packs: dict[str, str], *, device, **store_options):
-        from tierstore.format.pack import Pack
         from tierstore.format.layouts import expert_shape_of
+        from tierstore.format.pack import Pack
+
         self.packs = dict(packs)
         self.device = torch.device(device)
         fp4_pack = Pack.open(self.packs["fp4"])
@@ -44,31 +46,32 @@ class ServingTier:
         self.n_layers, self.n_experts = int(fp4_pack.n_layers), int(fp4_pack.n_experts)
         self.hidden_size, self.intermediate_size = expert_shape_of(fp4_pack)
         self._fp4_pack = fp4_pack
-        self.base = BaseWeights.from_pack(self.packs["base"], device=self.device,
-                                          H=self.hidden_size, I=self.intermediate_size)
+        self.base = BaseWeights.from_pack(
+            self.packs["base"], device=self.device, H=self.hidden_size, I=self.intermediate_size
+        )
         options = dict(store_options)
         self._size = options.pop("vram_slots", None)
         gb = options.pop("vram_gb", None)
         if self._size is None:
-            self._size = "auto" if gb in (None, "auto") else \
-                int(float(gb) * (1 << 30)) // int(fp4_pack.slot_bytes)
+            self._size = (
+                "auto" if gb in (None, "auto") else int(float(gb) * (1 << 30)) // int(fp4_pack.slot_bytes)
+            )
         # publish="step": the store's worker only reads into the arena (no CUDA call from
         # another thread while vLLM captures), and promotions land at step_end
         options.setdefault("publish", "step")
-        options.setdefault("quarantine", True)   # a rotten row: served from its base row
+        options.setdefault("quarantine", True)  # a rotten row: served from its base row
         from tierstore.store.expert_store import ExpertStore
-        self.store = ExpertStore(fp4_pack, vram_slots="deferred", device=str(self.device),
-                                 **options)
+
+        self.store = ExpertStore(fp4_pack, vram_slots="deferred", device=str(self.device), **options)
         from tierstore import metrics
         from tierstore.adapters.vllm_exact import metric_labels, parallel_rank, routing_capture
+
         rank, world = parallel_rank()
         metrics.register_store(self.store, metric_labels("tiered", rank))
         self.capture = routing_capture("tiered", self.n_experts, rank, world)
-        self.seen = torch.zeros(self.n_layers, self.n_experts, dtype=torch.uint8,
-                                device=self.device)
+        self.seen = torch.zeros(self.n_layers, self.n_experts, dtype=torch.uint8, device=self.device)
         pin = self.device.type == "cuda"
-        self._seen_host = torch.zeros(self.n_layers, self.n_experts, dtype=torch.uint8,
-                                      pin_memory=pin)
+        self._seen_host = torch.zeros(self.n_layers, self.n_experts, dtype=torch.uint8, pin_memory=pin)
         self._seen_event = None
         self._quiet = 0
         self._lock = threading.Lock()
@@ -121,7 +124,7 @@ class ServingTier:
         if not self.finalized or self._quiet:
             return
         if self._seen_event is not None:
-            self._seen_event.synchronize()   # long done: one step has passed
+            self._seen_event.synchronize()  # long done: one step has passed
             self._fold(self._seen_host)
         self._seen_host.copy_(self.seen, non_blocking=self.device.type == "cuda")
         self.seen.zero_()
@@ -135,7 +138,7 @@ class ServingTier:
 
     def _fold(self, table: torch.Tensor) -> None:
         self.store.record_counts(table.numpy())
-        if self.capture is not None:      # TIERSTORE_CAPTURE: one step of routing
+        if self.capture is not None:  # TIERSTORE_CAPTURE: one step of routing
             self.capture.record_counts(table.numpy())
             self.capture.step()
 
@@ -147,6 +150,7 @@ class ServingTier:
 
     def shutdown(self) -> None:
         from tierstore import metrics
+
         if self.capture is not None:
             self.capture.close()
         metrics.unregister_store(self.store)
@@ -158,6 +162,7 @@ def retry_quarantined(store, load):
     checksum failed: the store logged and counted it), run it once more: the row is left
     out and the layer serves that expert from its 2-bit base, never a stop for the rest."""
     from tierstore.errors import TierIOError
+
     try:
         return load()
     except TierIOError as exc:
@@ -169,5 +174,4 @@ def retry_quarantined(store, load):
 
 def check_layer(tier: ServingTier, layer: int) -> None:
     if not 0 <= layer < tier.n_layers:
-        raise ConfigError(f"MoE layer {layer} is outside the pack {tier.pack_path} "
-                          f"(0..{tier.n_layers - 1})")
+        raise ConfigError(f"MoE layer {layer} is outside the pack {tier.pack_path} (0..{tier.n_layers - 1})")

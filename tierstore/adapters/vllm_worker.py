@@ -16,6 +16,7 @@ platform's worker (CPU or GPU) supplies the three moments the tiered tier needs.
 ``TierstoreWorker`` is built on first attribute access (module ``__getattr__``), so
 importing this module never imports vLLM by itself.
 """
+
 from __future__ import annotations
 
 import functools
@@ -56,6 +57,7 @@ class TierHooks:
 
 def _quiet_all(tiers):
     import contextlib
+
     stack = contextlib.ExitStack()
     for tier in tiers:
         stack.enter_context(tier.quiet())
@@ -66,7 +68,8 @@ def _quiet_all(tiers):
 def worker_class() -> type:
     require_vllm("--worker-cls tierstore.adapters.vllm_worker.TierstoreWorker")
     from vllm.platforms import current_platform
-    if current_platform.is_cpu():          # vLLM's CPU platform has its own worker
+
+    if current_platform.is_cpu():  # vLLM's CPU platform has its own worker
         from vllm.v1.worker.cpu_worker import CPUWorker as Worker
     else:
         from vllm.v1.worker.gpu_worker import Worker
@@ -78,10 +81,10 @@ def worker_class() -> type:
 
         def initialize_from_config(self, kv_cache_config) -> None:
             super().initialize_from_config(kv_cache_config)
-            self.finalize_tiers()           # pool + slot table: once, before real captures
+            self.finalize_tiers()  # pool + slot table: once, before real captures
 
         def compile_or_warm_up_model(self):
-            self.finalize_tiers()           # idempotent; covers executors that skip the above
+            self.finalize_tiers()  # idempotent; covers executors that skip the above
             with _quiet_all(self.tiers()):
                 return super().compile_or_warm_up_model()
 

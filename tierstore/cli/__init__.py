@@ -7,6 +7,7 @@ parser refuses bad values before any work), never a traceback. SIGTERM is turned
 into the same clean path as Ctrl-C (KeyboardInterrupt), so the atomic writers
 remove their temp files either way; the exit status is 128 + the signal.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +47,10 @@ exit status: 0 ok, 1 error, 2 bad arguments, 130/143 interrupted (SIGINT/SIGTERM
 _GROUPS = {
     "pack": ("Build, inspect and verify pack files", ["pack"]),
     "warm": ("Inspect, merge and convert warm-start files", ["warm"]),
-    "bench": ("Benchmarks: pool hits on traces, promote I/O, store fires, decode tokens/s",
-              ["bench_hits", "bench_io", "bench_fire", "bench_decode"]),
+    "bench": (
+        "Benchmarks: pool hits on traces, promote I/O, store fires, decode tokens/s",
+        ["bench_hits", "bench_io", "bench_fire", "bench_decode"],
+    ),
 }
 
 
@@ -57,8 +60,10 @@ class Terminated(KeyboardInterrupt):
 
 def build_parser() -> Parser:
     from tierstore import __version__
-    parser = Parser(prog="tierstore", description=DESCRIPTION, epilog=EPILOG,
-                    formatter_class=RawHelpFormatter)
+
+    parser = Parser(
+        prog="tierstore", description=DESCRIPTION, epilog=EPILOG, formatter_class=RawHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"tierstore {__version__}")
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     for group, (help_text, modules) in _GROUPS.items():
@@ -75,6 +80,7 @@ def build_parser() -> Parser:
 def _signals_and_warnings():
     """SIGTERM -> Terminated and one-line warnings, for the duration of one command
     (restored after, so main() can be called in-process by tests)."""
+
     def on_term(signum, frame):
         raise Terminated()
 
@@ -100,18 +106,18 @@ def _error(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from tierstore import settings
+
     with _signals_and_warnings():
         try:
             parser = build_parser()
             try:
-                args = parser.parse_args(argv)   # bad values exit 2 here, nothing done yet
-            except SystemExit as exc:            # --help, --version, usage errors
+                args = parser.parse_args(argv)  # bad values exit 2 here, nothing done yet
+            except SystemExit as exc:  # --help, --version, usage errors
                 return exc.code if isinstance(exc.code, int) else 2
-            settings.check_environment()         # every TIERSTORE_* at once, before any work
+            settings.check_environment()  # every TIERSTORE_* at once, before any work
             rc = args.func(args)
         except Terminated:
-            print("tierstore: terminated (SIGTERM); nothing partial was left behind",
-                  file=sys.stderr)
+            print("tierstore: terminated (SIGTERM); nothing partial was left behind", file=sys.stderr)
             return 128 + signal.SIGTERM
         except KeyboardInterrupt:
             print("tierstore: interrupted; nothing partial was left behind", file=sys.stderr)
@@ -125,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             # Point stdout at devnull so the interpreter's final flush stays quiet.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-        except OSError as exc:   # a permission, a full disk ...: name the file, no traceback
+        except OSError as exc:  # a permission, a full disk ...: name the file, no traceback
             where = exc.filename or "tierstore"
             return _error(f"{where}: {exc.strerror or exc}")
         except MemoryError:

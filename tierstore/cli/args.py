@@ -7,6 +7,7 @@ Path checks (``existing_file``, ``output_file``, ``output_dir`` ...) only look (
 output directory gets one probe file, removed at once), so a refused command leaves
 nothing behind.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,7 @@ import os
 import stat
 import sys
 import tempfile
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from tierstore import settings
 from tierstore.errors import ConfigError, one_line
@@ -40,8 +41,12 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if (action.nargs == 0 or action.default in (None, argparse.SUPPRESS)
-                or "default" in text or not action.option_strings):
+        if (
+            action.nargs == 0
+            or action.default in (None, argparse.SUPPRESS)
+            or "default" in text
+            or not action.option_strings
+        ):
             return text
         return f"{text} (default: %(default)s)"
 
@@ -61,7 +66,8 @@ def _as_type(convert: Callable[[str], object], name: str) -> Callable[[str], obj
             return convert(text)
         except (TypeError, ValueError) as exc:
             _fail(f"{exc}, found {text!r}")
-    parse.__name__ = name   # argparse names the type in some messages
+
+    parse.__name__ = name  # argparse names the type in some messages
     return parse
 
 
@@ -70,8 +76,9 @@ def int_in(lo: int | None = None, hi: int | None = None) -> Callable[[str], int]
     return _as_type(settings.integer(lo, hi), "integer")
 
 
-def float_in(lo: float | None = None, hi: float | None = None, *,
-             lo_open: bool = False) -> Callable[[str], float]:
+def float_in(
+    lo: float | None = None, hi: float | None = None, *, lo_open: bool = False
+) -> Callable[[str], float]:
     """A finite number in [lo, hi] ((lo, hi] with ``lo_open``)."""
     return _as_type(settings.number(lo, hi, lo_open=lo_open), "number")
 
@@ -99,6 +106,7 @@ def int_list_of(lo: int = 1, hi: int | None = None) -> Callable[[str], list[int]
             return [one(x) for x in items]
         except argparse.ArgumentTypeError:
             _fail(f"expected comma-separated integers{_bounds(lo, hi)}, found {text!r}")
+
     parse.__name__ = "integer list"
     return parse
 
@@ -123,6 +131,7 @@ def names_of(allowed: Iterable[str], what: str = "name") -> Callable[[str], list
         if bad:
             _fail(f"unknown {what} {bad[0]!r}; expected one or more of {', '.join(allowed)}")
         return list(dict.fromkeys(items))
+
     parse.__name__ = f"{what} list"
     return parse
 
@@ -130,6 +139,7 @@ def names_of(allowed: Iterable[str], what: str = "name") -> Callable[[str], list
 # -- paths ------------------------------------------------------------------------------
 def existing_file(what: str = "file") -> Callable[[str], str]:
     """A path naming a regular, readable file."""
+
     def parse(text: str) -> str:
         path = os.fspath(text)
         try:
@@ -145,6 +155,7 @@ def existing_file(what: str = "file") -> Callable[[str], str]:
         if not os.access(path, os.R_OK):
             _fail(f"{path}: not readable")
         return path
+
     parse.__name__ = what
     return parse
 
@@ -157,6 +168,7 @@ def _existing(what: str, check: Callable[[str], None] | None) -> Callable[[str],
         if check is not None:
             check(path)
         return path
+
     parse.__name__ = what
     return parse
 
@@ -167,6 +179,7 @@ def existing_dir(what: str = "directory") -> Callable[[str], str]:
             _fail(f"{path}: is not a directory, expected a {what}")
         if not os.access(path, os.R_OK | os.X_OK):
             _fail(f"{path}: not readable")
+
     return _existing(what, check)
 
 
@@ -201,6 +214,7 @@ def _can_create_in(directory: str) -> bool:
 def output_file(what: str = "output file") -> Callable[[str], str]:
     """A file to write: not a directory, in an existing writable directory (the
     atomic writer puts its temp file beside it, so that directory must exist)."""
+
     def parse(text: str) -> str:
         path = os.fspath(text)
         if not path or path.endswith(os.sep):
@@ -216,6 +230,7 @@ def output_file(what: str = "output file") -> Callable[[str], str]:
         if os.path.exists(path) and not os.access(path, os.W_OK):
             _fail(f"{path}: not writable")
         return path
+
     parse.__name__ = what
     return parse
 
@@ -223,6 +238,7 @@ def output_file(what: str = "output file") -> Callable[[str], str]:
 def output_dir(what: str = "output directory") -> Callable[[str], str]:
     """A directory to write into: an existing writable one, or a new one whose nearest
     existing ancestor is a writable directory (it is created later, when work starts)."""
+
     def parse(text: str) -> str:
         path = os.fspath(text)
         if not path:
@@ -231,6 +247,7 @@ def output_dir(what: str = "output directory") -> Callable[[str], str]:
             _fail(f"{path}: is a file, expected a directory")
         _writable_dir(path, path)
         return path
+
     parse.__name__ = what
     return parse
 
@@ -238,12 +255,11 @@ def output_dir(what: str = "output directory") -> Callable[[str], str]:
 def check_cuda(option: str = "--device") -> None:
     """ConfigError unless torch sees a CUDA device (``--device cuda`` on a CPU box)."""
     from tierstore import cuda_available
+
     if not cuda_available():
-        raise ConfigError(f"{option} cuda: no CUDA device is visible here; use {option} cpu "
-                          "(or auto)")
+        raise ConfigError(f"{option} cuda: no CUDA device is visible here; use {option} cpu (or auto)")
 
 
 def say(text: str) -> None:
     """A progress line on stderr (plain text: fine in logs and pipes)."""
     print(text, file=sys.stderr, flush=True)
-

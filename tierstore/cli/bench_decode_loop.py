@@ -21,6 +21,7 @@ Modes (the same routing, the same pool of ``slots`` slots, the same CLOCK rule):
 On ``device="cpu"`` the same steps run eagerly (no attention stand-in, the torch MoE
 reference), and ``host_planned`` is the host decide on a mirror with memcpy page-ins.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,7 +29,7 @@ import time
 
 import numpy as np
 
-ROW_MIX_BYTES = 64 << 20   # the random block each row's nibbles are cut from
+ROW_MIX_BYTES = 64 << 20  # the random block each row's nibbles are cut from
 
 
 # -- the pack --------------------------------------------------------------------------------
@@ -39,24 +40,32 @@ def create_decode_pack(out_dir: str, n_layers: int, n_experts: int, H: int, I: i
     MoE's outputs stay finite. Returns the pack's path."""
     from tierstore.format import layouts
     from tierstore.format.writer import PackWriter
+
     layout = layouts.expert_layout("fp4", H, I)
     row = layouts.row_bytes("fp4", H, I)
     rng = np.random.default_rng(0)
     block = rng.integers(0, 256, size=max(ROW_MIX_BYTES, 2 * row), dtype=np.uint8)
     scales = [s for s in layout.sections if s.codec == "e8m0"]
     rows = np.empty((n_experts, row), dtype=np.uint8)
-    with PackWriter(out_dir, tag="fp4", n_layers=n_layers, n_experts=n_experts, slot_bytes=row,
-                    ckpt_id=f"bench-decode-{n_layers}x{n_experts}-H{H}-I{I}",
-                    quantizer_abi="tierstore-bench-v1", layout=layout) as w:
+    with PackWriter(
+        out_dir,
+        tag="fp4",
+        n_layers=n_layers,
+        n_experts=n_experts,
+        slot_bytes=row,
+        ckpt_id=f"bench-decode-{n_layers}x{n_experts}-H{H}-I{I}",
+        quantizer_abi="tierstore-bench-v1",
+        layout=layout,
+    ) as w:
         for layer in range(n_layers):
             if w.is_written(layer):
                 continue
             for e in range(n_experts):
                 k = layer * n_experts + e
                 start = (k * 4099 * 16) % (len(block) - row)
-                rows[e] = block[start:start + row]
+                rows[e] = block[start : start + row]
                 for s in scales:
-                    rows[e, s.offset:s.offset + s.bytes] = 119 + (k + np.arange(s.bytes)) % 4
+                    rows[e, s.offset : s.offset + s.bytes] = 119 + (k + np.arange(s.bytes)) % 4
             w.write_layer(layer, rows)
         return w.path
 
@@ -65,6 +74,7 @@ def create_decode_pack(out_dir: str, n_layers: int, n_experts: int, H: int, I: i
 def synthetic_routing(n_steps: int, L: int, E: int, k: int, T: int, seed: int) -> np.ndarray:
     """int32 [n_steps, L, T, k] from the synthetic router (tierstore.sim.synth)."""
     from tierstore.sim.synth import SyntheticRouter
+
     router = SyntheticRouter(L, E, k, seed)
     return np.stack([router.step(T) for _ in range(n_steps)]).astype(np.int32)
 
@@ -83,6 +93,7 @@ def trace_routing(trace, n_steps: int, T: int, k: int) -> tuple[np.ndarray, int]
     [n_steps, L, T, k] padded with -1. Returns (routing, ticks skipped). FormatError when
     the trace has too few such ticks."""
     from tierstore.errors import FormatError
+
     L, P = trace.n_layers, T * k
     out = np.full((n_steps, L, P), -1, dtype=np.int32)
     starts, layers, experts = trace.tick_starts, trace.layers, trace.experts
@@ -102,9 +113,11 @@ def trace_routing(trace, n_steps: int, T: int, k: int) -> tuple[np.ndarray, int]
         out[n, lay, pos] = exp
         n += 1
     if n < n_steps:
-        raise FormatError(f"{trace.name}: {n} decode ticks with at most {P} ids per layer "
-                          f"(batch {T} x top-{k}), the run needs {n_steps} (--steps + --warmup); "
-                          f"{skipped} larger ticks skipped")
+        raise FormatError(
+            f"{trace.name}: {n} decode ticks with at most {P} ids per layer "
+            f"(batch {T} x top-{k}), the run needs {n_steps} (--steps + --warmup); "
+            f"{skipped} larger ticks skipped"
+        )
     return out.reshape(n_steps, L, T, k), skipped
 
 
@@ -141,9 +154,11 @@ def hottest_keys(routing: np.ndarray, E: int, n: int) -> np.ndarray:
 class Decoder:
     """The model's stand-ins on one store: inputs, the MoE call, attention, gate."""
 
-    def __init__(self, torch, store, H: int, I: int, T: int, k: int, attn_us: float,
-                 routing: np.ndarray, seed: int = 0):
+    def __init__(
+        self, torch, store, H: int, I: int, T: int, k: int, attn_us: float, routing: np.ndarray, seed: int = 0
+    ):
         from tierstore.compute import BaseWeights, UncertaintyGate
+
         self.torch, self.store = torch, store
         self.cuda = store.pool.is_cuda
         dev = store.pool.device
@@ -156,24 +171,27 @@ class Decoder:
         w = torch.rand(self.L, T, k, generator=g)
         self.w = (w / w.sum(-1, keepdim=True)).to(dev)
         from tierstore.format import layouts
+
         base_bytes = layouts.row_bytes("base", H, I)
         # Never read while every routed expert is resident; an unplaced miss reads zeros.
-        self.base = BaseWeights(torch.zeros(self.L, self.E, base_bytes, dtype=torch.uint8,
-                                            device=dev), H, I, dev)
+        self.base = BaseWeights(
+            torch.zeros(self.L, self.E, base_bytes, dtype=torch.uint8, device=dev), H, I, dev
+        )
         self.gate = UncertaintyGate("top1")
         self.logits = torch.randn(T, 4096, generator=g).to(dev)
-        self.routing_dev = torch.from_numpy(routing).to(dev)       # [steps, L, T, k]
-        self.ids = torch.zeros_like(self.routing_dev[0])            # the step's routing
+        self.routing_dev = torch.from_numpy(routing).to(dev)  # [steps, L, T, k]
+        self.ids = torch.zeros_like(self.routing_dev[0])  # the step's routing
         self.cycles = 0
         if self.cuda and attn_us > 0:
             from tierstore.cli.bench_fire_extra import _sleep_cycles_per_ms
+
             self.cycles = int(_sleep_cycles_per_ms(torch) * attn_us / 1000.0)
-        if self.cuda:   # module loads outside any capture
+        if self.cuda:  # module loads outside any capture
             self.moe(0)
             torch.cuda.synchronize()
 
     def load_step(self, t: int) -> None:
-        self.ids.copy_(self.routing_dev[t])   # stream-ordered, no host sync
+        self.ids.copy_(self.routing_dev[t])  # stream-ordered, no host sync
 
     def attn(self) -> None:
         if self.cycles:
@@ -181,8 +199,8 @@ class Decoder:
 
     def moe(self, layer: int) -> None:
         from tierstore.compute import fused_moe
-        fused_moe(self.x, self.w[layer], self.ids[layer], layer, self.store, self.base,
-                  out=self.out)
+
+        fused_moe(self.x, self.w[layer], self.ids[layer], layer, self.store, self.base, out=self.out)
 
     def gate_op(self) -> None:
         self.gate.fire_mask(self.logits)
@@ -210,16 +228,26 @@ class HostPlanned:
 
     def __init__(self, torch, store, n_slots: int, max_ids: int):
         from tierstore.store.residency import ResidencyState
+
         self.torch, self.store = torch, store
         arena = store._arena
         self.cuda = store.pool.is_cuda
-        self.table = torch.full((store._L * store._E,), -1, dtype=torch.int32,
-                                pin_memory=self.cuda)
+        self.table = torch.full((store._L * store._E,), -1, dtype=torch.int32, pin_memory=self.cuda)
         self.state = ResidencyState(
-            n_layers=store._L, n_experts=store._E, n_slots=n_slots, slot_bytes=store.slot_bytes,
-            max_ids=max(max_ids, store._E), device="cpu", table=self.table,
-            pool_ptr=store.pool.data_ptr(), arena_ptr=arena.rows.data_ptr() if arena.n_slots else 0,
-            arena_rows=arena.n_slots, arena_stride=arena.stride, heat=True, pin=self.cuda)
+            n_layers=store._L,
+            n_experts=store._E,
+            n_slots=n_slots,
+            slot_bytes=store.slot_bytes,
+            max_ids=max(max_ids, store._E),
+            device="cpu",
+            table=self.table,
+            pool_ptr=store.pool.data_ptr(),
+            arena_ptr=arena.rows.data_ptr() if arena.n_slots else 0,
+            arena_rows=arena.n_slots,
+            arena_stride=arena.stride,
+            heat=True,
+            pin=self.cuda,
+        )
         with store.lock:
             self.state.arena_row.copy_(torch.from_numpy(arena.resident_slot.astype(np.int32)))
         self.max_ids = max(max_ids, store._E)
@@ -229,30 +257,35 @@ class HostPlanned:
         torch = self.torch
         n = ids_dev.numel()
         host = self.ids_host[:n]
-        host.copy_(ids_dev.reshape(-1))          # the per-layer sync: ids to the host
-        self.state.decide_host(layer, host)      # plan on the host
+        host.copy_(ids_dev.reshape(-1))  # the per-layer sync: ids to the host
+        self.state.decide_host(layer, host)  # plan on the host
         if self.cuda:
             from tierstore import _C
+
             stream = torch.cuda.current_stream()
             dev = self.store.pool.device
-            _C.residency_copy_plan(self.state.view, self.store.pool.data_ptr(),
-                                   dev.index if dev.index is not None else torch.cuda.current_device(),
-                                   stream.cuda_stream)
+            _C.residency_copy_plan(
+                self.state.view,
+                self.store.pool.data_ptr(),
+                dev.index if dev.index is not None else torch.cuda.current_device(),
+                stream.cuda_stream,
+            )
             plan_len = int(self.state.ctrl[2])
-            if plan_len:   # the publish into the mirror (the copies are ordered before the upload)
-                plan = self.state.plan[:2 * plan_len].view(-1, 2)
+            if plan_len:  # the publish into the mirror (the copies are ordered before the upload)
+                plan = self.state.plan[: 2 * plan_len].view(-1, 2)
                 placed = plan[:, 1] >= 0
                 self.table[plan[placed, 0].long()] = plan[placed, 1]
-            self.store.slot_table.view(-1).copy_(self.table, non_blocking=True)   # upload
+            self.store.slot_table.view(-1).copy_(self.table, non_blocking=True)  # upload
         else:
             plan_len = int(self.state.ctrl[2])
-            if plan_len:   # the page-in into the real pool, then the table
+            if plan_len:  # the page-in into the real pool, then the table
                 self.state.view.gather_host()
             self.store.slot_table.view(-1).copy_(self.table)
 
 
-def run_steps(torch, dec: Decoder, step_fn, t0: int, n: int, fires: np.ndarray,
-              fold=None, fold_every: int = 0) -> tuple[float, int]:
+def run_steps(
+    torch, dec: Decoder, step_fn, t0: int, n: int, fires: np.ndarray, fold=None, fold_every: int = 0
+) -> tuple[float, int]:
     """Run steps t0..t0+n (re-running the fired ones); returns (seconds, re-runs)."""
     dec.sync()
     start = time.perf_counter()
@@ -292,10 +325,11 @@ class HitsFirst:
     def step(self) -> None:
         dec, res, torch = self.dec, self.res, self.dec.torch
         from tierstore.compute import fused_moe
+
         for layer in range(dec.L):
             dec.attn()
             ids = dec.ids[layer]
-            res.page_in(layer, ids, gather=False)     # misses planned, not yet published
+            res.page_in(layer, ids, gather=False)  # misses planned, not yet published
             hit = dec.store.slot_table[layer][ids.long()] >= 0
             none = torch.full_like(ids, -1)
             ids_h, ids_m = torch.where(hit, ids, none), torch.where(hit, none, ids)
@@ -325,11 +359,13 @@ def host_planned_runner(torch, dec: Decoder, hp: HostPlanned):
     """One step of the host-planned baseline: per layer attention, the host's page-in,
     then the layer's MoE (a CUDA graph per layer, so the launches cost what a graph's do)."""
     if not dec.cuda:
+
         def step():
             for layer in range(dec.L):
                 hp.page_in(layer, dec.ids[layer])
                 dec.moe(layer)
             dec.gate_op()
+
         return step
     moe_graphs = [capture(torch, lambda layer=layer: dec.moe(layer)) for layer in range(dec.L)]
 
@@ -339,6 +375,7 @@ def host_planned_runner(torch, dec: Decoder, hp: HostPlanned):
             hp.page_in(layer, dec.ids[layer])
             moe_graphs[layer].replay()
         dec.gate_op()
+
     return step
 
 

@@ -4,6 +4,7 @@ GPU reads of mapped pages, io_uring availability) and the PNG.
 
 A failing experiment records its error as a string and the run goes on.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,8 +30,7 @@ def _sleep_cycles_per_ms(torch) -> float:
     return 20_000_000 / start.elapsed_time(end)
 
 
-def pipelined_step(ctx, misses: int, repeats: int, layer_ms: float | None,
-                   groups: list[int] = (0,)) -> dict:
+def pipelined_step(ctx, misses: int, repeats: int, layer_ms: float | None, groups: list[int] = (0,)) -> dict:
     """A synthetic decode step: every layer has ``misses`` routed experts not resident
     (page cache); a stand-in op per layer (a GPU sleep of ``layer_ms`` plus a checksum
     of that layer's routed rows read through the slot table). Serial: fire, then the
@@ -58,8 +58,7 @@ def pipelined_step(ctx, misses: int, repeats: int, layer_ms: float | None,
 
     def one(pairs, pipelined, ms):
         fm.empty_pool(store)
-        per_layer = [torch.as_tensor(pairs[pairs[:, 0] == l, 1], device=table.device)
-                     for l in range(L)]
+        per_layer = [torch.as_tensor(pairs[pairs[:, 0] == l, 1], device=table.device) for l in range(L)]
         fm.sync(torch, device)
         t0 = time.perf_counter()
         fr = store.fire(pairs, max_promote=len(pairs), stream=stream, pipelined=pipelined)
@@ -75,8 +74,9 @@ def pipelined_step(ctx, misses: int, repeats: int, layer_ms: float | None,
         got = sums.cpu().numpy()
         ctx.check.rows += len(dense)
         if not np.array_equal(got, want):
-            ctx.check.bad.append(f"pipelined={pipelined} step: {int(np.sum(got != want))} layers' "
-                                 f"checksums differ")
+            ctx.check.bad.append(
+                f"pipelined={pipelined} step: {int(np.sum(got != want))} layers' checksums differ"
+            )
         store.release(fr)
         return t, t_fire
 
@@ -97,9 +97,13 @@ def pipelined_step(ctx, misses: int, repeats: int, layer_ms: float | None,
         if rep:
             serial.append(s)
     out["serial_ms"] = float(np.median(serial) * 1e3)
-    out["by_group_bytes"] = {str(g): {"pipelined_ms": float(np.median(piped[g]) * 1e3),
-                                      "fire_returns_ms": float(np.median(piped_return[g]) * 1e3)}
-                             for g in groups}
+    out["by_group_bytes"] = {
+        str(g): {
+            "pipelined_ms": float(np.median(piped[g]) * 1e3),
+            "fire_returns_ms": float(np.median(piped_return[g]) * 1e3),
+        }
+        for g in groups
+    }
     best = min(groups, key=lambda g: np.median(piped[g]))
     out["group_bytes"] = best
     out["pipelined_ms"] = out["by_group_bytes"][str(best)]["pipelined_ms"]
@@ -114,12 +118,12 @@ def bookkeeping(device: str, work_dir: str, rounds: int = 2000) -> dict:
     """DS4 geometry (43 layers x 256 experts, top-6) with tiny rows: an all-resident fire
     of 258 keys + release, and 43 x record + step at batch 1 and 256 (medians, us)."""
     import tierstore as ts
+
     L, E, K = 43, 256, 6
     d = tempfile.mkdtemp(prefix="bookkeeping-", dir=work_dir)
     path = fm.create_pack(d, L, E, 64)
     out = {}
-    with ts.ExpertStore(path, vram_slots=1024, ram_gb=0, device=device, lazy_per_step=0,
-                        threads=2) as s:
+    with ts.ExpertStore(path, vram_slots=1024, ram_gb=0, device=device, lazy_per_step=0, threads=2) as s:
         rng = np.random.default_rng(3)
         routed = np.array([(l, e) for l in range(L) for e in rng.choice(E, K, replace=False)])
         s.promote(routed).wait(60)
@@ -142,6 +146,7 @@ def bookkeeping(device: str, work_dir: str, rounds: int = 2000) -> dict:
                 for l in range(L):
                     s.record(l, ids[l])
                 s.step()
+
             out[f"record43_step_b{batch}_us"] = med(rs, max(100, rounds // 5))
     return out
 
@@ -190,8 +195,10 @@ def registered_window(ctx, n: int, repeats: int) -> dict:
                     fm.empty_pool(store)
                     src = base + np.arange(n, dtype=np.uint64) * np.uint64(ctx.pack.stride)
                     dst = store._pool.slot_ptrs(keys)
-                    t = [fm.engine_fire(torch, "cuda", store.engine, np.full(n, -1, np.int64),
-                                        src, dst, row) for _ in range(repeats + 1)][1:]
+                    t = [
+                        fm.engine_fire(torch, "cuda", store.engine, np.full(n, -1, np.int64), src, dst, row)
+                        for _ in range(repeats + 1)
+                    ][1:]
                     ctx.check.pool_rows(store.pool, keys, "registered window fire")
                     out["window_fire"] = fm.summary(t, n, row)
                 else:
@@ -200,8 +207,7 @@ def registered_window(ctx, n: int, repeats: int) -> dict:
                 t0 = time.perf_counter()
                 cudart.cudaHostUnregister(base)
                 out[f"unregister_{name}_ms"] = (time.perf_counter() - t0) * 1e3
-        out["gpu_reads_pageable"] = _gpu_read(ctx, base, n, repeats, "pageable mapping",
-                                              need_pageable=True)
+        out["gpu_reads_pageable"] = _gpu_read(ctx, base, n, repeats, "pageable mapping", need_pageable=True)
     finally:
         store.engine.unregister_buffer(window)
         del base, window
@@ -232,7 +238,7 @@ def _gpu_read(ctx, base: int, n: int, repeats: int, what: str, need_pageable=Fal
             copy(src, dst)
             cupy.cuda.runtime.deviceSynchronize()
             t.append(time.perf_counter() - t0)
-        got = dst[:, :row // 8].sum(axis=1).get().view(np.int64)
+        got = dst[:, : row // 8].sum(axis=1).get().view(np.int64)
         ctx.check.compare(got, np.arange(n), f"GPU reads of {what}")
         return fm.summary(t[1:], n, row)
     except Exception as exc:  # noqa: BLE001
@@ -242,8 +248,10 @@ def _gpu_read(ctx, base: int, n: int, repeats: int, what: str, need_pageable=Fal
 # -- the PNG ------------------------------------------------------------------------------
 def plot(res: dict, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     sources = [s for s in ("arena", "pagecache", "cold") if s in res["fires"]]
     fig, axes = plt.subplots(1, max(1, len(sources)), figsize=(5 * max(1, len(sources)), 4))
     axes = np.atleast_1d(axes)

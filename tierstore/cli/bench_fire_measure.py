@@ -6,6 +6,7 @@ the CPU pool), then, untimed, every row it made resident is checked against the
 pack: the sum of its 64-bit words (mod 2**64) must equal the sum computed from the
 file (on the GPU the sums run on the device, one reduction per fire).
 """
+
 from __future__ import annotations
 
 import os
@@ -24,19 +25,26 @@ def create_pack(out_dir: str, n_layers: int, n_experts: int, slot_bytes: int) ->
     of one 64 MiB block), so a row copied to the wrong slot fails its check. Writing
     stays at disk speed (no per-row random generation). Returns the pack's path."""
     from tierstore.format.writer import PackWriter
+
     rng = np.random.default_rng(0)
     block = rng.integers(1, 256, size=max(64 << 20, 2 * slot_bytes), dtype=np.uint8)
     rows = np.empty((n_experts, slot_bytes), dtype=np.uint8)
-    with PackWriter(out_dir, tag="bench", n_layers=n_layers, n_experts=n_experts,
-                    slot_bytes=slot_bytes, ckpt_id=f"bench-fire-{n_layers}x{n_experts}x{slot_bytes}",
-                    quantizer_abi="tierstore-bench-v1") as w:
+    with PackWriter(
+        out_dir,
+        tag="bench",
+        n_layers=n_layers,
+        n_experts=n_experts,
+        slot_bytes=slot_bytes,
+        ckpt_id=f"bench-fire-{n_layers}x{n_experts}x{slot_bytes}",
+        quantizer_abi="tierstore-bench-v1",
+    ) as w:
         for layer in range(n_layers):
             if w.is_written(layer):
                 continue
             for e in range(n_experts):
                 k = layer * n_experts + e
                 start = (k * 4097 * 8) % (len(block) - slot_bytes)
-                rows[e] = block[start:start + slot_bytes]
+                rows[e] = block[start : start + slot_bytes]
                 rows[e, :8] = np.frombuffer(np.int64(k).tobytes(), np.uint8) | 1
             w.write_layer(layer, rows)
         return w.path
@@ -48,7 +56,7 @@ def row_sums(pack) -> np.ndarray:
     mm = np.memmap(pack.path, dtype=np.uint8, mode="r")
     for k in range(len(out)):
         off = k * pack.stride
-        row = np.asarray(mm[off:off + pack.slot_bytes])
+        row = np.asarray(mm[off : off + pack.slot_bytes])
         out[k] = row.view(np.uint64).sum(dtype=np.uint64).view(np.int64)
     del mm
     return out
@@ -77,14 +85,15 @@ class Checker:
         self.compare(device_sums(torch, store.pool[slots]), keys, what)
 
     def pool_rows(self, pool, keys: np.ndarray, what: str) -> None:
-        self.compare(device_sums(self.torch, pool[:len(keys)]), keys, what)
+        self.compare(device_sums(self.torch, pool[: len(keys)]), keys, what)
 
     def compare(self, got: np.ndarray, keys: np.ndarray, what: str) -> None:
         self.rows += len(keys)
         wrong = np.flatnonzero(got != self.sums[keys])
         if len(wrong):
-            self.bad.append(f"{what}: {len(wrong)} of {len(keys)} rows differ "
-                            f"(first key {int(keys[wrong[0]])})")
+            self.bad.append(
+                f"{what}: {len(wrong)} of {len(keys)} rows differ (first key {int(keys[wrong[0]])})"
+            )
 
 
 # -- timing helpers -----------------------------------------------------------------------
@@ -114,10 +123,12 @@ def check_placed(store, fr, n: int, what: str) -> None:
     by the benchmark (a pool smaller than the fire), which is said as such instead of
     surfacing later as a byte check of rows that were never read."""
     if fr.no_slot or fr.over_cap:
-        raise CapacityError(f"{store.pack.path}: bench fire {what}: the pool of {store.n_slots} "
-                            f"slots left {fr.no_slot + fr.over_cap} of {n} routed rows unplaced "
-                            f"(no slot {fr.no_slot}, over max_promote {fr.over_cap}); the "
-                            f"benchmark's pool is smaller than its fire")
+        raise CapacityError(
+            f"{store.pack.path}: bench fire {what}: the pool of {store.n_slots} "
+            f"slots left {fr.no_slot + fr.over_cap} of {n} routed rows unplaced "
+            f"(no slot {fr.no_slot}, over max_promote {fr.over_cap}); the "
+            f"benchmark's pool is smaller than its fire"
+        )
 
 
 def engine_fire(torch, device, engine, offsets, src, dst, row) -> float:
@@ -195,8 +206,7 @@ def run_baselines(ctx, source: str, n: int, kvikio_threads: list[int]) -> dict:
         keys = ctx.pick(n)
         if source == "cold":
             m.evict(ctx.path, ctx.drop_caches)
-        s = m.python_baseline_fire(torch, ctx.path, ctx.pack.row_offsets(keys), row, pool,
-                                   stage, side)
+        s = m.python_baseline_fire(torch, ctx.path, ctx.pack.row_offsets(keys), row, pool, stage, side)
         ctx.check.pool_rows(pool, keys, f"plain python {source} {n}")
         if rep or source == "cold":
             t.append(s)
@@ -238,14 +248,18 @@ def read_bounds(ctx, n: int, threads: int) -> dict:
     """In C++, this run: N threads pread the same kind of rows into pinned memory, from
     the page cache (file warm) and with O_DIRECT (disk)."""
     from tierstore import _C
+
     keys = np.sort(ctx.pick(n))
     offsets = np.ascontiguousarray(ctx.pack.row_offsets(keys), dtype=np.int64)
     m.warm(ctx.path, os.path.getsize(ctx.path))
     pc = _C.measure_read_bound(ctx.path, offsets, ctx.row, threads, False, 4 << 20, 5)
-    out = {"rows": n, "threads": threads,
-           "pagecache_gbps": pc["bytes"] / pc["best_s"] / 1e9,
-           "pagecache_median_gbps": pc["bytes"] / pc["median_s"] / 1e9,
-           "pinned": bool(pc["pinned"])}
+    out = {
+        "rows": n,
+        "threads": threads,
+        "pagecache_gbps": pc["bytes"] / pc["best_s"] / 1e9,
+        "pagecache_median_gbps": pc["bytes"] / pc["median_s"] / 1e9,
+        "pinned": bool(pc["pinned"]),
+    }
     try:
         dr = _C.measure_read_bound(ctx.path, offsets, ctx.row, threads, True, 4 << 20, 1)
         out["odirect_gbps"] = dr["bytes"] / dr["best_s"] / 1e9

@@ -5,6 +5,7 @@ Sources of a fire: ``arena`` (rows already in pinned host memory), ``pagecache``
 (the file is in the page cache), ``cold`` (the file was evicted first: fsync +
 POSIX_FADV_DONTNEED on the whole file; plus drop_caches only with --drop-caches).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ def create_file(path: str, nbytes: int, seed: int = 0, progress=None) -> None:
     leaves neither the file nor its temp). ``progress(text)`` gets a line every ~10%."""
     block = np.random.default_rng(seed).integers(1, 256, size=64 << 20, dtype=np.uint8)
     from tierstore.files.atomic import atomic_output
+
     with atomic_output(path) as f:
         written, k = 0, 0
         while written < nbytes:
@@ -29,7 +31,11 @@ def create_file(path: str, nbytes: int, seed: int = 0, progress=None) -> None:
             block[:8] = np.frombuffer(np.int64(k).tobytes(), np.uint8) | 1  # blocks differ
             f.write(block[:n].tobytes())
             written, k = written + n, k + 1
-            if progress is not None and nbytes >= 10 * block.size and k % max(1, nbytes // block.size // 10) == 0:
+            if (
+                progress is not None
+                and nbytes >= 10 * block.size
+                and k % max(1, nbytes // block.size // 10) == 0
+            ):
                 progress(f"created {written / 1e9:.2f} of {nbytes / 1e9:.2f} GB")
 
 
@@ -59,8 +65,10 @@ def warm(path: str, nbytes: int, threads: int = 16) -> None:
     chunk = 64 << 20
     fd = os.open(path, os.O_RDONLY)
     try:
+
         def one(off):
             os.pread(fd, min(chunk, nbytes - off), off)
+
         with ThreadPoolExecutor(threads) as ex:
             list(ex.map(one, range(0, nbytes, chunk)))
     finally:
@@ -74,6 +82,7 @@ def ceiling_h2d(torch, device: str, nbytes: int, repeats: int = 3) -> float:
     The best of torch's pinned allocation (cudaHostAlloc) and a registered page-aligned
     buffer (cudaHostRegister, what the engine uses), so the ceiling is not understated."""
     from tierstore import _C
+
     registered = torch.from_numpy(_C.alloc_host(nbytes, True)[0])
     sources = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=(device == "cuda")), registered]
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -92,8 +101,15 @@ def ceiling_h2d(torch, device: str, nbytes: int, repeats: int = 3) -> float:
     return nbytes / best / 1e9
 
 
-def ceiling_read(path: str, nbytes: int, row_bytes: int, threads: int, direct: bool,
-                 passes: int = 1, dest_bytes: int = 1 << 30) -> float:
+def ceiling_read(
+    path: str,
+    nbytes: int,
+    row_bytes: int,
+    threads: int,
+    direct: bool,
+    passes: int = 1,
+    dest_bytes: int = 1 << 30,
+) -> float:
     """GB/s of `threads` Python threads preadv-ing row-sized pieces of [0, nbytes); best pass.
 
     Every read lands in its own destination among distinct buffers spanning at least
@@ -106,13 +122,14 @@ def ceiling_read(path: str, nbytes: int, row_bytes: int, threads: int, direct: b
     n_dest = max(threads, -(-dest_bytes // piece))
     # The engine's own kind of buffer (2 MiB-aligned, huge-page hinted), written once.
     from tierstore import _C
+
     dest = _C.alloc_host(n_dest * piece, False)[0]
     dest.fill(1)
-    views = [memoryview(dest[k * piece:(k + 1) * piece]) for k in range(n_dest)]
+    views = [memoryview(dest[k * piece : (k + 1) * piece]) for k in range(n_dest)]
 
     def worker(k: int) -> int:
         got = 0
-        for i in range(k, len(offsets), threads):   # at any instant threads write distinct views
+        for i in range(k, len(offsets), threads):  # at any instant threads write distinct views
             got += os.preadv(fd, [views[i % n_dest]], offsets[i])
         return got
 
@@ -165,6 +182,7 @@ def kvikio_fire(kvikio, cufile, offsets, row_bytes, pool) -> float:
 
 def kvikio_set_threads(kvikio, n: int) -> None:
     import kvikio.defaults as defaults  # a submodule: not imported by `import kvikio`
+
     if hasattr(defaults, "set"):
         defaults.set({"num_threads": n})
     else:  # kvikio < 24.x
@@ -177,13 +195,11 @@ def tierstore_fire(torch, engine, device, offsets, row_bytes, pool, arena=None) 
     n = len(offsets)
     dst = pool.data_ptr() + np.arange(n, dtype=np.uint64) * np.uint64(pool.stride(0))
     t0 = time.perf_counter()
-    if arena is not None:   # arena hits: no read, copy straight from pinned memory
+    if arena is not None:  # arena hits: no read, copy straight from pinned memory
         src = arena.data_ptr() + np.arange(n, dtype=np.uint64) * np.uint64(arena.stride(0))
-        c = engine.submit(np.full(n, -1, np.int64), row_bytes, src, dst,
-                          dst_device=(device == "cuda"))
+        c = engine.submit(np.full(n, -1, np.int64), row_bytes, src, dst, dst_device=(device == "cuda"))
     else:
-        c = engine.submit(np.asarray(offsets, np.int64), row_bytes, None, dst,
-                          dst_device=(device == "cuda"))
+        c = engine.submit(np.asarray(offsets, np.int64), row_bytes, None, dst, dst_device=(device == "cuda"))
     c.synchronize()
     return time.perf_counter() - t0
 
@@ -191,6 +207,12 @@ def tierstore_fire(torch, engine, device, offsets, row_bytes, pool, arena=None) 
 def summarize(seconds: list[float], n_rows: int, row_bytes: int) -> dict:
     s = np.asarray(seconds)
     gb = n_rows * row_bytes / 1e9
-    return {"rows": n_rows, "repeats": len(seconds), "p50_ms": float(np.percentile(s, 50) * 1e3),
-            "p99_ms": float(np.percentile(s, 99) * 1e3), "best_ms": float(s.min() * 1e3),
-            "gbps_p50": float(gb / np.percentile(s, 50)), "gbps_best": float(gb / s.min())}
+    return {
+        "rows": n_rows,
+        "repeats": len(seconds),
+        "p50_ms": float(np.percentile(s, 50) * 1e3),
+        "p99_ms": float(np.percentile(s, 99) * 1e3),
+        "best_ms": float(s.min() * 1e3),
+        "gbps_p50": float(gb / np.percentile(s, 50)),
+        "gbps_best": float(gb / s.min()),
+    }

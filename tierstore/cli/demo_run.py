@@ -14,6 +14,7 @@
 
 It composes the public pieces only; nothing here is special-cased for the demo.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -36,14 +37,14 @@ class DemoConfig:
     top_k: int = 6
     vocab: int = 256
     steps: int = 200
-    warm_steps: int = 50          # steps compared cold vs warm after the restart
-    pool_fraction: float = 0.25   # pool slots as a fraction of all experts
-    ram_fraction: float = 0.5     # arena rows as a fraction of all experts
-    seed: int = 0                 # model, router and the learning run's routing
+    warm_steps: int = 50  # steps compared cold vs warm after the restart
+    pool_fraction: float = 0.25  # pool slots as a fraction of all experts
+    ram_fraction: float = 0.5  # arena rows as a fraction of all experts
+    seed: int = 0  # model, router and the learning run's routing
     warm_seed: int | None = None  # routing of the cold/warm comparison (None: seed + 1)
     device: str = "auto"
     out: str | None = None
-    temperature: float = 8.0      # scales the LM head: sets how often the gate fires
+    temperature: float = 8.0  # scales the LM head: sets how often the gate fires
 
     def large(self) -> None:
         """Rows of ~200 KiB (H 512, I 256; 13 KiB by default) so a fire moves MBs and
@@ -110,6 +111,7 @@ class TimedFires:
 
 # -- ceilings, measured in the same run ------------------------------------------------------
 
+
 def measure_copy_ceiling(device: str, nbytes: int = 256 << 20) -> float:
     """GB/s of the pool copy path: pinned H2D (cuda) or a large memcpy (cpu)."""
     if device == "cuda":
@@ -144,7 +146,7 @@ def measure_pagecache_ceiling(path: str, threads: int = 8, chunk: int = 4 << 20)
     try:
         offsets = range(0, size, chunk)
         with cf.ThreadPoolExecutor(threads) as ex:
-            list(ex.map(lambda o: len(os.pread(fd, chunk, o)), offsets))   # warm
+            list(ex.map(lambda o: len(os.pread(fd, chunk, o)), offsets))  # warm
             t = time.perf_counter()
             n = sum(ex.map(lambda o: len(os.pread(fd, chunk, o)), offsets))
             dt = time.perf_counter() - t
@@ -155,6 +157,7 @@ def measure_pagecache_ceiling(path: str, threads: int = 8, chunk: int = 4 << 20)
 
 # -- the decode loop -------------------------------------------------------------------------
 
+
 class TinyLM:
     """Residual stack of MoE layers + an LM head: enough structure for the gate to
     see confident and unsure steps, with routing supplied by the synthetic router."""
@@ -162,9 +165,8 @@ class TinyLM:
     def __init__(self, model, base, vocab: int, temperature: float, device: str, seed: int):
         g = torch.Generator().manual_seed(seed + 17)
         self.model, self.base, self.device = model, base, device
-        self.head = (torch.randn(model.H, vocab, generator=g) * temperature
-                     / model.H ** 0.5).to(device)
-        self.w13 = model.w13            # full precision (CPU), for the reference output
+        self.head = (torch.randn(model.H, vocab, generator=g) * temperature / model.H**0.5).to(device)
+        self.w13 = model.w13  # full precision (CPU), for the reference output
         self.w2 = model.w2
 
     @staticmethod
@@ -174,16 +176,19 @@ class TinyLM:
     def forward(self, x, weights, ids, store):
         """Quantised forward through ``store`` (its slot table decides FP4 vs 2-bit)."""
         from tierstore.compute.moe import fused_moe
+
         for layer in range(ids.shape[0]):
             x = x + fused_moe(self._norm(x), weights[layer], ids[layer], layer, store, self.base)
         return x
 
     def forward_reference(self, x, weights, ids):
         from tierstore.compute.moe import dense_moe
+
         x = x.double().cpu()
         for layer in range(ids.shape[0]):
-            x = x + dense_moe(self._norm(x), weights[layer].cpu(), ids[layer].cpu(),
-                              self.w13[layer], self.w2[layer])
+            x = x + dense_moe(
+                self._norm(x), weights[layer].cpu(), ids[layer].cpu(), self.w13[layer], self.w2[layer]
+            )
         return x
 
     def logits(self, x):
@@ -195,8 +200,16 @@ def _rel(a, b) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
 
 
-def run_decode(cfg: DemoConfig, lm: TinyLM, store, steps: int, progress=None, task=None,
-               early: int = 0, stream: int | None = None) -> RunReport:
+def run_decode(
+    cfg: DemoConfig,
+    lm: TinyLM,
+    store,
+    steps: int,
+    progress=None,
+    task=None,
+    early: int = 0,
+    stream: int | None = None,
+) -> RunReport:
     """``steps`` decode steps. ``stream`` None: the router's own routing (seed); else the
     same router sampled with ``stream`` (routing a snapshot of the first never saw).
     Lazy promotions are settled at every step boundary (wait_idle) so the run, fire
@@ -205,28 +218,33 @@ def run_decode(cfg: DemoConfig, lm: TinyLM, store, steps: int, progress=None, ta
     from tierstore.compute.moe import StaticPool
     from tierstore.sim.synth import SyntheticRouter
 
-    router = SyntheticRouter(cfg.n_layers, cfg.n_experts, cfg.top_k, seed=cfg.seed,
-                             stream_seed=stream)
-    tag = 0 if stream is None else 1_000_003 * (stream + 1)   # token / weight streams
+    router = SyntheticRouter(cfg.n_layers, cfg.n_experts, cfg.top_k, seed=cfg.seed, stream_seed=stream)
+    tag = 0 if stream is None else 1_000_003 * (stream + 1)  # token / weight streams
     gate = UncertaintyGate("top1", 0.60)
-    empty = StaticPool(np.zeros((cfg.n_layers, cfg.n_experts, store.slot_bytes), np.uint8),
-                       n_slots=1, device=lm.device)      # slot table all -1: base only
+    empty = StaticPool(
+        np.zeros((cfg.n_layers, cfg.n_experts, store.slot_bytes), np.uint8), n_slots=1, device=lm.device
+    )  # slot table all -1: base only
     wgen = torch.Generator().manual_seed(cfg.seed + 5 + tag)
     rep = RunReport()
     timed = TimedFires(store, rep.fire_latencies_ms)
     seen = (0, 0)
     t0 = time.perf_counter()
     for step in range(steps):
-        ids_np = router.step(1)                                   # [L, 1, k]
+        ids_np = router.step(1)  # [L, 1, k]
         ids = torch.from_numpy(ids_np.astype(np.int64)).to(lm.device)
         w = torch.softmax(torch.randn(cfg.n_layers, 1, cfg.top_k, generator=wgen), -1).to(lm.device)
         x0 = lm.model.tokens(1, seed=step + tag).to(lm.device)
-        for layer in range(cfg.n_layers):                         # heat: once per step,
-            store.record(layer, ids[layer])                       # never per re-run
-        routed = np.stack([np.repeat(np.arange(cfg.n_layers), cfg.top_k),
-                           ids_np[:, 0, :].reshape(-1)], 1)
-        out, rec = run_with_gate(lambda: lm.forward(x0, w, ids, store), gate, timed,
-                                 lambda: routed, max_rounds=3, logits_of=lm.logits)
+        for layer in range(cfg.n_layers):  # heat: once per step,
+            store.record(layer, ids[layer])  # never per re-run
+        routed = np.stack([np.repeat(np.arange(cfg.n_layers), cfg.top_k), ids_np[:, 0, :].reshape(-1)], 1)
+        out, rec = run_with_gate(
+            lambda: lm.forward(x0, w, ids, store),
+            gate,
+            timed,
+            lambda: routed,
+            max_rounds=3,
+            logits_of=lm.logits,
+        )
         ref = lm.forward_reference(x0, w, ids)
         rep.err_pool.append(_rel(out, ref))
         rep.err_base.append(_rel(lm.forward(x0, w, ids, empty), ref))
@@ -250,6 +268,7 @@ def run_decode(cfg: DemoConfig, lm: TinyLM, store, steps: int, progress=None, ta
 
 # -- the whole job ---------------------------------------------------------------------------
 
+
 def run(cfg: DemoConfig, out_dir: str, console=None) -> dict:
     """The whole job in ``out_dir`` (which must exist). Returns the result dict."""
     from rich.console import Console
@@ -267,13 +286,20 @@ def run(cfg: DemoConfig, out_dir: str, console=None) -> dict:
     n_keys = cfg.n_layers * cfg.n_experts
     result: dict = {"device": device, "out": out_dir, "config": cfg.__dict__.copy()}
     result["config"]["warm_seed"] = warm_seed
-    torch.manual_seed(cfg.seed)   # nothing below should draw from torch's global stream
+    torch.manual_seed(cfg.seed)  # nothing below should draw from torch's global stream
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=False,
-                  disable=not console.is_terminal) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+        disable=not console.is_terminal,
+    ) as progress:
+
         def stage(text: str, total: int):
-            if not console.is_terminal:          # a log or a pipe: plain lines
+            if not console.is_terminal:  # a log or a pipe: plain lines
                 print(f"[demo] {text}", file=sys.stderr, flush=True)
             return progress.add_task(text, total=total)
 
@@ -294,11 +320,10 @@ def run(cfg: DemoConfig, out_dir: str, console=None) -> dict:
             lm = TinyLM(model, base, cfg.vocab, cfg.temperature, device, cfg.seed)
             slots = max(8, int(cfg.pool_fraction * n_keys))
             ram_gb = cfg.ram_fraction * n_keys * pack.stride / 2**30
-            store_args = dict(vram_slots=slots, ram_gb=ram_gb, policy="heat", device=device,
-                              top_k=None)
+            store_args = dict(vram_slots=slots, ram_gb=ram_gb, policy="heat", device=device, top_k=None)
             poolmon = os.path.join(out_dir, "poolmon.json")
 
-            threads = decode_threads(cfg)   # the host-side ops are one token wide on a GPU too
+            threads = decode_threads(cfg)  # the host-side ops are one token wide on a GPU too
             t = stage(f"decode, learning run (seed {cfg.seed}, {device} pool, {slots} slots)", cfg.steps)
             with torch_threads(threads), ExpertStore(pack, **store_args) as store:
                 learn = run_decode(cfg, lm, store, cfg.steps, progress, t, early=cfg.warm_steps)
@@ -306,18 +331,19 @@ def run(cfg: DemoConfig, out_dir: str, console=None) -> dict:
 
             t = stage(f"decode, cold start on unseen routing (stream {warm_seed})", cfg.warm_steps)
             with torch_threads(threads), ExpertStore(pack, **store_args) as store:
-                cold = run_decode(cfg, lm, store, cfg.warm_steps, progress, t,
-                                  early=cfg.warm_steps, stream=warm_seed)
+                cold = run_decode(
+                    cfg, lm, store, cfg.warm_steps, progress, t, early=cfg.warm_steps, stream=warm_seed
+                )
 
             t = stage("decode, warm restart from poolmon on the same routing", cfg.warm_steps)
             with torch_threads(threads), ExpertStore(pack, warm_start=poolmon, **store_args) as store:
-                warm = run_decode(cfg, lm, store, cfg.warm_steps, progress, t,
-                                  early=cfg.warm_steps, stream=warm_seed)
+                warm = run_decode(
+                    cfg, lm, store, cfg.warm_steps, progress, t, early=cfg.warm_steps, stream=warm_seed
+                )
             result["torch_threads"] = {"decode": threads, "default": torch.get_num_threads()}
             result["row_bytes"] = int(pack.slot_bytes)
 
-    result["learn"], result["cold"], result["warm"] = (_summarise(learn), _summarise(cold),
-                                                       _summarise(warm))
+    result["learn"], result["cold"], result["warm"] = (_summarise(learn), _summarise(cold), _summarise(warm))
     result["poolmon"] = poolmon
     return result
 
@@ -325,14 +351,22 @@ def run(cfg: DemoConfig, out_dir: str, console=None) -> dict:
 def _summarise(rep: RunReport) -> dict:
     s = rep.stats
     return {
-        "steps": rep.steps, "fires": rep.fires, "fire_rounds": rep.rounds,
-        "store_fires": len(rep.fire_latencies_ms),   # store.fire calls: the picture's count
-        "pool_hit_rate": s.pool.hit_rate, "pool_distinct_hit_rate": s.pool.distinct_hit_rate,
-        "arena_hit_rate": s.arena.hit_rate, "early_pool_hit_rate": rep.early_pool_hit_rate,
-        "fire_p50_ms": s.fire_p50_ms, "fire_p99_ms": s.fire_p99_ms,
-        "promote_gbps": s.promote_gbps, "promotions": s.pool.promotions,
-        "evictions": s.pool.evictions, "bytes_read": s.bytes_read,
-        "err_base": float(np.mean(rep.err_base)), "err_pool": float(np.mean(rep.err_pool)),
+        "steps": rep.steps,
+        "fires": rep.fires,
+        "fire_rounds": rep.rounds,
+        "store_fires": len(rep.fire_latencies_ms),  # store.fire calls: the picture's count
+        "pool_hit_rate": s.pool.hit_rate,
+        "pool_distinct_hit_rate": s.pool.distinct_hit_rate,
+        "arena_hit_rate": s.arena.hit_rate,
+        "early_pool_hit_rate": rep.early_pool_hit_rate,
+        "fire_p50_ms": s.fire_p50_ms,
+        "fire_p99_ms": s.fire_p99_ms,
+        "promote_gbps": s.promote_gbps,
+        "promotions": s.pool.promotions,
+        "evictions": s.pool.evictions,
+        "bytes_read": s.bytes_read,
+        "err_base": float(np.mean(rep.err_base)),
+        "err_pool": float(np.mean(rep.err_pool)),
         "seconds": rep.seconds,
         "hit_rate_per_step": [round(v, 6) for v in rep.hit_rate_per_step],
         "fire_latencies_ms": [round(v, 4) for v in rep.fire_latencies_ms],
@@ -353,7 +387,7 @@ def print_summary(result: dict, console=None) -> None:
     tab.add_column(f"learning run\n(routing {cfg['seed']})", justify="right")
     tab.add_column(f"cold start\n(unseen routing {cfg['warm_seed']})", justify="right")
     tab.add_column("warm restart\n(same unseen routing)", justify="right")
-    pct = lambda v: f"{100 * v:.1f}%"   # noqa: E731
+    pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
     row_kib = result["row_bytes"] / 1024
     bandwidth = result["row_bytes"] >= 128 << 10
 
@@ -361,12 +395,14 @@ def print_summary(result: dict, console=None) -> None:
         if not bandwidth:
             return "latency-bound"
         return f"{r['promote_gbps']:.2f} ({r['promote_gbps'] / copy_ceiling:.2f}x)"
+
     rows = [
         ("decode steps", *(str(r["steps"]) for r in runs)),
-        ("steps the gate fired on (store fires)",
-         *(f"{r['fires']} ({r['store_fires']})" for r in runs)),
-        ("pool hit rate (token / distinct)",
-         *(f"{pct(r['pool_hit_rate'])} / {pct(r['pool_distinct_hit_rate'])}" for r in runs)),
+        ("steps the gate fired on (store fires)", *(f"{r['fires']} ({r['store_fires']})" for r in runs)),
+        (
+            "pool hit rate (token / distinct)",
+            *(f"{pct(r['pool_hit_rate'])} / {pct(r['pool_distinct_hit_rate'])}" for r in runs),
+        ),
         ("arena hit rate (pool misses)", *(pct(r["arena_hit_rate"]) for r in runs)),
         ("fire latency p50 / p99 (ms)", *(f"{r['fire_p50_ms']:.2f} / {r['fire_p99_ms']:.2f}" for r in runs)),
         ("promote GB/s (x pool-copy ceiling)", *(gbps(r) for r in runs)),
@@ -377,12 +413,16 @@ def print_summary(result: dict, console=None) -> None:
         tab.add_row(*r)
     console.print(tab)
     console.print(warm_start_headline(result))
-    console.print(f"ceilings measured in this run: pool copy {copy_ceiling:.1f} GB/s, "
-                  f"page-cache read {ceil['pagecache_read_gbps']:.1f} GB/s (8 threads)")
+    console.print(
+        f"ceilings measured in this run: pool copy {copy_ceiling:.1f} GB/s, "
+        f"page-cache read {ceil['pagecache_read_gbps']:.1f} GB/s (8 threads)"
+    )
     if not bandwidth:
-        console.print(f"rows here are {row_kib:.0f} KiB: a fire moves too little for GB/s to mean "
-                      "bandwidth (--rows large, the GPU default, uses ~200 KiB rows; "
-                      "`tierstore bench io` measures 12 MiB rows)")
+        console.print(
+            f"rows here are {row_kib:.0f} KiB: a fire moves too little for GB/s to mean "
+            "bandwidth (--rows large, the GPU default, uses ~200 KiB rows; "
+            "`tierstore bench io` measures 12 MiB rows)"
+        )
 
 
 def first_steps(run: dict) -> int:
@@ -403,7 +443,10 @@ def warm_start_headline(result: dict) -> str:
 
     def first(run):
         return run["hit_rate_per_step"][0] if run["hit_rate_per_step"] else 0.0
-    return (f"warm restart on routing the snapshot never saw: the pool served "
-            f"{opening(warm):.1%} of the first {n} steps' experts against {opening(cold):.1%} "
-            f"after a cold start (first step {first(warm):.1%} vs {first(cold):.1%}; all "
-            f"{cold['steps']} steps {warm['pool_hit_rate']:.1%} vs {cold['pool_hit_rate']:.1%})")
+
+    return (
+        f"warm restart on routing the snapshot never saw: the pool served "
+        f"{opening(warm):.1%} of the first {n} steps' experts against {opening(cold):.1%} "
+        f"after a cold start (first step {first(warm):.1%} vs {first(cold):.1%}; all "
+        f"{cold['steps']} steps {warm['pool_hit_rate']:.1%} vs {cold['pool_hit_rate']:.1%})"
+    )

@@ -4,6 +4,7 @@ build prints the path written (stdout, one line) so it composes:
 ``tierstore pack verify "$(tierstore pack build --synthetic 4,16,65536 out/)"``.
 Errors are tierstore exceptions; cli.py prints them as one line and exits 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,52 +14,84 @@ import re
 import sys
 import time
 
-from tierstore.cli.args import (existing_dir, existing_path, non_negative_int, output_dir,
-                                output_file, say)
+from tierstore.cli.args import existing_dir, existing_path, non_negative_int, output_dir, output_file, say
 from tierstore.errors import ConfigError
 
 _FORMAT_OF_TAG = {"fp4": "mxfp4", "delta": "mxfp4", "base": "base2"}
 
 
 def register(sub) -> None:
-    b = sub.add_parser("build", help="write a pack (synthetic or from safetensors)",
-                       description="Write a pack into OUT (a directory, or a .pack path). "
-                                   "An interrupted or failed fresh build removes what it "
-                                   "wrote; a build that resumes an existing pack keeps it.")
-    b.add_argument("out", metavar="OUT", type=pack_out,
-                   help="output directory (created if missing) or a .pack file path")
+    b = sub.add_parser(
+        "build",
+        help="write a pack (synthetic or from safetensors)",
+        description="Write a pack into OUT (a directory, or a .pack path). "
+        "An interrupted or failed fresh build removes what it "
+        "wrote; a build that resumes an existing pack keeps it.",
+    )
+    b.add_argument(
+        "out", metavar="OUT", type=pack_out, help="output directory (created if missing) or a .pack file path"
+    )
     src = b.add_mutually_exclusive_group(required=True)
-    src.add_argument("--synthetic", metavar="L,E,SLOT", type=synthetic_geometry,
-                     help="L layers x E experts of SLOT bytes of quantised Student-t weights")
-    src.add_argument("--from-safetensors", metavar="DIR", dest="from_safetensors",
-                     type=existing_dir("directory of .safetensors files"),
-                     help="directory of .safetensors expert weights")
-    b.add_argument("--format", choices=["mxfp4", "nvfp4"], default=None,
-                   help="source number format (default: mxfp4 for synthetic, detected for "
-                        "safetensors); packs always store MXFP4")
-    b.add_argument("--tag", default="fp4", type=tag_name, help="row tag: fp4, delta, base or "
-                   "any [A-Za-z0-9_-]+ name")
-    b.add_argument("--order", choices=["linear", "fragmajor"], default="linear",
-                   help="nibble order of the e2m1 planes")
+    src.add_argument(
+        "--synthetic",
+        metavar="L,E,SLOT",
+        type=synthetic_geometry,
+        help="L layers x E experts of SLOT bytes of quantised Student-t weights",
+    )
+    src.add_argument(
+        "--from-safetensors",
+        metavar="DIR",
+        dest="from_safetensors",
+        type=existing_dir("directory of .safetensors files"),
+        help="directory of .safetensors expert weights",
+    )
+    b.add_argument(
+        "--format",
+        choices=["mxfp4", "nvfp4"],
+        default=None,
+        help="source number format (default: mxfp4 for synthetic, detected for "
+        "safetensors); packs always store MXFP4",
+    )
+    b.add_argument(
+        "--tag", default="fp4", type=tag_name, help="row tag: fp4, delta, base or any [A-Za-z0-9_-]+ name"
+    )
+    b.add_argument(
+        "--order", choices=["linear", "fragmajor"], default="linear", help="nibble order of the e2m1 planes"
+    )
     b.add_argument("--seed", type=non_negative_int, default=0, help="synthetic weights seed")
-    b.add_argument("--ckpt-id", dest="ckpt_id", default=None, type=_ckpt_id,
-                   help="checkpoint id for the identity, with --from-safetensors (default: "
-                        "hash of the safetensors files)")
+    b.add_argument(
+        "--ckpt-id",
+        dest="ckpt_id",
+        default=None,
+        type=_ckpt_id,
+        help="checkpoint id for the identity, with --from-safetensors (default: "
+        "hash of the safetensors files)",
+    )
     b.set_defaults(func=cmd_build)
 
     i = sub.add_parser("inspect", help="geometry, layers, layout, identity of a pack")
-    i.add_argument("path", metavar="PATH", type=existing_path("pack file or directory"),
-                   help="a .pack/.json file or a directory")
-    i.add_argument("--tag", default=None, type=tag_name,
-                   help="with a directory: which tag (default: the only one)")
+    i.add_argument(
+        "path",
+        metavar="PATH",
+        type=existing_path("pack file or directory"),
+        help="a .pack/.json file or a directory",
+    )
+    i.add_argument(
+        "--tag", default=None, type=tag_name, help="with a directory: which tag (default: the only one)"
+    )
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.set_defaults(func=cmd_inspect)
 
     v = sub.add_parser("verify", help="check every written row against its checksum")
-    v.add_argument("path", metavar="PATH", type=existing_path("pack file or directory"),
-                   help="a .pack/.json file or a directory")
-    v.add_argument("--tag", default=None, type=tag_name,
-                   help="with a directory: which tag (default: the only one)")
+    v.add_argument(
+        "path",
+        metavar="PATH",
+        type=existing_path("pack file or directory"),
+        help="a .pack/.json file or a directory",
+    )
+    v.add_argument(
+        "--tag", default=None, type=tag_name, help="with a directory: which tag (default: the only one)"
+    )
     v.set_defaults(func=cmd_verify)
 
 
@@ -72,10 +105,12 @@ def synthetic_geometry(text: str) -> tuple[int, int, int]:
         L, E, slot = (int(x, 10) for x in parts)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected three integers L,E,SLOT (layers, experts, slot bytes), found {text!r}") from None
+            f"expected three integers L,E,SLOT (layers, experts, slot bytes), found {text!r}"
+        ) from None
     if min(L, E, slot) < 1 or slot > MAX_SLOT_BYTES or L * E > 1 << 24:
         raise argparse.ArgumentTypeError(
-            f"expected L,E,SLOT >= 1 with SLOT <= {MAX_SLOT_BYTES} and L*E <= {1 << 24}, found {text!r}")
+            f"expected L,E,SLOT >= 1 with SLOT <= {MAX_SLOT_BYTES} and L*E <= {1 << 24}, found {text!r}"
+        )
     return L, E, slot
 
 
@@ -89,8 +124,11 @@ def pack_out(text: str) -> str:
     """OUT of pack build: a .pack file path or a directory (either may not exist yet;
     the nearest existing ancestor must be a writable directory)."""
     if str(text).endswith(".pack"):
-        return output_file("pack file")(text) if os.path.isdir(os.path.dirname(
-            os.path.abspath(text))) else output_dir("pack file's directory")(text)
+        return (
+            output_file("pack file")(text)
+            if os.path.isdir(os.path.dirname(os.path.abspath(text)))
+            else output_dir("pack file's directory")(text)
+        )
     return output_dir("pack directory")(text)
 
 
@@ -105,8 +143,10 @@ def _layer_progress(label: str):
             if done == total or now - last[0] >= 5.0:
                 last[0] = now
                 say(f"{label}: layer {done}/{total}")
+
         return line, lambda: None
     from rich.progress import Progress
+
     p = Progress(transient=True)
     task = p.add_task(label, total=None)
     p.start()
@@ -116,18 +156,22 @@ def _layer_progress(label: str):
 def _ckpt_id(text: str) -> str:
     """A checkpoint id: printable, non-empty (it is part of the identity and printed)."""
     if not text or not text.isprintable() or len(text) > 4096:
-        raise argparse.ArgumentTypeError(f"expected a non-empty printable id of at most 4096 "
-                                         f"characters, found {text[:80]!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a non-empty printable id of at most 4096 characters, found {text[:80]!r}"
+        )
     return text
 
 
 def cmd_build(args) -> int:
     from tierstore.format.pack import Pack
+
     if args.synthetic and args.ckpt_id is not None:
         # a synthetic pack's identity is its geometry and seed; an id given here was
         # silently dropped, so the pack did not carry what the user asked for
-        raise ConfigError("--ckpt-id applies to --from-safetensors only; a --synthetic "
-                          "pack's checkpoint id is derived from --seed")
+        raise ConfigError(
+            "--ckpt-id applies to --from-safetensors only; a --synthetic "
+            "pack's checkpoint id is derived from --seed"
+        )
     on_layer, stop = _layer_progress(f"build {args.out}")
     # The writer owns what it creates: failed or interrupted, it removes exactly that (a
     # fresh pack, its sidecar, lock and new directories), never a file another build made
@@ -137,20 +181,39 @@ def cmd_build(args) -> int:
     try:
         if args.synthetic:
             from tierstore.format.build import build_synthetic
+
             L, E, slot = args.synthetic
-            path, layout = build_synthetic(args.out, L, E, slot, tag=args.tag,
-                                           fmt=args.format or "mxfp4", order=args.order,
-                                           seed=args.seed, **owned)
+            path, layout = build_synthetic(
+                args.out,
+                L,
+                E,
+                slot,
+                tag=args.tag,
+                fmt=args.format or "mxfp4",
+                order=args.order,
+                seed=args.seed,
+                **owned,
+            )
         else:
             from tierstore.format.from_safetensors import build_from_safetensors
-            path, layout = build_from_safetensors(args.out, args.from_safetensors, tag=args.tag,
-                                                  fmt=args.format, order=args.order,
-                                                  ckpt_id=args.ckpt_id, **owned)
+
+            path, layout = build_from_safetensors(
+                args.out,
+                args.from_safetensors,
+                tag=args.tag,
+                fmt=args.format,
+                order=args.order,
+                ckpt_id=args.ckpt_id,
+                **owned,
+            )
     finally:
         stop()
     with Pack.open(path) as p:
-        print(f"{p.tag}: {p.n_layers} layers x {p.n_experts} experts x {p.slot_bytes} B, "
-              f"layout {_layout_summary(p.layout)}", file=sys.stderr)
+        print(
+            f"{p.tag}: {p.n_layers} layers x {p.n_experts} experts x {p.slot_bytes} B, "
+            f"layout {_layout_summary(p.layout)}",
+            file=sys.stderr,
+        )
     print(path)
     return 0
 
@@ -159,8 +222,10 @@ def _layout_summary(layout) -> str:
     if layout is None:
         return "none recorded (opaque rows)"
     if layout.kind == "opaque":
-        return (f"opaque: no (H, I) fits this slot size; {layout.params['blocks']} "
-                "MXFP4 blocks per row (nibbles, then e8m0 scales)")
+        return (
+            f"opaque: no (H, I) fits this slot size; {layout.params['blocks']} "
+            "MXFP4 blocks per row (nibbles, then e8m0 scales)"
+        )
     params = ", ".join(f"{k}={v}" for k, v in layout.params.items())
     return f"{layout.kind} {layout.order} ({params})"
 
@@ -168,6 +233,7 @@ def _layout_summary(layout) -> str:
 def inspect_dict(p) -> dict:
     """What `pack inspect --json` prints; FORMAT.md lists the keys."""
     import msgspec
+
     ours = p.checksum_algo is not None or p.layout is not None
     if p.layout is not None:
         codecs = {s.codec.split(".")[0] for s in p.layout.sections}
@@ -175,24 +241,35 @@ def inspect_dict(p) -> dict:
     else:
         fmt = _FORMAT_OF_TAG.get(p.tag, "opaque")
     return {
-        "path": p.path, "sidecar": p.sidecar_path,
+        "path": p.path,
+        "sidecar": p.sidecar_path,
         "container": "tierstore" if ours else "vllm-moet",
         "name_style": "v2" if p.name.key20 else "old",
         "format": fmt,
-        "tag": p.tag, "n_layers": p.n_layers, "n_experts": p.n_experts,
-        "slot_bytes": p.slot_bytes, "stride": p.stride, "file_bytes": p.file_bytes,
-        "layers": list(p.layers), "layers_written": len(p.layers),
-        "rank": p.name.rank, "world": p.name.world,
+        "tag": p.tag,
+        "n_layers": p.n_layers,
+        "n_experts": p.n_experts,
+        "slot_bytes": p.slot_bytes,
+        "stride": p.stride,
+        "file_bytes": p.file_bytes,
+        "layers": list(p.layers),
+        "layers_written": len(p.layers),
+        "rank": p.name.rank,
+        "world": p.name.world,
         "pp": list(p.name.pp) if p.name.pp else None,
-        "identity": p.identity, "key20": p.key20, "key20_in_name": p.name.key20,
+        "identity": p.identity,
+        "key20": p.key20,
+        "key20_in_name": p.name.key20,
         "layout": msgspec.to_builtins(p.layout) if p.layout is not None else None,
         "layout_note": _layout_summary(p.layout),
-        "checksum": p.checksum_algo, "unknown_fields": p.unknown_fields,
+        "checksum": p.checksum_algo,
+        "unknown_fields": p.unknown_fields,
     }
 
 
 def cmd_inspect(args) -> int:
     from tierstore.format.pack import Pack
+
     with Pack.open(args.path, tag=args.tag) as p:
         d = inspect_dict(p)
     if args.json:
@@ -212,8 +289,10 @@ def cmd_inspect(args) -> int:
         f"  layout {d['layout_note']}",
     ]
     for s in (lay or {}).get("sections", []):
-        lines.append(f"    {s['name']:<10} @{s['offset']:>10}  {s['bytes']:>10} B  "
-                     f"{s['dtype']} {s['shape']}  {s['codec']}")
+        lines.append(
+            f"    {s['name']:<10} @{s['offset']:>10}  {s['bytes']:>10} B  "
+            f"{s['dtype']} {s['shape']}  {s['codec']}"
+        )
     print("\n".join(lines))
     return 0
 
@@ -231,13 +310,16 @@ def _ranges(layers: list[int]) -> str:
 
 def cmd_verify(args) -> int:
     from tierstore.format.pack import Pack
+
     with Pack.open(args.path, tag=args.tag) as p:
         report = p.verify(progress=sys.stderr.isatty())
         name = os.path.basename(p.path)
     if report.rows_unchecked:
-        print(f"{name}: no checksums recorded; {report.rows_unchecked} written rows are "
-              "readable but unverified")
+        print(
+            f"{name}: no checksums recorded; {report.rows_unchecked} written rows are readable but unverified"
+        )
     else:
-        print(f"{name}: ok, {report.rows_checked} rows ({report.bytes_checked} B) match "
-              "their xxh3_64 checksums")
+        print(
+            f"{name}: ok, {report.rows_checked} rows ({report.bytes_checked} B) match their xxh3_64 checksums"
+        )
     return 0

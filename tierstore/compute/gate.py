@@ -17,11 +17,13 @@ Everything up to the final ``bool`` stays on the logits' device:
 a CUDA graph or fused into later device work); :meth:`should_fire` is the one
 call that syncs the host, because its caller needs a Python decision.
 """
+
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import torch
@@ -39,6 +41,7 @@ class GateStats(msgspec.Struct, frozen=True):
     rounds: re-runs done by fires (<= fires * max_rounds); promoted: experts newly
     made resident by fires; still_uncertain: fires whose last re-run still fired.
     """
+
     steps: int = 0
     fires: int = 0
     rounds: int = 0
@@ -65,6 +68,7 @@ class FireRecord(msgspec.Struct, frozen=True):
     promoted: experts newly promoted in each round, seconds: wall time of the
     whole step including re-runs.
     """
+
     fired: bool
     rounds: int
     promoted: tuple[int, ...]
@@ -87,9 +91,15 @@ class UncertaintyGate:
         if signal not in DEFAULT_TAU:
             raise ConfigError(f"gate signal {signal!r}: expected one of {sorted(DEFAULT_TAU)}")
         # top1 is a probability; a margin any finite number (settings' one validation)
-        tau = DEFAULT_TAU[signal] if tau is None else settings.argument(
-            f"gate tau (signal {signal!r})", tau,
-            settings.fraction if signal == "top1" else settings.number())
+        tau = (
+            DEFAULT_TAU[signal]
+            if tau is None
+            else settings.argument(
+                f"gate tau (signal {signal!r})",
+                tau,
+                settings.fraction if signal == "top1" else settings.number(),
+            )
+        )
         self.signal = signal
         self.tau = tau
         self._stats = GateStats()
@@ -146,13 +156,18 @@ class UncertaintyGate:
         return fired
 
     # -- counters ------------------------------------------------------------
-    def note_step(self, fired: bool, rounds: int = 0, promoted: int = 0,
-                  still_uncertain: bool = False) -> None:
+    def note_step(
+        self, fired: bool, rounds: int = 0, promoted: int = 0, still_uncertain: bool = False
+    ) -> None:
         """Count one decode step decided elsewhere (e.g. on the device by fire_mask)."""
         s = self._stats
-        self._stats = GateStats(steps=s.steps + 1, fires=s.fires + bool(fired),
-                                rounds=s.rounds + int(rounds), promoted=s.promoted + int(promoted),
-                                still_uncertain=s.still_uncertain + bool(still_uncertain))
+        self._stats = GateStats(
+            steps=s.steps + 1,
+            fires=s.fires + bool(fired),
+            rounds=s.rounds + int(rounds),
+            promoted=s.promoted + int(promoted),
+            still_uncertain=s.still_uncertain + bool(still_uncertain),
+        )
 
     def stats(self) -> GateStats:
         return self._stats
@@ -172,11 +187,17 @@ def promoted_count(fire_result: Any) -> int:
         return int(n)
 
 
-def run_with_gate(step_fn: Callable[[], Any], gate: UncertaintyGate, store: Any,
-                  routed_fn: Callable[[], Any], *, max_rounds: int = 3,
-                  max_promote: int | None = None,
-                  logits_of: Callable[[Any], torch.Tensor] | None = None,
-                  decode: bool = True) -> tuple[Any, FireRecord]:
+def run_with_gate(
+    step_fn: Callable[[], Any],
+    gate: UncertaintyGate,
+    store: Any,
+    routed_fn: Callable[[], Any],
+    *,
+    max_rounds: int = 3,
+    max_promote: int | None = None,
+    logits_of: Callable[[Any], torch.Tensor] | None = None,
+    decode: bool = True,
+) -> tuple[Any, FireRecord]:
     """Run one decode step under the gate; re-run it after promotions while unsure.
 
     1. ``out = step_fn()``; the gate reads ``logits_of(out)`` (default: ``out``).
@@ -224,5 +245,4 @@ def run_with_gate(step_fn: Callable[[], Any], gate: UncertaintyGate, store: Any,
     rounds = sum(1 for n in promoted if n > 0)
     still = fired and not (confidence[-1] > gate.tau)
     gate.note_step(fired, rounds, sum(promoted), still)
-    return out, FireRecord(fired, rounds, tuple(promoted), tuple(confidence), still,
-                           time.perf_counter() - t0)
+    return out, FireRecord(fired, rounds, tuple(promoted), tuple(confidence), still, time.perf_counter() - t0)

@@ -17,16 +17,17 @@ Two paths, same numbers:
 Routed ids outside ``[0, E)`` (e.g. -1, vLLM's "skip") contribute nothing on both paths.
 Pool rows must be ``fp4`` rows in linear nibble order (the pack's default layout).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from tierstore.format import layouts
 from tierstore.compute.checks import DECODE_MAX_TOKENS, check_moe_args
 from tierstore.errors import ConfigError
+from tierstore.format import layouts
 
-_CHUNK_BYTES = 256 << 20        # bound on dequantised weights held at once (reference)
+_CHUNK_BYTES = 256 << 20  # bound on dequantised weights held at once (reference)
 
 
 class BaseWeights:
@@ -36,17 +37,20 @@ class BaseWeights:
         rows = rows if isinstance(rows, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rows))
         need = layouts.row_bytes("base", H, I)
         if rows.dim() != 3 or rows.dtype != torch.uint8 or rows.shape[-1] < need:
-            raise ConfigError(f"base rows must be uint8 [n_layers, E, >= {need}] for H={H}, I={I}; "
-                              f"found {rows.dtype} {list(rows.shape)}")
+            raise ConfigError(
+                f"base rows must be uint8 [n_layers, E, >= {need}] for H={H}, I={I}; "
+                f"found {rows.dtype} {list(rows.shape)}"
+            )
         self.rows = rows.to(device).contiguous()
         self.H, self.I = int(H), int(I)
         self.n_layers, self.n_experts = rows.shape[0], rows.shape[1]
 
     @classmethod
-    def from_pack(cls, pack, device="cpu", H: int | None = None, I: int | None = None) -> "BaseWeights":
+    def from_pack(cls, pack, device="cpu", H: int | None = None, I: int | None = None) -> BaseWeights:
         """Load every written row of a ``base`` pack (unwritten layers stay zero)."""
-        from tierstore.format.pack import Pack
         from tierstore.format.layouts import expert_shape_of
+        from tierstore.format.pack import Pack
+
         if not hasattr(pack, "read_row"):
             pack = Pack.open(pack)
         if H is None or I is None:
@@ -75,14 +79,18 @@ class StaticPool:
     def promote(self, keys) -> int:
         """Copy (layer, expert) rows into free slots and publish them; returns new slots."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1, 2)
-        fresh = [k for k in dict.fromkeys(map(tuple, keys.tolist()))   # in order, once
-                 if int(self.slot_table[k[0], k[1]]) < 0]
+        fresh = [
+            k
+            for k in dict.fromkeys(map(tuple, keys.tolist()))  # in order, once
+            if int(self.slot_table[k[0], k[1]]) < 0
+        ]
         if self._used + len(fresh) > self.n_slots:
-            raise ConfigError(f"StaticPool: {len(fresh)} new rows do not fit "
-                              f"({self._used} of {self.n_slots} slots used)")
+            raise ConfigError(
+                f"StaticPool: {len(fresh)} new rows do not fit ({self._used} of {self.n_slots} slots used)"
+            )
         for l, e in fresh:
             self.pool[self._used].copy_(self._rows[l, e])
-            self.slot_table[l, e] = self._used      # publish after the bytes are in
+            self.slot_table[l, e] = self._used  # publish after the bytes are in
             self._used += 1
         return len(fresh)
 
@@ -92,6 +100,7 @@ class StaticPool:
 
 
 # ---- reference -------------------------------------------------------------------
+
 
 def _slot_aware_weights(layer: int, store, base: BaseWeights, dtype):
     H, I = base.H, base.I
@@ -106,14 +115,18 @@ def _slot_aware_weights(layer: int, store, base: BaseWeights, dtype):
             a, b = layouts.decode_experts(store.pool[slots[resident]], "fp4", H, I)
             w13[resident], w2[resident] = a.to(dtype), b.to(dtype)
         if bool((~resident).any()):
-            a, b = layouts.decode_experts(base.rows[layer].to(experts.device)[experts[~resident]], "base", H, I)
+            a, b = layouts.decode_experts(
+                base.rows[layer].to(experts.device)[experts[~resident]], "base", H, I
+            )
             w13[~resident], w2[~resident] = a.to(dtype), b.to(dtype)
         return w13, w2
+
     return weights
 
 
-def grouped_experts_forward(x, topk_weights, topk_ids, weights, n_experts: int, I: int,
-                            dtype=torch.float32) -> torch.Tensor:
+def grouped_experts_forward(
+    x, topk_weights, topk_ids, weights, n_experts: int, I: int, dtype=torch.float32
+) -> torch.Tensor:
     """SiLU-gated experts, tokens grouped by expert. ``weights(expert_ids [U])`` returns
     (w13 [U, 2I, H], w2 [U, H, I]). Returns float ``dtype`` [T, H]."""
     T, k = topk_ids.shape
@@ -137,7 +150,7 @@ def grouped_experts_forward(x, topk_weights, topk_ids, weights, n_experts: int, 
     chunk = max(1, _CHUNK_BYTES // per_expert)
     counts_h = counts.tolist()
     first_pair = 0
-    for a in range(0, len(experts), chunk):          # one step per chunk of experts
+    for a in range(0, len(experts), chunk):  # one step per chunk of experts
         b = min(a + chunk, len(experts))
         n_pairs = sum(counts_h[a:b])
         sl = slice(first_pair, first_pair + n_pairs)
@@ -153,27 +166,37 @@ def grouped_experts_forward(x, topk_weights, topk_ids, weights, n_experts: int, 
     return out
 
 
-def fused_moe_reference(x, topk_weights, topk_ids, layer: int, store, base: BaseWeights,
-                        dtype=torch.float32) -> torch.Tensor:
+def fused_moe_reference(
+    x, topk_weights, topk_ids, layer: int, store, base: BaseWeights, dtype=torch.float32
+) -> torch.Tensor:
     """The torch reference: output [T, H] in ``dtype`` (use float64 for test oracles)."""
     check_moe_args(x, topk_weights, topk_ids, layer, store, base)
-    return grouped_experts_forward(x, topk_weights, topk_ids,
-                                   _slot_aware_weights(layer, store, base, dtype),
-                                   base.n_experts, base.I, dtype)
+    return grouped_experts_forward(
+        x,
+        topk_weights,
+        topk_ids,
+        _slot_aware_weights(layer, store, base, dtype),
+        base.n_experts,
+        base.I,
+        dtype,
+    )
 
 
 def dense_moe(x, topk_weights, topk_ids, w13, w2, dtype=torch.float64) -> torch.Tensor:
     """Unquantised experts of one layer (w13 [E, 2I, H], w2 [E, H, I]) -> [T, H] ``dtype``."""
+
     def weights(experts):
         return w13[experts.cpu()].to(x.device, dtype), w2[experts.cpu()].to(x.device, dtype)
-    return grouped_experts_forward(x, topk_weights, topk_ids, weights, w13.shape[0],
-                                   w13.shape[1] // 2, dtype)
+
+    return grouped_experts_forward(x, topk_weights, topk_ids, weights, w13.shape[0], w13.shape[1] // 2, dtype)
 
 
 # ---- dispatch --------------------------------------------------------------------
 
-def fused_moe(x, topk_weights, topk_ids, layer: int, store, base: BaseWeights, *,
-              out: torch.Tensor | None = None) -> torch.Tensor:
+
+def fused_moe(
+    x, topk_weights, topk_ids, layer: int, store, base: BaseWeights, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Routed-expert MoE output [T, H] in x's dtype (written into ``out`` when given).
 
     CUDA tensors take the grouped tensor-core kernels, except T <= ``GEMV_MAX_TOKENS``
@@ -182,8 +205,10 @@ def fused_moe(x, topk_weights, topk_ids, layer: int, store, base: BaseWeights, *
     if x.is_cuda and _kernel_available("moe_mma"):
         if x.shape[0] <= min(GEMV_MAX_TOKENS, DECODE_MAX_TOKENS) and topk_ids.shape[-1] <= 16:
             from tierstore.compute.moe_cuda import fused_moe_decode
+
             return fused_moe_decode(x, topk_weights, topk_ids, layer, store, base, out=out)
         from tierstore.compute.moe_cuda import fused_moe_mma
+
         return fused_moe_mma(x, topk_weights, topk_ids, layer, store, base, out=out)
     y = fused_moe_reference(x, topk_weights, topk_ids, layer, store, base).to(x.dtype)
     return y if out is None else out.copy_(y)

@@ -12,6 +12,7 @@ directory does (``sweep_stale_temps``): only names of this module's own pattern,
 only when their writer is provably gone (its pid, in our pid namespace and boot, is not
 running) or they have not been touched for ``STALE_TEMP_AGE_S``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,25 +27,31 @@ import secrets
 import stat
 import threading
 import time
-from typing import BinaryIO, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 from tierstore.errors import TierIOError
 
-TEMP_MARK = ".tmp-"   # temp names are ".<name>.tmp-<pid>-<origin>-<random>" beside the target
+TEMP_MARK = ".tmp-"  # temp names are ".<name>.tmp-<pid>-<origin>-<random>" beside the target
 # <origin>: 8 hex digits naming this boot and pid namespace, so a sweeper judges a pid
 # only where it means the same process; older tierstores wrote ".<name>.tmp-<pid>-<random>".
-_TEMP_NAME = re.compile(r"\..+\.tmp-(?P<pid>[0-9]{1,10})-(?:(?P<origin>[0-9a-f]{8})-)?"
-                        r"[0-9a-f]{8}", re.DOTALL)
-STALE_TEMP_AGE_S = 24 * 3600.0   # untouched this long: stale whoever wrote it (a live
-                                 # writer's temp is written, fsynced, renamed in one go)
+_TEMP_NAME = re.compile(
+    r"\..+\.tmp-(?P<pid>[0-9]{1,10})-(?:(?P<origin>[0-9a-f]{8})-)?"
+    r"[0-9a-f]{8}",
+    re.DOTALL,
+)
+STALE_TEMP_AGE_S = 24 * 3600.0  # untouched this long: stale whoever wrote it (a live
+# writer's temp is written, fsynced, renamed in one go)
 
 
 @functools.lru_cache(maxsize=1)
 def _origin() -> str:
     """This boot and pid namespace, as 8 hex digits (a pid means one process only there)."""
     parts = []
-    for probe in (lambda: open("/proc/sys/kernel/random/boot_id").read().strip(),
-                  lambda: str(os.stat("/proc/self/ns/pid").st_ino)):
+    for probe in (
+        lambda: open("/proc/sys/kernel/random/boot_id").read().strip(),
+        lambda: str(os.stat("/proc/self/ns/pid").st_ino),
+    ):
         try:
             parts.append(probe())
         except OSError:
@@ -56,8 +63,7 @@ def _origin() -> str:
 def temp_path_for(path: str | os.PathLike) -> str:
     """A fresh temp name in the same directory as ``path`` (hidden, unique per call)."""
     head, tail = os.path.split(os.path.abspath(os.fspath(path)))
-    return os.path.join(head, f".{tail}{TEMP_MARK}{os.getpid()}-{_origin()}-"
-                              f"{secrets.token_hex(4)}")
+    return os.path.join(head, f".{tail}{TEMP_MARK}{os.getpid()}-{_origin()}-{secrets.token_hex(4)}")
 
 
 def _pid_gone(pid: int) -> bool:
@@ -67,7 +73,7 @@ def _pid_gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     except OSError:
-        return False       # EPERM: it exists, another user's
+        return False  # EPERM: it exists, another user's
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read(512).rsplit(b")", 1)[-1].split()[:1] == [b"Z"]
@@ -96,7 +102,8 @@ def sweep_stale_temps(directory: str | os.PathLike) -> list[str]:
                     continue
                 pid = int(m["pid"])
                 stale = now - st.st_mtime >= STALE_TEMP_AGE_S or (
-                    m["origin"] == _origin() and pid != os.getpid() and _pid_gone(pid))
+                    m["origin"] == _origin() and pid != os.getpid() and _pid_gone(pid)
+                )
                 if stale:
                     with contextlib.suppress(OSError):
                         os.unlink(entry.path)
@@ -158,7 +165,7 @@ def atomic_output(path: str | os.PathLike, *, mode: int = 0o644) -> Iterator[Bin
     try:
         yield f
         f.flush()
-        reached = _position(fd)   # after close the fd is gone: keep how far the file got
+        reached = _position(fd)  # after close the fd is gone: keep how far the file got
         step = "fsync"
         os.fsync(fd)
         f.close()
@@ -166,7 +173,7 @@ def atomic_output(path: str | os.PathLike, *, mode: int = 0o644) -> Iterator[Bin
         os.replace(tmp, path)
         done = True
     except TierIOError:
-        raise   # the block's own error names its own file (a source it read, say)
+        raise  # the block's own error names its own file (a source it read, say)
     except OSError as exc:
         offset = _position(fd) if step == "write" else reached
         raise _io_error(path, exc, offset, step) from exc
@@ -235,9 +242,9 @@ async def write_atomic_async(path: str | os.PathLike, data: bytes | memoryview) 
             try:
                 await asyncio.wait([job])
             except asyncio.CancelledError:
-                pass   # cancelled again: the thread still has to settle first
+                pass  # cancelled again: the thread still has to settle first
         if not job.cancelled():
-            job.exception()   # retrieved: the caller hears of its cancel, not of this
+            job.exception()  # retrieved: the caller hears of its cancel, not of this
         raise
 
 
@@ -253,9 +260,9 @@ def create_sized_atomic(path: str | os.PathLike, size: int) -> int:
     except OSError as exc:
         raise _io_error(path, exc) from exc
     done = False
-    step = "truncate"   # the file is extended to ``size``: each step fails at that offset
+    step = "truncate"  # the file is extended to ``size``: each step fails at that offset
     try:
-        os.ftruncate(fd, size)   # sparse: unwritten rows stay holes
+        os.ftruncate(fd, size)  # sparse: unwritten rows stay holes
         step = "fsync"
         os.fsync(fd)
         step = "rename"

@@ -1,5 +1,6 @@
 """``Closing``: the one way a tierstore object that holds file descriptors (or a native
 engine) is a context manager and gives them back when it is garbage collected."""
+
 from __future__ import annotations
 
 
@@ -8,7 +9,7 @@ class Closing:
     and dropping it unclosed closes it too (quietly: ``__del__`` may run during interpreter
     shutdown or on a half-built object whose ``__init__`` raised)."""
 
-    def close(self) -> None:   # pragma: no cover - every user defines its own
+    def close(self) -> None:  # pragma: no cover - every user defines its own
         raise NotImplementedError
 
     def __enter__(self):

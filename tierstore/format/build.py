@@ -4,10 +4,11 @@ weights, and packs from a directory of safetensors expert weights (pack_safetens
 Every build goes through PackWriter, so it is crash-safe and resumable: layers
 already listed in an existing pack of the same identity are skipped.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from tierstore.format.sidecar import RowLayout
 from tierstore.format.writer import PackWriter
 
 FORMATS = ("mxfp4", "nvfp4")
-SYNTHETIC_T_DF = 4.0              # Student-t degrees of freedom: heavy tails like real experts
+SYNTHETIC_T_DF = 4.0  # Student-t degrees of freedom: heavy tails like real experts
 SYNTHETIC_STD = 0.02
 
 
@@ -37,22 +38,27 @@ def _heavy_tailed(rng: np.random.Generator, shape) -> np.ndarray:
 def through_nvfp4(w):
     """What an NVFP4 checkpoint of ``w`` holds, decoded: one global scale per matrix."""
     import torch
+
     from tierstore.format import fp4
+
     w = torch.as_tensor(w)
     flat = w.reshape(-1, *w.shape[-2:])
     out = torch.empty_like(flat)
-    for i in range(flat.shape[0]):     # per expert matrix: each has its own f32 global
+    for i in range(flat.shape[0]):  # per expert matrix: each has its own f32 global
         q, s, g = fp4.quantize_nvfp4(flat[i])
         out[i] = fp4.dequantize_nvfp4(q, s, g)
     return out.reshape(w.shape)
 
 
-def synthetic_layer_rows(layout: RowLayout, n_experts: int, seed: int, layer: int,
-                         fmt: str = "mxfp4") -> np.ndarray:
+def synthetic_layer_rows(
+    layout: RowLayout, n_experts: int, seed: int, layer: int, fmt: str = "mxfp4"
+) -> np.ndarray:
     """(rows uint8 [E, used], used): quantised Student-t weights, deterministic in
     (seed, layer); ``used`` <= slot_bytes (opaque rows leave a zero tail)."""
     import torch
+
     from tierstore.format import fp4
+
     rng = np.random.default_rng([seed, layer, 0x7A5])
     if layout.kind == "opaque":
         n = layout.params["blocks"]
@@ -71,11 +77,20 @@ def synthetic_layer_rows(layout: RowLayout, n_experts: int, seed: int, layer: in
     return rows, rows.shape[-1]
 
 
-def build_synthetic(out: str, n_layers: int, n_experts: int, slot_bytes: int, *,
-                    tag: str = "fp4", fmt: str = "mxfp4", order: str = "linear", seed: int = 0,
-                    on_layer: Callable[[int, int], None] | None = None,
-                    discard_on_error: bool = False,
-                    check_space: bool = False) -> tuple[str, RowLayout]:
+def build_synthetic(
+    out: str,
+    n_layers: int,
+    n_experts: int,
+    slot_bytes: int,
+    *,
+    tag: str = "fp4",
+    fmt: str = "mxfp4",
+    order: str = "linear",
+    seed: int = 0,
+    on_layer: Callable[[int, int], None] | None = None,
+    discard_on_error: bool = False,
+    check_space: bool = False,
+) -> tuple[str, RowLayout]:
     """Write a pack of real quantised random weights. Returns (path, layout).
     ``discard_on_error`` / ``check_space``: as PackWriter's."""
     if fmt not in FORMATS:
@@ -87,10 +102,18 @@ def build_synthetic(out: str, n_layers: int, n_experts: int, slot_bytes: int, *,
     abi = quantizer_abi(fmt, tag, layout.order)
     if layout.kind == "opaque":
         abi = abi.replace("-v1", "-opaque-v1")
-    with PackWriter(out, tag=tag, n_layers=n_layers, n_experts=n_experts, slot_bytes=slot_bytes,
-                    ckpt_id=f"synthetic-t{SYNTHETIC_T_DF:g}-seed{seed}", quantizer_abi=abi,
-                    layout=layout, discard_on_error=discard_on_error,
-                    check_space=check_space) as w:
+    with PackWriter(
+        out,
+        tag=tag,
+        n_layers=n_layers,
+        n_experts=n_experts,
+        slot_bytes=slot_bytes,
+        ckpt_id=f"synthetic-t{SYNTHETIC_T_DF:g}-seed{seed}",
+        quantizer_abi=abi,
+        layout=layout,
+        discard_on_error=discard_on_error,
+        check_space=check_space,
+    ) as w:
         for layer in range(n_layers):
             if not w.is_written(layer):
                 data, used = synthetic_layer_rows(layout, n_experts, seed, layer, fmt)

@@ -34,6 +34,7 @@ never permuted. ``to_fragmajor`` / ``from_fragmajor`` convert the packed q plane
 Expert rows (docs/INTERNALS.md, "Expert rows"): ``encode_expert`` / ``decode_expert`` /
 ``row_sections`` for the tags ``fp4``, ``delta`` and ``base``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -67,8 +68,10 @@ def _check_k(w: torch.Tensor, block: int, what: str) -> None:
     finite = torch.isfinite(w)
     if not bool(finite.all()):
         first = int((~finite).reshape(-1).nonzero()[0])
-        raise ConfigError(f"{what}: non-finite value at flat index {first} "
-                          f"({float(w.reshape(-1)[first])}); refuse to quantise")
+        raise ConfigError(
+            f"{what}: non-finite value at flat index {first} "
+            f"({float(w.reshape(-1)[first])}); refuse to quantise"
+        )
 
 
 def _work(w: torch.Tensor) -> torch.Tensor:
@@ -76,6 +79,7 @@ def _work(w: torch.Tensor) -> torch.Tensor:
 
 
 # ---- e2m1 ------------------------------------------------------------------------
+
 
 def round_to_e2m1(v: torch.Tensor) -> torch.Tensor:
     """Nibble codes (uint8) for values already at the block scale; |v| is clipped to 6.
@@ -85,7 +89,7 @@ def round_to_e2m1(v: torch.Tensor) -> torch.Tensor:
     code = torch.zeros(v.shape, dtype=torch.uint8, device=v.device)
     for k, b in enumerate(_E2M1_BOUNDS):
         code += (mag >= b) if k % 2 else (mag > b)
-    sign = (v < 0) & (code != 0)   # keep zero canonical (0x0, never 0x8)
+    sign = (v < 0) & (code != 0)  # keep zero canonical (0x0, never 0x8)
     return code | (sign.to(torch.uint8) << 3)
 
 
@@ -106,6 +110,7 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
 
 
 # ---- MXFP4 -----------------------------------------------------------------------
+
 
 def _mx_exponent(amax: torch.Tensor, top: float) -> torch.Tensor:
     """Smallest e in [-127, 127] with amax <= top * 2^e (int32); 0-blocks get -127."""
@@ -145,8 +150,7 @@ def _keep_float32_finite(codes: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
 def e8m0_to_float(s: torch.Tensor) -> torch.Tensor:
     if bool((s == 255).any()):
         raise FormatError("e8m0 scale byte 255 (NaN) found; scales are never NaN")
-    return torch.ldexp(torch.ones(s.shape, dtype=torch.float32, device=s.device),
-                       s.to(torch.float32) - 127.0)
+    return torch.ldexp(torch.ones(s.shape, dtype=torch.float32, device=s.device), s.to(torch.float32) - 127.0)
 
 
 def _byte_lut(values: torch.Tensor, per_byte: int, bits: int) -> torch.Tensor:
@@ -156,7 +160,7 @@ def _byte_lut(values: torch.Tensor, per_byte: int, bits: int) -> torch.Tensor:
     return values[idx]
 
 
-_E2M1_BYTE_LUT = _byte_lut(_grid_lut("cpu"), 2, 4)                              # [256, 2]
+_E2M1_BYTE_LUT = _byte_lut(_grid_lut("cpu"), 2, 4)  # [256, 2]
 _BASE2_BYTE_LUT = _byte_lut(torch.tensor(BASE2_LEVELS, dtype=torch.float32), 4, 2)  # [256, 4]
 
 
@@ -175,6 +179,7 @@ def dequantize_mxfp4(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 # ---- NVFP4 -----------------------------------------------------------------------
 
+
 def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
     """W [..., K] -> (q uint8 [..., K/2], s float8_e4m3fn [..., K/16], global float32).
 
@@ -190,7 +195,7 @@ def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
     want = (bmax / (E2M1_MAX * g)).clamp(max=E4M3_MAX)
     s8 = want.to(torch.float8_e4m3fn)
     short = (s8.to(torch.float32) * g * E2M1_MAX < bmax) & (s8.to(torch.float32) < E4M3_MAX)
-    bumped = (s8.view(torch.uint8) + 1).view(torch.float8_e4m3fn)   # next e4m3 magnitude
+    bumped = (s8.view(torch.uint8) + 1).view(torch.float8_e4m3fn)  # next e4m3 magnitude
     s8 = torch.where(short, bumped, s8)
     scale = s8.to(torch.float32) * g
     scaled = blocks / torch.where(scale > 0, scale, 1.0).unsqueeze(-1)
@@ -200,7 +205,9 @@ def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
 
 def dequantize_nvfp4(q: torch.Tensor, s: torch.Tensor, global_scale: float) -> torch.Tensor:
     vals = _decode_bytes(q.to(torch.uint8), _E2M1_BYTE_LUT)
-    vals = vals.reshape(*vals.shape[:-1], -1, NV_BLOCK) * (s.to(torch.float32) * float(global_scale)).unsqueeze(-1)
+    vals = vals.reshape(*vals.shape[:-1], -1, NV_BLOCK) * (
+        s.to(torch.float32) * float(global_scale)
+    ).unsqueeze(-1)
     return vals.reshape(*q.shape[:-1], q.shape[-1] * 2)
 
 
@@ -210,6 +217,7 @@ def nvfp4_to_mxfp4(q: torch.Tensor, s: torch.Tensor, global_scale: float):
 
 
 # ---- 2-bit base ------------------------------------------------------------------
+
 
 def _base2_codes(v: torch.Tensor) -> torch.Tensor:
     # nearest of {-4,-1,+1,+4}: boundaries -2.5, 0, +2.5
@@ -224,7 +232,7 @@ def quantize_base2(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     e_top = _mx_exponent(blocks.abs().amax(-1), 4.0)
     levels = torch.tensor(BASE2_LEVELS, dtype=x.dtype, device=x.device)
     best_e, best_err = e_top, None
-    for drop in range(4):   # candidate exponents: e_top, e_top-1, e_top-2, e_top-3
+    for drop in range(4):  # candidate exponents: e_top, e_top-1, e_top-2, e_top-3
         e = (e_top - drop).clamp(-127, 127)
         scale = torch.ldexp(torch.ones_like(e, dtype=x.dtype), e.to(x.dtype)).unsqueeze(-1)
         err = ((levels[_base2_codes(blocks / scale).long()] * scale - blocks) ** 2).sum(-1)
@@ -249,6 +257,7 @@ def dequantize_base2(codes: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 
 # ---- fragment-major order --------------------------------------------------------
+
 
 def _fragmajor_src() -> torch.Tensor:
     """src[j] = r*64 + c: nibble j of a 512-byte block (j = 32*lane + i) comes from (r, c)."""
@@ -282,8 +291,9 @@ def from_fragmajor(fq: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
     ``fq`` is [..., N/16, K/64, 512] or [..., N*K/2]; used for inspection and decode."""
     _frag_check(n, k)
-    lead = fq.shape[:-3] if fq.dim() >= 3 and tuple(fq.shape[-3:]) == (n // 16, k // 64, 512) \
-        else fq.shape[:-1]
+    lead = (
+        fq.shape[:-3] if fq.dim() >= 3 and tuple(fq.shape[-3:]) == (n // 16, k // 64, 512) else fq.shape[:-1]
+    )
     nib = unpack_nibbles(fq.reshape(-1, n // 16, k // 64, 512))[..., _FRAG_DST.to(fq.device)]
     nib = nib.reshape(-1, n // 16, k // 64, 16, 64).permute(0, 1, 3, 2, 4).reshape(-1, n, k)
     return pack_nibbles(nib).reshape(*lead, n, k // 2)

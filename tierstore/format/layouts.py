@@ -6,6 +6,7 @@ One place for the layout rules: the codecs (fp4.py) encode matrices, this module
 them in rows, the builders and the model kit describe rows with ``expert_layout``, and
 readers recover (H, I) with ``expert_shape_of``.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,11 +16,19 @@ import numpy as np
 import torch
 
 from tierstore.errors import ConfigError, FormatError
-from tierstore.format.fp4 import (TAGS, dequantize_base2, dequantize_mxfp4, from_fragmajor,
-                                  quantize_base2, quantize_mxfp4, to_fragmajor)
+from tierstore.format.fp4 import (
+    TAGS,
+    dequantize_base2,
+    dequantize_mxfp4,
+    from_fragmajor,
+    quantize_base2,
+    quantize_mxfp4,
+    to_fragmajor,
+)
 from tierstore.format.sidecar import RowLayout, RowSection
 
-OPAQUE_BLOCK_BYTES = 17   # one MXFP4 block of 32 elements: 16 nibble bytes + 1 e8m0
+OPAQUE_BLOCK_BYTES = 17  # one MXFP4 block of 32 elements: 16 nibble bytes + 1 e8m0
+
 
 class Section(NamedTuple):
     name: str
@@ -53,8 +62,9 @@ def row_sections(tag: str, H: int, I: int, order: str = "linear") -> list[Sectio
         raise ConfigError(f"row order {order!r} unknown; expected 'linear' or 'fragmajor'")
     align = 32 if order == "linear" else 64
     if H % align or I % align or H <= 0 or I <= 0:
-        raise ConfigError(f"expert shape H={H}, I={I}: both must be positive multiples of "
-                          f"{align} for order={order!r}")
+        raise ConfigError(
+            f"expert shape H={H}, I={I}: both must be positive multiples of {align} for order={order!r}"
+        )
     secs, off = [], 0
     for name, shape, codec in _matrix_sections(tag, H, I, order):
         nbytes = int(np.prod(shape))
@@ -78,12 +88,16 @@ def encode_experts(w13, w2, tag: str = "fp4", order: str = "linear") -> np.ndarr
     Vectorised over the leading dims (e.g. [n_layers, n_experts])."""
     w13, w2 = _as_torch(w13).cpu(), _as_torch(w2).cpu()
     if w13.dim() < 2 or w2.dim() != w13.dim():
-        raise ConfigError(f"expert shapes w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}: "
-                          f"expected [..., 2I, H] and [..., H, I]")
+        raise ConfigError(
+            f"expert shapes w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}: "
+            f"expected [..., 2I, H] and [..., H, I]"
+        )
     lead, H, I = w13.shape[:-2], w13.shape[-1], w13.shape[-2] // 2
     if tuple(w13.shape[-2:]) != (2 * I, H) or tuple(w2.shape) != (*lead, H, I):
-        raise ConfigError(f"expert shapes w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}: "
-                          f"expected [..., 2I, H] and [..., H, I] with the same leading dims")
+        raise ConfigError(
+            f"expert shapes w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}: "
+            f"expected [..., 2I, H] and [..., H, I] with the same leading dims"
+        )
     secs = row_sections(tag, H, I, order)
     parts = {}
     for name, w in (("w13", w13), ("w2", w2)):
@@ -114,14 +128,16 @@ def split_row(row, tag: str, H: int, I: int, order: str = "linear") -> dict[str,
     secs = row_sections(tag, H, I, order)
     need = secs[-1].offset + secs[-1].bytes
     if r.shape[-1] < need or r.dtype != torch.uint8:
-        raise FormatError(f"{tag} row for H={H}, I={I}: {r.shape[-1]} bytes of {r.dtype}, "
-                          f"expected at least {need} uint8")
+        raise FormatError(
+            f"{tag} row for H={H}, I={I}: {r.shape[-1]} bytes of {r.dtype}, expected at least {need} uint8"
+        )
     lead = r.shape[:-1]
-    return {s.name: r[..., s.offset:s.offset + s.bytes].reshape(*lead, *s.shape) for s in secs}
+    return {s.name: r[..., s.offset : s.offset + s.bytes].reshape(*lead, *s.shape) for s in secs}
 
 
-def decode_expert(row, tag: str, H: int, I: int, order: str = "linear",
-                  scales: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_expert(
+    row, tag: str, H: int, I: int, order: str = "linear", scales: tuple | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Row(s) [..., bytes] -> (w13 [..., 2I, H], w2 [..., H, I]) float32. ``delta`` rows
     need ``scales=(w13_s, w2_s)`` since their scales live elsewhere."""
     p = split_row(row, tag, H, I, order)
@@ -140,13 +156,16 @@ def decode_expert(row, tag: str, H: int, I: int, order: str = "linear",
     return out[0], out[1]
 
 
-decode_experts = decode_expert   # same function; the plural reads better for batches
+decode_experts = decode_expert  # same function; the plural reads better for batches
 
 
 def expert_layout(tag: str, H: int, I: int, order: str = "linear") -> RowLayout:
-    secs = [RowSection(name=s.name, offset=s.offset, bytes=s.bytes, dtype=s.dtype,
-                       shape=list(s.shape), codec=s.codec)
-            for s in row_sections(tag, H, I, order)]
+    secs = [
+        RowSection(
+            name=s.name, offset=s.offset, bytes=s.bytes, dtype=s.dtype, shape=list(s.shape), codec=s.codec
+        )
+        for s in row_sections(tag, H, I, order)
+    ]
     return RowLayout(kind=tag, sections=secs, order=order, params={"H": H, "I": I})
 
 
@@ -155,11 +174,18 @@ def opaque_layout(slot_bytes: int) -> RowLayout:
     the tail of ``slot_bytes - 17 n`` bytes stays zero."""
     n = slot_bytes // OPAQUE_BLOCK_BYTES
     if n == 0:
-        raise ConfigError(f"slot_bytes {slot_bytes}: too small for one MXFP4 block "
-                          f"({OPAQUE_BLOCK_BYTES} bytes)")
-    return RowLayout(kind="opaque", order="linear", params={"blocks": n}, sections=[
-        RowSection(name="q", offset=0, bytes=16 * n, dtype="uint8", shape=[n, 16], codec="e2m1"),
-        RowSection(name="s", offset=16 * n, bytes=n, dtype="uint8", shape=[n, 1], codec="e8m0")])
+        raise ConfigError(
+            f"slot_bytes {slot_bytes}: too small for one MXFP4 block ({OPAQUE_BLOCK_BYTES} bytes)"
+        )
+    return RowLayout(
+        kind="opaque",
+        order="linear",
+        params={"blocks": n},
+        sections=[
+            RowSection(name="q", offset=0, bytes=16 * n, dtype="uint8", shape=[n, 16], codec="e2m1"),
+            RowSection(name="s", offset=16 * n, bytes=n, dtype="uint8", shape=[n, 1], codec="e8m0"),
+        ],
+    )
 
 
 def fit_expert_shape(tag: str, slot_bytes: int) -> tuple[int, int] | None:
@@ -168,10 +194,10 @@ def fit_expert_shape(tag: str, slot_bytes: int) -> tuple[int, int] | None:
     among all factorisations pick H/I closest to 2 (DeepSeek's ratio), then larger H."""
     if tag not in TAGS:
         return None
-    per_4096 = row_bytes(tag, 64, 64)           # bytes of a 64x64 (H x I) expert
+    per_4096 = row_bytes(tag, 64, 64)  # bytes of a 64x64 (H x I) expert
     if (slot_bytes * 4096) % per_4096:
         return None
-    units = slot_bytes * 4096 // per_4096 // 4096    # H*I / 4096 = (H/64) * (I/64)
+    units = slot_bytes * 4096 // per_4096 // 4096  # H*I / 4096 = (H/64) * (I/64)
     if units * per_4096 != slot_bytes:
         return None
     best = None
@@ -191,6 +217,8 @@ def expert_shape_of(pack) -> tuple[int, int]:
     """(H, I) from a pack's row layout params (packs written by ``write_model_packs``)."""
     layout = getattr(pack, "layout", None)
     if layout is None or "H" not in layout.params or "I" not in layout.params:
-        raise FormatError(f"{pack.path}: sidecar has no row layout with H and I params; "
-                          f"cannot interpret its rows as experts")
+        raise FormatError(
+            f"{pack.path}: sidecar has no row layout with H and I params; "
+            f"cannot interpret its rows as experts"
+        )
     return int(layout.params["H"]), int(layout.params["I"])

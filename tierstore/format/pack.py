@@ -4,11 +4,12 @@ A pack is ``n_layers * E`` rows of ``slot_bytes`` bytes at ``stride`` (4 KiB
 aligned) spacing, plus a `.json` sidecar. Format spec: docs/FORMAT.md. Writer:
 ``tierstore.format.writer.PackWriter``.
 """
+
 from __future__ import annotations
 
 import glob
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import xxhash
@@ -16,17 +17,31 @@ import xxhash
 from tierstore.errors import ConfigError, FormatError, TierIOError, TierstoreError
 from tierstore.files.closing import Closing
 from tierstore.files.untrusted import open_regular
-from tierstore.format.sidecar import (DEFAULT_CHECKSUM, PackName, RowLayout, RowSection, Sidecar,
-                                      key20_of, load_sidecar, sidecar_path_of)
+from tierstore.format.sidecar import (
+    DEFAULT_CHECKSUM,
+    PackName,
+    RowLayout,
+    RowSection,
+    Sidecar,
+    key20_of,
+    load_sidecar,
+    sidecar_path_of,
+)
 
 __all__ = ["RowLayout", "RowSection", "find_pack", "VerifyReport"]
 
 _VERIFY_CHUNK = 64 << 20  # bytes read per pread during verify: its whole buffer, whatever
-                          # the row size (a row larger than this is hashed piece by piece)
+# the row size (a row larger than this is hashed piece by piece)
 
 
-def find_pack(directory: str, *, tag: str | None = None, rank: int = 0, world: int = 1,
-              pp: tuple[int, int] | None = None) -> str:
+def find_pack(
+    directory: str,
+    *,
+    tag: str | None = None,
+    rank: int = 0,
+    world: int = 1,
+    pp: tuple[int, int] | None = None,
+) -> str:
     """The one pack in ``directory`` for (tag, rank, world, pp); an error when none or several."""
     pp_part = f".pp{pp[0]}of{pp[1]}" if pp else ""
     names = []
@@ -41,8 +56,10 @@ def find_pack(directory: str, *, tag: str | None = None, rank: int = 0, world: i
     if not names:
         raise FormatError(f"{directory}: no pack named {want}")
     if len(names) > 1:
-        raise FormatError(f"{directory}: {len(names)} candidate packs for {want}: "
-                          + ", ".join(os.path.basename(n) for n in names))
+        raise FormatError(
+            f"{directory}: {len(names)} candidate packs for {want}: "
+            + ", ".join(os.path.basename(n) for n in names)
+        )
     return names[0]
 
 
@@ -57,7 +74,7 @@ def _naming(exc: TierstoreError, given: str, path: str) -> TierstoreError:
     side = sidecar_path_of(path)
     for other, what in ((path, "its pack"), (side, "its sidecar")):
         if text.startswith(other + ": "):
-            text = f"{given}: {what} {os.path.basename(other)}: {text[len(other) + 2:]}"
+            text = f"{given}: {what} {os.path.basename(other)}: {text[len(other) + 2 :]}"
             break
     else:
         text = f"{given}: {text}"
@@ -73,16 +90,17 @@ class VerifyReport:
         self.rows_unchecked = rows_unchecked
 
     def __repr__(self) -> str:
-        return (f"VerifyReport(rows_checked={self.rows_checked}, bytes={self.bytes_checked}, "
-                f"rows_unchecked={self.rows_unchecked})")
+        return (
+            f"VerifyReport(rows_checked={self.rows_checked}, bytes={self.bytes_checked}, "
+            f"rows_unchecked={self.rows_unchecked})"
+        )
 
 
 class Pack(Closing):
     """An open, validated pack. Holds one O_RDONLY fd; ``close()`` or use as a context
     manager. Thread safety: all methods are safe to call concurrently (pread only)."""
 
-    def __init__(self, path: str, sidecar: Sidecar, name: PackName, fd: int,
-                 unknown_fields: list[str]):
+    def __init__(self, path: str, sidecar: Sidecar, name: PackName, fd: int, unknown_fields: list[str]):
         self.path = path
         self.sidecar_path = sidecar_path_of(path)
         self.sidecar = sidecar
@@ -102,18 +120,24 @@ class Pack(Closing):
         self.identity = sidecar.identity()
         self.key20 = key20_of(self.identity)
         self.checksum_algo = sidecar.checksum
-        self._checksums = {l: np.asarray(v, dtype=np.uint64)
-                           for l, v in (sidecar.checksums or {}).items()}
-        self._sum_table: np.ndarray | None = None   # dense [n_layers * E], built on first use
+        self._checksums = {l: np.asarray(v, dtype=np.uint64) for l, v in (sidecar.checksums or {}).items()}
+        self._sum_table: np.ndarray | None = None  # dense [n_layers * E], built on first use
         st = os.fstat(fd)
         self._opened_as = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        self.mtime_changes = 0   # touches taken as the new baseline (check_unchanged)
+        self.mtime_changes = 0  # touches taken as the new baseline (check_unchanged)
         self._sidecar_as = _file_id(self.sidecar_path)
 
     # -- opening ---------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike, *, tag: str | None = None, rank: int = 0,
-             world: int = 1, pp: tuple[int, int] | None = None) -> "Pack":
+    def open(
+        cls,
+        path: str | os.PathLike,
+        *,
+        tag: str | None = None,
+        rank: int = 0,
+        world: int = 1,
+        pp: tuple[int, int] | None = None,
+    ) -> Pack:
         """Open a `.pack` file (or its `.json`), or the one pack in a directory that matches
         tag/rank/world/pp. Raises FormatError naming the file on any mismatch."""
         given = path = os.fspath(path)
@@ -128,44 +152,53 @@ class Pack(Closing):
             raise _naming(exc, given, path) from None
 
     @classmethod
-    def _open_file(cls, path: str, *, sidecar_given: bool) -> "Pack":
+    def _open_file(cls, path: str, *, sidecar_given: bool) -> Pack:
         try:
             name = PackName.parse(path)
         except FormatError:
             if not sidecar_given:
                 raise
-            raise FormatError(f"{path[:-len('.pack')]}.json: not a pack's sidecar; expected "
-                              "<tag>.v2.<key20>.rank<r>of<w>[.pp<p>of<q>].json beside its "
-                              ".pack, or the .pack itself") from None
+            raise FormatError(
+                f"{path[: -len('.pack')]}.json: not a pack's sidecar; expected "
+                "<tag>.v2.<key20>.rank<r>of<w>[.pp<p>of<q>].json beside its "
+                ".pack, or the .pack itself"
+            ) from None
         side = sidecar_path_of(path)
         before = _file_id(side)
         sidecar, unknown = load_sidecar(side, key20_in_name=bool(name.key20))
-        if _file_id(side) != before:   # a writer republished it while we read it
-            raise FormatError(f"{side}: sidecar changed while it was read (a writer is "
-                              f"publishing); open the pack again")
+        if _file_id(side) != before:  # a writer republished it while we read it
+            raise FormatError(
+                f"{side}: sidecar changed while it was read (a writer is publishing); open the pack again"
+            )
         if sidecar.tag != name.tag:
-            raise FormatError(f"{path}: sidecar tag {sidecar.tag!r} does not match the name's "
-                              f"tag {name.tag!r}")
+            raise FormatError(
+                f"{path}: sidecar tag {sidecar.tag!r} does not match the name's tag {name.tag!r}"
+            )
         try:
-            fd = open_regular(path, "pack file")   # a FIFO or device never blocks here
+            fd = open_regular(path, "pack file")  # a FIFO or device never blocks here
         except FileNotFoundError:
             if sidecar_given:
-                raise FormatError(f"{side}: a sidecar whose pack file "
-                                  f"{os.path.basename(path)} is missing") from None
-            raise FormatError(f"{path}: pack file is missing (sidecar "
-                              f"{os.path.basename(side)} exists)") from None
+                raise FormatError(
+                    f"{side}: a sidecar whose pack file {os.path.basename(path)} is missing"
+                ) from None
+            raise FormatError(
+                f"{path}: pack file is missing (sidecar {os.path.basename(side)} exists)"
+            ) from None
         try:
             expected = sidecar.n_layers * sidecar.E * sidecar.stride
             found = os.fstat(fd).st_size
             if found != expected:
                 raise FormatError(
                     f"{path}: file size {found} bytes, expected {expected} "
-                    f"({sidecar.n_layers} layers x {sidecar.E} experts x stride {sidecar.stride})")
+                    f"({sidecar.n_layers} layers x {sidecar.E} experts x stride {sidecar.stride})"
+                )
             if name.key20 is not None:
                 want = key20_of(sidecar.identity())
                 if want != name.key20:
-                    raise FormatError(f"{path}: key20 in the name is {name.key20}, the sidecar's "
-                                      f"identity hashes to {want} (another checkpoint or geometry)")
+                    raise FormatError(
+                        f"{path}: key20 in the name is {name.key20}, the sidecar's "
+                        f"identity hashes to {want} (another checkpoint or geometry)"
+                    )
             pack = cls(path, sidecar, name, fd, unknown)
             pack._sidecar_as = before
             return pack
@@ -178,10 +211,11 @@ class Pack(Closing):
             os.close(self._fd)
             self._fd = -1
 
-
     def __repr__(self) -> str:
-        return (f"Pack({self.path!r}, tag={self.tag!r}, {self.n_layers}x{self.n_experts} rows "
-                f"of {self.slot_bytes} B, {len(self.layers)} layers written)")
+        return (
+            f"Pack({self.path!r}, tag={self.tag!r}, {self.n_layers}x{self.n_experts} rows "
+            f"of {self.slot_bytes} B, {len(self.layers)} layers written)"
+        )
 
     # -- addressing ------------------------------------------------------------------
     @property
@@ -199,19 +233,23 @@ class Pack(Closing):
         if k.size == 0:
             return np.zeros(0, dtype=np.int64)
         if k.ndim != 2 or k.shape[1] != 2 or not np.issubdtype(k.dtype, np.integer):
-            raise ConfigError(f"{self.path}: keys must be an integer array [N, 2], "
-                              f"found {k.dtype} {list(k.shape)}")
+            raise ConfigError(
+                f"{self.path}: keys must be an integer array [N, 2], found {k.dtype} {list(k.shape)}"
+            )
         k = k.astype(np.int64, copy=False)
         layer, expert = k[:, 0], k[:, 1]
         bad = (layer < 0) | (layer >= self.n_layers) | (expert < 0) | (expert >= self.n_experts)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise ConfigError(f"{self.path}: key {i} (layer {layer[i]}, expert {expert[i]}) out "
-                              f"of range [0, {self.n_layers}) x [0, {self.n_experts})")
+            raise ConfigError(
+                f"{self.path}: key {i} (layer {layer[i]}, expert {expert[i]}) out "
+                f"of range [0, {self.n_layers}) x [0, {self.n_experts})"
+            )
         unwritten = ~self.written[layer]
         if unwritten.any():
-            raise FormatError(f"layer {int(layer[np.flatnonzero(unwritten)[0]])} is not written "
-                              f"in {self.path}")
+            raise FormatError(
+                f"layer {int(layer[np.flatnonzero(unwritten)[0]])} is not written in {self.path}"
+            )
         return layer * self.n_experts + expert
 
     def row_offsets(self, dense_ids) -> np.ndarray:
@@ -219,13 +257,16 @@ class Pack(Closing):
 
     def _check_one(self, layer: int, expert: int) -> None:
         if not (0 <= layer < self.n_layers and 0 <= expert < self.n_experts):
-            raise ConfigError(f"{self.path}: layer {layer} expert {expert} out of range "
-                              f"[0, {self.n_layers}) x [0, {self.n_experts})")
+            raise ConfigError(
+                f"{self.path}: layer {layer} expert {expert} out of range "
+                f"[0, {self.n_layers}) x [0, {self.n_experts})"
+            )
 
     # -- reading ---------------------------------------------------------------------
     def _pread_into(self, buf: memoryview, offset: int) -> None:
         if self._fd < 0:
             from tierstore.errors import ClosedError
+
             raise ClosedError(f"{self.path}: pack is closed")
         done = 0
         while done < len(buf):
@@ -234,8 +275,10 @@ class Pack(Closing):
             except OSError as exc:
                 raise TierIOError(self.path, offset + done, exc.errno or 0) from None
             if n == 0:
-                raise FormatError(f"{self.path}: end of file at offset {offset + done:#x}, "
-                                  f"expected {len(buf) - done} more bytes (truncated pack)")
+                raise FormatError(
+                    f"{self.path}: end of file at offset {offset + done:#x}, "
+                    f"expected {len(buf) - done} more bytes (truncated pack)"
+                )
             done += n
 
     def read_row(self, layer: int, expert: int) -> np.ndarray:
@@ -258,7 +301,7 @@ class Pack(Closing):
         if self._sum_table is None:
             table = np.zeros(self.n_layers * self.n_experts, dtype=np.uint64)
             for layer, sums in self._checksums.items():
-                table[layer * self.n_experts:(layer + 1) * self.n_experts] = sums
+                table[layer * self.n_experts : (layer + 1) * self.n_experts] = sums
             self._sum_table = table
         return self._sum_table[np.asarray(dense_ids, dtype=np.int64)]
 
@@ -275,21 +318,28 @@ class Pack(Closing):
             now = os.stat(self.path)
             mine = os.fstat(self._fd)
         except OSError as exc:
-            raise FormatError(f"{self.path}: pack file is gone since Pack.open ({exc.strerror}); "
-                              f"reopen it") from None
+            raise FormatError(
+                f"{self.path}: pack file is gone since Pack.open ({exc.strerror}); reopen it"
+            ) from None
         dev, ino, size, mtime = self._opened_as
         if (now.st_dev, now.st_ino) != (dev, ino):
-            raise FormatError(f"{self.path}: pack file was replaced since Pack.open (inode "
-                              f"{ino} -> {now.st_ino}); reopen it with Pack.open")
+            raise FormatError(
+                f"{self.path}: pack file was replaced since Pack.open (inode "
+                f"{ino} -> {now.st_ino}); reopen it with Pack.open"
+            )
         touched = mine.st_size == size and mine.st_mtime_ns != mtime
         if mine.st_size != size or (touched and not (rows_hashed and self._sums_cover_all())):
-            raise FormatError(f"{self.path}: pack file was modified since Pack.open (size "
-                              f"{size} -> {mine.st_size}, mtime changed); reopen it with Pack.open")
+            raise FormatError(
+                f"{self.path}: pack file was modified since Pack.open (size "
+                f"{size} -> {mine.st_size}, mtime changed); reopen it with Pack.open"
+            )
         # A PackWriter publishes a new sidecar (a new inode) before and after every layer
         # it writes: this catches a rewrite even within the pack mtime's clock tick.
         if _file_id(self.sidecar_path) != self._sidecar_as:
-            raise FormatError(f"{self.path}: its sidecar was republished since Pack.open "
-                              f"(a writer changed the pack); reopen it with Pack.open")
+            raise FormatError(
+                f"{self.path}: its sidecar was republished since Pack.open "
+                f"(a writer changed the pack); reopen it with Pack.open"
+            )
         if touched:
             self._opened_as = (dev, ino, size, mine.st_mtime_ns)
             self.mtime_changes += 1
@@ -326,7 +376,8 @@ class Pack(Closing):
                         off = (layer * self.n_experts + e) * self.stride
                         raise FormatError(
                             f"{self.path}: layer {layer} expert {e} at offset {off:#x}: "
-                            f"{self.checksum_algo} {found:#018x}, expected {int(expected[e]):#018x}")
+                            f"{self.checksum_algo} {found:#018x}, expected {int(expected[e]):#018x}"
+                        )
                 done += self.n_experts
                 bar(done)
         finally:
@@ -348,7 +399,7 @@ class Pack(Closing):
                 length = (n - 1) * self.stride + self.slot_bytes
                 self._pread_into(view[:length], (layer * self.n_experts + e0) * self.stride)
                 for i in range(n):
-                    row = view[i * self.stride: i * self.stride + self.slot_bytes]
+                    row = view[i * self.stride : i * self.stride + self.slot_bytes]
                     yield e0 + i, xxhash.xxh3_64_intdigest(row) if hashing else 0
             return
         view = memoryview(np.empty(_VERIFY_CHUNK, dtype=np.uint8))
@@ -356,7 +407,7 @@ class Pack(Closing):
             h = xxhash.xxh3_64()
             base = (layer * self.n_experts + e) * self.stride
             for off in range(0, self.slot_bytes, _VERIFY_CHUNK):
-                piece = view[:min(_VERIFY_CHUNK, self.slot_bytes - off)]
+                piece = view[: min(_VERIFY_CHUNK, self.slot_bytes - off)]
                 self._pread_into(piece, base + off)
                 if hashing:
                     h.update(piece)
@@ -379,6 +430,7 @@ def _progress(progress, total: int, label: str) -> Callable[[int | None], None]:
     if not progress:
         return lambda done: None
     from rich.progress import Progress
+
     p = Progress(transient=True)
     task = p.add_task(f"verify {label}", total=total)
     p.start()
@@ -388,4 +440,5 @@ def _progress(progress, total: int, label: str) -> Callable[[int | None], None]:
             p.stop()
         else:
             p.update(task, completed=done)
+
     return update

@@ -15,6 +15,7 @@ symlink or FIFO is refused, never created or locked through. A writer that fails
 pack it created removes the lock file too, while holding it: whoever opened that file
 meanwhile finds it no longer named after its flock and opens the new one.
 """
+
 from __future__ import annotations
 
 import errno
@@ -47,7 +48,7 @@ def holders(lock_path: str) -> list[tuple[int, str]]:
     out = []
     for line in lines:
         parts = line.split()
-        if "->" in parts:             # a waiter, not a holder
+        if "->" in parts:  # a waiter, not a holder
             continue
         if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].endswith(want):
             dev = parts[5].rsplit(":", 1)[0].split(":")
@@ -82,9 +83,11 @@ def _refuse_planted(lock_path: str, fd: int) -> None:
     (or, with O_CREAT, create) something else."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise LockFileError(lock_path, errno.EINVAL, "is not a regular file; a pack's lock "
-                                                     "file must be an empty regular file: "
-                                                     "remove what is there")
+        raise LockFileError(
+            lock_path,
+            errno.EINVAL,
+            "is not a regular file; a pack's lock file must be an empty regular file: remove what is there",
+        )
     if st.st_uid == os.geteuid():
         return
     try:
@@ -93,11 +96,14 @@ def _refuse_planted(lock_path: str, fd: int) -> None:
         return
     shared = d.st_mode & stat.S_ISVTX and d.st_mode & (stat.S_IWOTH | stat.S_IWGRP)
     if shared and st.st_uid != d.st_uid:
-        raise LockFileError(lock_path, errno.EPERM,
-                            f"owned by uid {st.st_uid}, neither you nor the owner of this "
-                            f"shared sticky directory; refusing a lock file another user "
-                            f"may have planted (remove it, or keep packs in a private "
-                            f"directory)")
+        raise LockFileError(
+            lock_path,
+            errno.EPERM,
+            f"owned by uid {st.st_uid}, neither you nor the owner of this "
+            f"shared sticky directory; refusing a lock file another user "
+            f"may have planted (remove it, or keep packs in a private "
+            f"directory)",
+        )
 
 
 def _open_lock_file(lock_path: str, create: bool) -> tuple[int, bool]:
@@ -112,7 +118,7 @@ def _open_lock_file(lock_path: str, create: bool) -> tuple[int, bool]:
         if not create:
             fd = os.open(lock_path, flags | os.O_RDONLY)
         else:
-            for _ in range(8):   # created and removed by others between our two opens
+            for _ in range(8):  # created and removed by others between our two opens
                 try:
                     fd = os.open(lock_path, flags | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
                     created = True
@@ -128,10 +134,13 @@ def _open_lock_file(lock_path: str, create: bool) -> tuple[int, bool]:
                 raise TierIOError(lock_path, 0, errno.EAGAIN, what="lock open")
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(lock_path):
-            raise LockFileError(lock_path, errno.ELOOP,
-                                "is a symbolic link; a pack's lock file must be a regular "
-                                "file (nothing was created or locked through the link): "
-                                "remove it") from None
+            raise LockFileError(
+                lock_path,
+                errno.ELOOP,
+                "is a symbolic link; a pack's lock file must be a regular "
+                "file (nothing was created or locked through the link): "
+                "remove it",
+            ) from None
         raise
     try:
         _refuse_planted(lock_path, fd)
@@ -141,7 +150,7 @@ def _open_lock_file(lock_path: str, create: bool) -> tuple[int, bool]:
     return fd, created
 
 
-_RETRIES = 64   # opens of a lock file that others keep removing, before giving up
+_RETRIES = 64  # opens of a lock file that others keep removing, before giving up
 
 
 def _still_named(lock_path: str, fd: int) -> bool:
@@ -177,10 +186,10 @@ def lock_for_writing(lock_path: str) -> tuple[int, bool]:
             raise
         if _still_named(lock_path, fd):
             return fd, created
-        os.close(fd)   # locked a lock file its writer removed meanwhile: take the new one
+        os.close(fd)  # locked a lock file its writer removed meanwhile: take the new one
     else:
         raise TierIOError(lock_path, 0, errno.EAGAIN, what="lock (the file kept changing)")
-    try:   # who? a shared lock we can take means only readers hold it
+    try:  # who? a shared lock we can take means only readers hold it
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         readers = True
     except BlockingIOError:
@@ -188,12 +197,18 @@ def lock_for_writing(lock_path: str) -> tuple[int, bool]:
     finally:
         os.close(fd)
     if readers:
-        raise PackBusyError(lock_path, f"a live reader (ExpertStore){_who(lock_path, 'READ')} "
-                                       f"is serving this pack; close it before rewriting, "
-                                       f"or write a new pack and rename it into place")
-    raise PackBusyError(lock_path, f"another writer holds this pack's lock"
-                                   f"{_who(lock_path, 'WRITE')}; wait for it to finish "
-                                   f"(or end it: a killed writer's pack resumes)")
+        raise PackBusyError(
+            lock_path,
+            f"a live reader (ExpertStore){_who(lock_path, 'READ')} "
+            f"is serving this pack; close it before rewriting, "
+            f"or write a new pack and rename it into place",
+        )
+    raise PackBusyError(
+        lock_path,
+        f"another writer holds this pack's lock"
+        f"{_who(lock_path, 'WRITE')}; wait for it to finish "
+        f"(or end it: a killed writer's pack resumes)",
+    )
 
 
 def lock_for_reading(pack_path: str, lock_path: str) -> int:
@@ -217,15 +232,18 @@ def lock_for_reading(pack_path: str, lock_path: str) -> int:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise PackBusyError(lock_path, f"{os.path.basename(pack_path)} is being written "
-                                           f"by a PackWriter{_who(lock_path, 'WRITE')}; open "
-                                           f"the store once the writer has finished") from None
+            raise PackBusyError(
+                lock_path,
+                f"{os.path.basename(pack_path)} is being written "
+                f"by a PackWriter{_who(lock_path, 'WRITE')}; open "
+                f"the store once the writer has finished",
+            ) from None
         except BaseException:
             os.close(fd)
             raise
         if _still_named(lock_path, fd):
             return fd
-        os.close(fd)   # a failed writer removed the file we locked: lock the new one
+        os.close(fd)  # a failed writer removed the file we locked: lock the new one
     raise TierIOError(lock_path, 0, errno.EAGAIN, what="lock (the file kept changing)")
 
 

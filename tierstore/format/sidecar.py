@@ -5,6 +5,7 @@ Every sidecar is untrusted. ``load_sidecar`` checks, in this order (safetensors
 style): file size cap, JSON parse, typed decode (msgspec), meaning; the pack
 file's size and the name's key20 are checked by ``Pack.open`` afterwards.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,25 +24,34 @@ from tierstore.files.untrusted import DEFAULT_MAX_STRING, JsonBudget, read_json
 
 PAGE = 4096
 SIDECAR_VERSION = 2
-SIDECAR_MAX_BYTES = 64 << 20          # a DS4 sidecar with checksums is ~200 KiB
-MAX_FILE_BYTES = 1 << 62              # keeps every offset inside int64 for the C++ reader
-MAX_LAYERS = MAX_EXPERTS = 1 << 16    # per-layer/per-expert tables stay small for hostile input
+SIDECAR_MAX_BYTES = 64 << 20  # a DS4 sidecar with checksums is ~200 KiB
+MAX_FILE_BYTES = 1 << 62  # keeps every offset inside int64 for the C++ reader
+MAX_LAYERS = MAX_EXPERTS = 1 << 16  # per-layer/per-expert tables stay small for hostile input
 MAX_SLOT_BYTES = 1 << 36
-MAX_RANKS = 1 << 16                   # tensor / pipeline ranks in a pack's name
-MAX_KEYS = 1 << 22   # n_layers x E: the store keeps a few bytes per key (DS4 has 11,008)
+MAX_RANKS = 1 << 16  # tensor / pipeline ranks in a pack's name
+MAX_KEYS = 1 << 22  # n_layers x E: the store keeps a few bytes per key (DS4 has 11,008)
 # An identity string (ckpt_id, quantizer_abi, zero_mode) as the sidecar's JSON holds it: the
 # reader refuses a longer string (files.untrusted.DEFAULT_MAX_STRING), so the writer does too.
 MAX_FIELD_BYTES = DEFAULT_MAX_STRING
 CHECKSUM_ALGOS = ("xxh3_64",)
 DEFAULT_CHECKSUM = "xxh3_64"
 ORDERS = ("linear", "fragmajor")
-CODECS = ("e2m1", "e2m1.fragmajor", "e8m0", "base2", "raw")   # FORMAT.md, "RowLayout"
-MAX_PARAM = 1 << 62    # layout params are sizes (H, I, blocks): far below this
+CODECS = ("e2m1", "e2m1.fragmajor", "e8m0", "base2", "raw")  # FORMAT.md, "RowLayout"
+MAX_PARAM = 1 << 62  # layout params are sizes (H, I, blocks): far below this
 # dtype name -> bytes per element; "e2m1x2" is two FP4 nibbles per byte.
-DTYPE_BYTES = {"uint8": 1, "int8": 1, "e2m1x2": 1, "e8m0": 1, "float8_e4m3fn": 1,
-               "uint16": 2, "bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
-IDENTITY_FIELDS = ("ckpt_id", "zero_mode", "quantizer_abi", "tag", "n_layers", "E",
-                   "slot_bytes", "stride")
+DTYPE_BYTES = {
+    "uint8": 1,
+    "int8": 1,
+    "e2m1x2": 1,
+    "e8m0": 1,
+    "float8_e4m3fn": 1,
+    "uint16": 2,
+    "bfloat16": 2,
+    "float16": 2,
+    "float32": 4,
+    "int32": 4,
+}
+IDENTITY_FIELDS = ("ckpt_id", "zero_mode", "quantizer_abi", "tag", "n_layers", "E", "slot_bytes", "stride")
 TIERSTORE_ONLY_FIELDS = frozenset({"layout", "checksum", "checksums"})
 
 _TAG = r"[A-Za-z0-9_\-]+"
@@ -49,8 +59,9 @@ _TAG = r"[A-Za-z0-9_\-]+"
 # reader of these names would parse as 0; \Z, not $, which matches before a newline.
 _NAME_RE = re.compile(
     rf"^(?P<tag>{_TAG})(?:\.v2\.(?P<key20>[0-9a-f]{{20}}))?"
-    r"\.rank(?P<rank>[0-9]+)of(?P<world>[0-9]+)(?:\.pp(?P<p>[0-9]+)of(?P<q>[0-9]+))?\.pack\Z")
-TAG_RE = re.compile(rf"^{_TAG}\Z")   # \Z: "$" would let a trailing newline through
+    r"\.rank(?P<rank>[0-9]+)of(?P<world>[0-9]+)(?:\.pp(?P<p>[0-9]+)of(?P<q>[0-9]+))?\.pack\Z"
+)
+TAG_RE = re.compile(rf"^{_TAG}\Z")  # \Z: "$" would let a trailing newline through
 
 
 def round_up(n: int, align: int = PAGE) -> int:
@@ -59,6 +70,7 @@ def round_up(n: int, align: int = PAGE) -> int:
 
 class RowSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """One named byte range of an expert row: ``bytes`` = DTYPE_BYTES[dtype] * prod(shape)."""
+
     name: str
     offset: int
     bytes: int
@@ -70,6 +82,7 @@ class RowSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class RowLayout(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """What the bytes of every row mean. ``kind`` is the row tag (``fp4``, ``base``,
     ``opaque``...); ``order`` is the nibble order of e2m1 planes."""
+
     kind: str
     sections: list[RowSection]
     order: Literal["linear", "fragmajor"] = "linear"
@@ -79,6 +92,7 @@ class RowLayout(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class Sidecar(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """The `.json` next to a pack. The first ten fields are vLLM-Moet's; the last three
     are tierstore's superset and absent from vLLM-Moet sidecars."""
+
     version: int
     tag: str
     E: int
@@ -99,8 +113,7 @@ class Sidecar(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 
 def key20_of(identity: dict) -> str:
     """First 20 hex chars of sha256 over the canonical JSON of the identity fields."""
-    canon = json.dumps({k: identity[k] for k in IDENTITY_FIELDS}, sort_keys=True,
-                       separators=(",", ":"))
+    canon = json.dumps({k: identity[k] for k in IDENTITY_FIELDS}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canon.encode()).hexdigest()[:20]
 
 
@@ -113,13 +126,15 @@ class PackName:
     pp: tuple[int, int] | None
 
     @classmethod
-    def parse(cls, path: str | os.PathLike) -> "PackName":
+    def parse(cls, path: str | os.PathLike) -> PackName:
         base = os.path.basename(os.fspath(path))
         m = _NAME_RE.match(base)
         if not m:
-            raise FormatError(f"{os.fspath(path)}: not a pack name; expected "
-                              "<tag>.v2.<key20>.rank<r>of<w>[.pp<p>of<q>].pack or "
-                              "<tag>.rank<r>of<w>.pack")
+            raise FormatError(
+                f"{os.fspath(path)}: not a pack name; expected "
+                "<tag>.v2.<key20>.rank<r>of<w>[.pp<p>of<q>].pack or "
+                "<tag>.rank<r>of<w>.pack"
+            )
         rank, world = int(m["rank"]), int(m["world"])
         pp = (int(m["p"]), int(m["q"])) if m["p"] is not None else None
         if world < 1 or rank >= world or (pp and (pp[1] < 1 or pp[0] >= pp[1])):
@@ -137,8 +152,7 @@ class PackName:
             if not isinstance(pp, (tuple, list)) or len(pp) != 2:
                 raise ConfigError(f"{who}: pp must be (stage, stages), found {pp!r}")
             stages = settings.argument(f"{who}: pp stages", pp[1], settings.integer(1, MAX_RANKS))
-            pp = (settings.argument(f"{who}: pp stage", pp[0], settings.integer(0, stages - 1)),
-                  stages)
+            pp = (settings.argument(f"{who}: pp stage", pp[0], settings.integer(0, stages - 1)), stages)
         return rank, world, pp
 
     def filename(self) -> str:
@@ -155,7 +169,7 @@ def lock_path_of(pack_path: str) -> str:
     return pack_path[: -len(".pack")] + ".lock"
 
 
-SIDECAR_MAX_DEPTH = 16   # a valid sidecar nests 5 levels (layout.sections[i].shape)
+SIDECAR_MAX_DEPTH = 16  # a valid sidecar nests 5 levels (layout.sections[i].shape)
 # Beyond its per-layer and per-row entries a sidecar holds a few fields and a layout of a
 # handful of sections (~15 items each): these leave room for ~250 sections.
 SIDECAR_FIXED_ITEMS = 4096
@@ -165,6 +179,7 @@ SIDECAR_FIXED_CONTAINERS = 1024
 class _Geometry(msgspec.Struct):
     """The two numbers a sidecar's size follows from; every other field is skipped
     unparsed (msgspec allocates nothing for it)."""
+
     n_layers: int = 0
     E: int = 0
 
@@ -180,22 +195,23 @@ def sidecar_budget(raw: bytes) -> JsonBudget:
         g = msgspec.json.decode(raw, type=_Geometry)
         L, E = min(max(g.n_layers, 0), MAX_LAYERS), min(max(g.E, 0), MAX_EXPERTS)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        L = E = 0           # the strict parse names the problem (nesting first)
+        L = E = 0  # the strict parse names the problem (nesting first)
     keys = min(L * E, MAX_KEYS)
-    return JsonBudget(keys + 3 * L + SIDECAR_FIXED_ITEMS, L + SIDECAR_FIXED_CONTAINERS,
-                      f"all a sidecar of {L} layers x {E} experts holds")
+    return JsonBudget(
+        keys + 3 * L + SIDECAR_FIXED_ITEMS,
+        L + SIDECAR_FIXED_CONTAINERS,
+        f"all a sidecar of {L} layers x {E} experts holds",
+    )
 
 
-def load_sidecar(path: str, *, key20_in_name: bool,
-                 partial_sums: bool = False) -> tuple[Sidecar, list[str]]:
+def load_sidecar(path: str, *, key20_in_name: bool, partial_sums: bool = False) -> tuple[Sidecar, list[str]]:
     """Read and validate a sidecar file. Returns the sidecar and the names of unknown
     vLLM-Moet keys that were tolerated (see FORMAT.md, "Unknown fields")."""
     # 1. a regular file, its size against a cap, 2. nesting depth and how many items it
     #    holds against what its geometry describes (a linear scan), then strict JSON (no
     #    NaN/Infinity, no duplicate keys): tierstore.files.untrusted
     try:
-        obj = read_json(path, SIDECAR_MAX_BYTES, "sidecar", SIDECAR_MAX_DEPTH,
-                        budget=sidecar_budget)
+        obj = read_json(path, SIDECAR_MAX_BYTES, "sidecar", SIDECAR_MAX_DEPTH, budget=sidecar_budget)
     except FileNotFoundError:
         raise FormatError(f"{path}: sidecar is missing") from None
     if not isinstance(obj, dict):
@@ -205,10 +221,10 @@ def load_sidecar(path: str, *, key20_in_name: bool,
     unknown = sorted(set(obj) - known)
     if unknown and not (TIERSTORE_ONLY_FIELDS & set(obj)):
         if not key20_in_name:
-            raise FormatError(f"{path}: unknown field `{unknown[0]}` in a sidecar whose name "
-                              "carries no key20 identity")
-        warnings.warn(f"{path}: ignoring unknown vLLM-Moet sidecar fields {unknown}",
-                      stacklevel=3)
+            raise FormatError(
+                f"{path}: unknown field `{unknown[0]}` in a sidecar whose name carries no key20 identity"
+            )
+        warnings.warn(f"{path}: ignoring unknown vLLM-Moet sidecar fields {unknown}", stacklevel=3)
         obj = {k: v for k, v in obj.items() if k in known}
     else:
         unknown = []
@@ -231,6 +247,7 @@ def validate_sidecar(sc: Sidecar, path: str, partial_sums: bool = False) -> None
     """Checks of meaning; every message names the file and the field. ``partial_sums``:
     listed layers may lack checksums (only PackWriter, resuming a pack another engine
     extended, asks: it hashes them before it publishes a sidecar)."""
+
     def bad(msg: str):
         raise FormatError(f"{path}: {msg}")
 
@@ -239,8 +256,10 @@ def validate_sidecar(sc: Sidecar, path: str, partial_sums: bool = False) -> None
     for name in ("ckpt_id", "zero_mode", "quantizer_abi"):
         size = json_field_bytes(getattr(sc, name))
         if size > MAX_FIELD_BYTES:
-            bad(f"field `{name}`: {size} bytes as JSON, over the cap {MAX_FIELD_BYTES} (a "
-                f"reader refuses a longer string)")
+            bad(
+                f"field `{name}`: {size} bytes as JSON, over the cap {MAX_FIELD_BYTES} (a "
+                f"reader refuses a longer string)"
+            )
     if not TAG_RE.match(sc.tag):
         bad(f"field `tag`: {sc.tag!r} is not a valid tag ([A-Za-z0-9_-]+)")
     for name in ("E", "n_layers", "slot_bytes"):
@@ -250,11 +269,15 @@ def validate_sidecar(sc: Sidecar, path: str, partial_sums: bool = False) -> None
         if getattr(sc, name) > cap:
             bad(f"field `{name}`: {getattr(sc, name)} is over the cap {cap}")
     if sc.n_layers * sc.E > MAX_KEYS:
-        bad(f"geometry {sc.n_layers} layers x {sc.E} experts = {sc.n_layers * sc.E} rows, over "
-            f"the limit of {MAX_KEYS} rows (per-row tables would not fit in bounded memory)")
+        bad(
+            f"geometry {sc.n_layers} layers x {sc.E} experts = {sc.n_layers * sc.E} rows, over "
+            f"the limit of {MAX_KEYS} rows (per-row tables would not fit in bounded memory)"
+        )
     if sc.stride != round_up(sc.slot_bytes):
-        bad(f"field `stride`: expected {round_up(sc.slot_bytes)} (slot_bytes {sc.slot_bytes} "
-            f"rounded up to {PAGE}), found {sc.stride}")
+        bad(
+            f"field `stride`: expected {round_up(sc.slot_bytes)} (slot_bytes {sc.slot_bytes} "
+            f"rounded up to {PAGE}), found {sc.stride}"
+        )
     if sc.n_layers * sc.E * sc.stride >= MAX_FILE_BYTES:
         bad(f"geometry {sc.n_layers}x{sc.E}x{sc.stride} overflows the {MAX_FILE_BYTES} byte cap")
     for i, layer in enumerate(sc.layers):
@@ -272,7 +295,7 @@ def validate_sidecar(sc: Sidecar, path: str, partial_sums: bool = False) -> None
     if sc.checksum not in CHECKSUM_ALGOS:
         bad(f"field `checksum`: unknown algorithm {sc.checksum!r}, expected one of {CHECKSUM_ALGOS}")
     sums = sc.checksums or {}
-    if partial_sums:   # PackWriter resuming another engine's layers: it sums the rest first
+    if partial_sums:  # PackWriter resuming another engine's layers: it sums the rest first
         stray = sorted(set(sums) - set(sc.layers))
         if stray:
             bad(f"field `checksums`: layers {stray[:8]} have sums but are not in `layers`")
@@ -317,8 +340,9 @@ def validate_layout(layout: RowLayout, slot_bytes: int, path: str) -> None:
         if n != s.bytes:
             bad(f"section `{s.name}`: bytes {s.bytes}, expected {n} for {s.dtype} {s.shape}")
         if s.offset < 0 or s.offset + s.bytes > slot_bytes:
-            bad(f"section `{s.name}`: [{s.offset}, {s.offset + s.bytes}) is outside the "
-                f"{slot_bytes}-byte row")
+            bad(
+                f"section `{s.name}`: [{s.offset}, {s.offset + s.bytes}) is outside the {slot_bytes}-byte row"
+            )
         if s.offset < end_prev:
             bad(f"section `{s.name}` at offset {s.offset} overlaps `{prev}` ending at {end_prev}")
         end_prev, prev = s.offset + s.bytes, s.name
@@ -326,5 +350,4 @@ def validate_layout(layout: RowLayout, slot_bytes: int, path: str) -> None:
 
 def encode_sidecar(sc: Sidecar) -> bytes:
     """Sorted keys (as vLLM-Moet writes them), one line, trailing newline."""
-    return (json.dumps(msgspec.to_builtins(sc), sort_keys=True, separators=(",", ":"))
-            + "\n").encode()
+    return (json.dumps(msgspec.to_builtins(sc), sort_keys=True, separators=(",", ":")) + "\n").encode()

@@ -12,6 +12,7 @@ whose ``with`` block fails (an interrupt included) removes the pack, sidecar, lo
 and directories it made itself, while it still holds the lock; files it found (a pack it
 resumed, another writer's pack beside it) are never touched.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -26,15 +27,27 @@ import xxhash
 
 from tierstore import settings
 from tierstore.errors import ConfigError, FormatError, TierIOError
-from tierstore.format.packlock import PackBusyError, lock_for_writing
-from tierstore.files.atomic import (create_sized_atomic, remove_quietly, stale_temps,
-                                    write_atomic)
+from tierstore.files.atomic import create_sized_atomic, remove_quietly, stale_temps, write_atomic
 from tierstore.files.closing import Closing
-from tierstore.format.sidecar import (DEFAULT_CHECKSUM, MAX_EXPERTS, MAX_LAYERS, MAX_SLOT_BYTES,
-                                      TAG_RE, PackName, RowLayout, Sidecar,
-                                      SIDECAR_VERSION, encode_sidecar, key20_of,
-                                      load_sidecar, lock_path_of, round_up, sidecar_path_of,
-                                      validate_sidecar)
+from tierstore.format.packlock import PackBusyError, lock_for_writing
+from tierstore.format.sidecar import (
+    DEFAULT_CHECKSUM,
+    MAX_EXPERTS,
+    MAX_LAYERS,
+    MAX_SLOT_BYTES,
+    SIDECAR_VERSION,
+    TAG_RE,
+    PackName,
+    RowLayout,
+    Sidecar,
+    encode_sidecar,
+    key20_of,
+    load_sidecar,
+    lock_path_of,
+    round_up,
+    sidecar_path_of,
+    validate_sidecar,
+)
 
 DEFAULT_QUANTIZER_ABI = "tierstore-opaque-v1"
 
@@ -44,11 +57,15 @@ class PackReplacedError(TierIOError):
 
     def __init__(self, path: str, offset: int):
         super().__init__(path, offset, errno.ESTALE, what="write")
-        self.args = (errno.ESTALE, f"{path}: the file was replaced or removed while being "
-                                   f"written (inode changed); refusing to write through it")
+        self.args = (
+            errno.ESTALE,
+            f"{path}: the file was replaced or removed while being "
+            f"written (inode changed); refusing to write through it",
+        )
 
 
 log = logging.getLogger("tierstore.format")
+
 
 class PackWriter(Closing):
     """Write (or resume writing) one pack. Not thread safe; one writer per pack file,
@@ -61,12 +78,25 @@ class PackWriter(Closing):
     pack, PackBusyError (naming the holder's pid), LockFileError (a planted lock link),
     PackReplacedError, TierIOError for failed writes."""
 
-    def __init__(self, out: str | os.PathLike, *, tag: str, n_layers: int, n_experts: int,
-                 slot_bytes: int, ckpt_id: str, zero_mode: str = "none",
-                 quantizer_abi: str = DEFAULT_QUANTIZER_ABI, layout: RowLayout | None = None,
-                 rank: int = 0, world: int = 1, pp: tuple[int, int] | None = None,
-                 checksum: str = DEFAULT_CHECKSUM, discard_on_error: bool = False,
-                 check_space: bool = False):
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        *,
+        tag: str,
+        n_layers: int,
+        n_experts: int,
+        slot_bytes: int,
+        ckpt_id: str,
+        zero_mode: str = "none",
+        quantizer_abi: str = DEFAULT_QUANTIZER_ABI,
+        layout: RowLayout | None = None,
+        rank: int = 0,
+        world: int = 1,
+        pp: tuple[int, int] | None = None,
+        checksum: str = DEFAULT_CHECKSUM,
+        discard_on_error: bool = False,
+        check_space: bool = False,
+    ):
         out = os.fspath(out)
         self._fd = self._lock_fd = -1
         self._closed = False
@@ -78,16 +108,30 @@ class PackWriter(Closing):
         self._ident: tuple[int, int] | None = None
         self._made_pack: tuple[int, int] | None = None
         self._check_space = bool(check_space)
-        n_layers, n_experts, slot_bytes = (   # numbers as settings checks them: nan, 1.5, "4"
+        n_layers, n_experts, slot_bytes = (  # numbers as settings checks them: nan, 1.5, "4"
             settings.argument(f"PackWriter({out}): {name}", value, settings.integer(1, cap))
-            for name, value, cap in (("n_layers", n_layers, MAX_LAYERS),
-                                     ("n_experts", n_experts, MAX_EXPERTS),
-                                     ("slot_bytes", slot_bytes, MAX_SLOT_BYTES)))
+            for name, value, cap in (
+                ("n_layers", n_layers, MAX_LAYERS),
+                ("n_experts", n_experts, MAX_EXPERTS),
+                ("slot_bytes", slot_bytes, MAX_SLOT_BYTES),
+            )
+        )
         rank, world, pp = PackName.checked(rank, world, pp, f"PackWriter({out})")
-        sc = Sidecar(version=SIDECAR_VERSION, tag=tag, E=int(n_experts), n_layers=int(n_layers),
-                     slot_bytes=int(slot_bytes), stride=round_up(int(slot_bytes)),
-                     ckpt_id=ckpt_id, zero_mode=zero_mode, quantizer_abi=quantizer_abi,
-                     layers=[], layout=layout, checksum=checksum, checksums={})
+        sc = Sidecar(
+            version=SIDECAR_VERSION,
+            tag=tag,
+            E=int(n_experts),
+            n_layers=int(n_layers),
+            slot_bytes=int(slot_bytes),
+            stride=round_up(int(slot_bytes)),
+            ckpt_id=ckpt_id,
+            zero_mode=zero_mode,
+            quantizer_abi=quantizer_abi,
+            layers=[],
+            layout=layout,
+            checksum=checksum,
+            checksums={},
+        )
         try:
             if not TAG_RE.match(tag):
                 raise FormatError(f"tag {tag!r} is not a valid tag ([A-Za-z0-9_-]+)")
@@ -119,8 +163,9 @@ class PackWriter(Closing):
         if given.tag != name.tag:
             raise ConfigError(f"{out}: name's tag {given.tag!r} differs from tag {name.tag!r}")
         if given.key20 is not None and given.key20 != name.key20:
-            raise ConfigError(f"{out}: key20 in the name is {given.key20}, this identity "
-                              f"hashes to {name.key20}")
+            raise ConfigError(
+                f"{out}: key20 in the name is {given.key20}, this identity hashes to {name.key20}"
+            )
         self._makedirs(os.path.dirname(os.path.abspath(out)))
         return out
 
@@ -131,7 +176,7 @@ class PackWriter(Closing):
             missing.append(probe)
             probe = os.path.dirname(probe)
         _makedirs(directory)
-        self._made_dirs = missing        # deepest first
+        self._made_dirs = missing  # deepest first
 
     def _take_lock(self) -> None:
         """LOCK_EX on the lock file: refused while another writer or a live store holds
@@ -150,21 +195,23 @@ class PackWriter(Closing):
         have_pack = os.path.exists(self.path)
         if not have_sidecar:
             if have_pack:
-                raise FormatError(f"{self.path}: pack exists without its sidecar "
-                                  f"{os.path.basename(self.sidecar_path)}; refusing to overwrite")
+                raise FormatError(
+                    f"{self.path}: pack exists without its sidecar "
+                    f"{os.path.basename(self.sidecar_path)}; refusing to overwrite"
+                )
             self._require_space(size, whole=True)
-            self._made_sidecar = True    # before the write: an interrupt in it is ours too
+            self._made_sidecar = True  # before the write: an interrupt in it is ours too
             write_atomic(self.sidecar_path, encode_sidecar(fresh))
             self._create_sparse(size)
             return fresh
         old, _ = load_sidecar(self.sidecar_path, key20_in_name=True, partial_sums=True)
         self._check_resumable(old, fresh)
-        self._require_space((old.n_layers - len(old.layers)) * old.E * old.stride,
-                            whole=not old.layers)
+        self._require_space((old.n_layers - len(old.layers)) * old.E * old.stride, whole=not old.layers)
         if not have_pack:
             if old.layers:
-                raise FormatError(f"{self.path}: pack file is missing but its sidecar lists "
-                                  f"layers {old.layers[:8]}")
+                raise FormatError(
+                    f"{self.path}: pack file is missing but its sidecar lists layers {old.layers[:8]}"
+                )
             self._create_sparse(size)
         else:
             try:
@@ -172,8 +219,7 @@ class PackWriter(Closing):
             except OSError as exc:
                 raise TierIOError(self.path, 0, exc.errno or errno.EIO, what="open") from None
             if not stat.S_ISREG(os.fstat(self._fd).st_mode):
-                raise FormatError(f"{self.path}: not a regular file; refusing to write a pack "
-                                  f"into it")
+                raise FormatError(f"{self.path}: not a regular file; refusing to write a pack into it")
             found = os.fstat(self._fd).st_size
             if found != size:
                 raise FormatError(f"{self.path}: file size {found} bytes, expected {size}")
@@ -190,8 +236,7 @@ class PackWriter(Closing):
         """Layers another engine wrote without checksums (vLLM-Moet keeps none): hash them
         as they are on disk, once, and publish the sidecar, so every listed layer has its
         sums from here on (a reader then verifies them like ours)."""
-        log.info("%s: hashing %d layer(s) written without checksums: %s", self.path,
-                 len(layers), layers[:8])
+        log.info("%s: hashing %d layer(s) written without checksums: %s", self.path, len(layers), layers[:8])
         buf = bytearray(sc.slot_bytes)
         view = memoryview(buf)
         for layer in layers:
@@ -212,13 +257,15 @@ class PackWriter(Closing):
             except OSError as exc:
                 raise TierIOError(self.path, offset + done, exc.errno, what="read") from None
             if n <= 0:
-                raise FormatError(f"{self.path}: unexpected end of file at offset "
-                                  f"{offset + done:#x}")
+                raise FormatError(f"{self.path}: unexpected end of file at offset {offset + done:#x}")
             done += n
 
     def _check_resumable(self, old: Sidecar, fresh: Sidecar) -> None:
-        diffs = [f"{k}: existing {old.identity()[k]!r}, new {v!r}"
-                 for k, v in fresh.identity().items() if old.identity()[k] != v]
+        diffs = [
+            f"{k}: existing {old.identity()[k]!r}, new {v!r}"
+            for k, v in fresh.identity().items()
+            if old.identity()[k] != v
+        ]
         if old.layout != fresh.layout:
             diffs.append("layout differs")
         # A sidecar with no checksum at all (vLLM-Moet's own, or an older tierstore's) is
@@ -226,12 +273,13 @@ class PackWriter(Closing):
         if old.checksum != fresh.checksum and old.layers and old.checksum is not None:
             diffs.append(f"checksum: existing {old.checksum!r}, new {fresh.checksum!r}")
         if diffs:
-            raise ConfigError(f"{self.path}: exists with another identity; cannot resume ("
-                              + "; ".join(diffs) + ")")
+            raise ConfigError(
+                f"{self.path}: exists with another identity; cannot resume (" + "; ".join(diffs) + ")"
+            )
         old.checksum = fresh.checksum
 
     def _create_sparse(self, size: int) -> None:
-        self._fd = create_sized_atomic(self.path, size)   # unwritten layers stay holes
+        self._fd = create_sized_atomic(self.path, size)  # unwritten layers stay holes
         st = os.fstat(self._fd)
         self._ident = self._made_pack = (st.st_dev, st.st_ino)
 
@@ -245,12 +293,14 @@ class PackWriter(Closing):
         try:
             free = shutil.disk_usage(directory).free
         except OSError:
-            return   # cannot tell: the writes themselves will say ENOSPC, naming the offset
+            return  # cannot tell: the writes themselves will say ENOSPC, naming the offset
         if need > free:
             what = "the pack needs" if whole else "the layers still to write need"
-            raise ConfigError(f"{self.path}: {what} {need / 1e9:.2f} GB, {directory} has "
-                              f"{free / 1e9:.2f} GB free; choose another place or a smaller "
-                              f"pack")
+            raise ConfigError(
+                f"{self.path}: {what} {need / 1e9:.2f} GB, {directory} has "
+                f"{free / 1e9:.2f} GB free; choose another place or a smaller "
+                f"pack"
+            )
 
     # -- writing ---------------------------------------------------------------------
     @property
@@ -258,8 +308,8 @@ class PackWriter(Closing):
         return tuple(self._sidecar.layers)
 
     def is_written(self, layer: int) -> bool:
-        layers = self._sidecar.layers            # sorted: a resume of 10^4 layers asks
-        i = bisect.bisect_left(layers, layer)    # this once per layer
+        layers = self._sidecar.layers  # sorted: a resume of 10^4 layers asks
+        i = bisect.bisect_left(layers, layer)  # this once per layer
         return i < len(layers) and layers[i] == layer
 
     def _check_same_file(self, offset: int) -> None:
@@ -280,14 +330,17 @@ class PackWriter(Closing):
         leaves it unlisted rather than half old, half new."""
         if self._closed:
             from tierstore.errors import ClosedError
+
             raise ClosedError(f"{self.path}: writer is closed")
         sc = self._sidecar
         if not 0 <= layer < sc.n_layers:
             raise ConfigError(f"{self.path}: layer {layer} out of range [0, {sc.n_layers})")
         arr = np.asarray(rows)
         if arr.dtype != np.uint8 or arr.shape != (sc.E, sc.slot_bytes):
-            raise ConfigError(f"{self.path}: layer {layer}: rows must be uint8 "
-                              f"[{sc.E}, {sc.slot_bytes}], found {arr.dtype} {list(arr.shape)}")
+            raise ConfigError(
+                f"{self.path}: layer {layer}: rows must be uint8 "
+                f"[{sc.E}, {sc.slot_bytes}], found {arr.dtype} {list(arr.shape)}"
+            )
         arr = np.ascontiguousarray(arr)
         if layer in sc.layers:
             old_sums = sc.checksums.pop(layer, None)
@@ -335,6 +388,7 @@ class PackWriter(Closing):
     def open_pack(self):
         """A reader over what is published so far."""
         from tierstore.format.pack import Pack
+
         return Pack.open(self.path)
 
     def close(self) -> None:
@@ -343,7 +397,7 @@ class PackWriter(Closing):
             os.close(self._fd)
             self._fd = -1
         if self._lock_fd >= 0:
-            os.close(self._lock_fd)   # closing the fd drops the flock
+            os.close(self._lock_fd)  # closing the fd drops the flock
             self._lock_fd = -1
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -365,9 +419,9 @@ class PackWriter(Closing):
             if self._made_sidecar:
                 removed += _unlink(self.sidecar_path)
             if self._made_lock:
-                removed += _unlink(self.lock_path)   # holders of the old inode re-open
+                removed += _unlink(self.lock_path)  # holders of the old inode re-open
         self.close()
-        for d in self._made_dirs:                    # deepest first; only if empty
+        for d in self._made_dirs:  # deepest first; only if empty
             try:
                 os.rmdir(d)
                 removed.append(d)
@@ -375,7 +429,6 @@ class PackWriter(Closing):
                 break
         self._made_dirs = []
         return removed
-
 
 
 def _same_file(path: str, ident: tuple[int, int]) -> bool:
@@ -397,7 +450,7 @@ def _unlink(path: str) -> list[str]:
 def _makedirs(directory: str) -> None:
     try:
         os.makedirs(directory, exist_ok=True)
-    except OSError as exc:   # a file in the way, a read-only or full filesystem, EACCES
+    except OSError as exc:  # a file in the way, a read-only or full filesystem, EACCES
         raise TierIOError(directory, 0, exc.errno or errno.EIO, what="mkdir") from None
 
 

@@ -15,6 +15,7 @@ offset and length, and the buffer. There is no unchecked mode: no caller needs o
 Buffers are held by weak reference: a buffer that is freed leaves the table at once,
 so a stale address is refused rather than written into.
 """
+
 from __future__ import annotations
 
 import threading
@@ -39,8 +40,7 @@ def describe(obj) -> tuple[int, int, bool]:
         if not obj.is_contiguous():
             raise ConfigError("register_buffer: the tensor must be contiguous")
         return int(obj.data_ptr()), obj.numel() * obj.element_size(), obj.device.type == "cuda"
-    raise ConfigError(f"register_buffer: expected a torch tensor or numpy array, "
-                      f"got {type(obj).__name__}")
+    raise ConfigError(f"register_buffer: expected a torch tensor or numpy array, got {type(obj).__name__}")
 
 
 class BufferTable:
@@ -50,7 +50,7 @@ class BufferTable:
     def __init__(self, native):
         self._native = native
         self._lock = threading.Lock()
-        self._tokens: dict[int, list[int]] = {}      # id(obj) -> native tokens
+        self._tokens: dict[int, list[int]] = {}  # id(obj) -> native tokens
         self._refs: dict[int, weakref.ref] = {}
 
     def add(self, obj) -> int:

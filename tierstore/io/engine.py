@@ -19,6 +19,7 @@ The caller keeps every buffer alive until the completion is done (device
 copies: until the batch's event fired, i.e. ``synchronize()`` or work ordered
 after ``stream_wait``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,13 +27,14 @@ import errno as _errno
 import logging
 import math
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from tierstore import _C, process, settings
-from tierstore.files.untrusted import open_regular
 from tierstore.errors import BufferBoundsError, ClosedError, ConfigError, TierIOError
+from tierstore.files.untrusted import open_regular
 from tierstore.io.buffers import BufferTable
 
 log = logging.getLogger("tierstore.engine")
@@ -87,7 +89,7 @@ class Completion:
         self._native = native
         self.n_rows = n_rows
         self.sources = sources  # the caller's own per-row labels, passed through untouched
-        self._born = process.generation()   # a fork()ed child must not wait on it
+        self._born = process.generation()  # a fork()ed child must not wait on it
 
     def _check_process(self, what: str) -> None:
         """In a fork()ed child a batch of the parent's engine never completes (its reader
@@ -105,14 +107,20 @@ class Completion:
         """
         timeout = settings.timeout("wait: timeout", timeout)
         if self._born != process.generation():
-            self._check_process("wait()")      # finished before the fork: its result stands
+            self._check_process("wait()")  # finished before the fork: its result stands
         elif not self._native.wait(-1.0 if timeout is None else float(timeout)):
             return False
         nb = self._native
         if nb.err:
-            raise _io_error(nb.path, nb.err_row_offset, nb.err, nb.err_message,
-                            row=nb.err_row, failed_offset=nb.err_offset,
-                            failed_rows=self.failed_rows)
+            raise _io_error(
+                nb.path,
+                nb.err_row_offset,
+                nb.err,
+                nb.err_message,
+                row=nb.err_row,
+                failed_offset=nb.err_offset,
+                failed_rows=self.failed_rows,
+            )
         return True
 
     def done(self) -> bool:
@@ -136,12 +144,17 @@ class Completion:
         self.wait()
         if stream is None:
             import torch
+
             stream = torch.cuda.current_stream()
         handle = int(getattr(stream, "cuda_stream", stream))
         rc = self._native.stream_wait(handle)
         if rc:
-            raise _io_error(self._native.path, 0, _errno.EIO,
-                            f"{self._native.path}: cudaStreamWaitEvent failed (CUDA error {rc})")
+            raise _io_error(
+                self._native.path,
+                0,
+                _errno.EIO,
+                f"{self._native.path}: cudaStreamWaitEvent failed (CUDA error {rc})",
+            )
 
     def synchronize(self) -> None:
         """Host waits until the batch's copies have completed, too (then raises like wait())."""
@@ -149,8 +162,12 @@ class Completion:
         rc = self._native.synchronize()
         self.wait()
         if rc:
-            raise _io_error(self._native.path, 0, _errno.EIO,
-                            f"{self._native.path}: cudaEventSynchronize failed (CUDA error {rc})")
+            raise _io_error(
+                self._native.path,
+                0,
+                _errno.EIO,
+                f"{self._native.path}: cudaEventSynchronize failed (CUDA error {rc})",
+            )
 
 
 class Engine:
@@ -175,10 +192,20 @@ class Engine:
     buffer.
     """
 
-    def __init__(self, path: str | os.PathLike, *, threads: int = 8, direct: str = "auto",
-                 device: str = "cpu", device_index: int = 0, chunk_bytes: int = 4 << 20,
-                 stage_bytes: int = 16 << 20, stage_count: int = 8, probe_cache: bool = True,
-                 chunk_ramp: bool = True):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        threads: int = 8,
+        direct: str = "auto",
+        device: str = "cpu",
+        device_index: int = 0,
+        chunk_bytes: int = 4 << 20,
+        stage_bytes: int = 16 << 20,
+        stage_count: int = 8,
+        probe_cache: bool = True,
+        chunk_ramp: bool = True,
+    ):
         self.path = os.fspath(path)
         problems = []
         if not isinstance(threads, int) or not 1 <= threads <= 512:
@@ -196,25 +223,35 @@ class Engine:
             raise ConfigError(f"Engine({self.path}): invalid " + "; ".join(problems))
         if device == "cuda":
             from tierstore import cuda_available
+
             if not cuda_available():
-                raise ConfigError(f"Engine({self.path}): device='cuda' but no CUDA device "
-                                  f"(built_with_cuda={bool(_C.built_with_cuda())})")
+                raise ConfigError(
+                    f"Engine({self.path}): device='cuda' but no CUDA device "
+                    f"(built_with_cuda={bool(_C.built_with_cuda())})"
+                )
         self.device = device
         self.device_index = int(device_index)
         self.threads = threads
         try:
-            os.close(open_regular(self.path, "pack file"))   # a FIFO would block the native open
+            os.close(open_regular(self.path, "pack file"))  # a FIFO would block the native open
         except FileNotFoundError:
             raise TierIOError(self.path, 0, _errno.ENOENT, what="open") from None
         try:
-            self._native = _C.NativeEngine(self.path, threads, direct,
-                                           self.device_index if device == "cuda" else -1,
-                                           chunk_bytes, stage_bytes, stage_count,
-                                           bool(probe_cache), bool(chunk_ramp))
+            self._native = _C.NativeEngine(
+                self.path,
+                threads,
+                direct,
+                self.device_index if device == "cuda" else -1,
+                chunk_bytes,
+                stage_bytes,
+                stage_count,
+                bool(probe_cache),
+                bool(chunk_ramp),
+            )
         except _C.NativeIOError as exc:
             raise _from_native(exc) from None
         self._buffers = BufferTable(self._native)
-        process.track_engine(self)   # closed at exit, refused in a fork()ed child
+        process.track_engine(self)  # closed at exit, refused in a fork()ed child
         reason = self._native.fallback_reason
         if reason and self.path not in _fallback_logged:
             _fallback_logged.add(self.path)
@@ -243,6 +280,7 @@ class Engine:
         unregistered) when the last reference goes.
         """
         import torch
+
         if not isinstance(nbytes, (int, np.integer)) or nbytes <= 0:
             raise ConfigError(f"alloc_host: nbytes must be a positive int, got {nbytes!r}")
         array, _pinned = _C.alloc_host(int(nbytes), True)
@@ -274,9 +312,18 @@ class Engine:
                 self._buffers.remove_token(buffer, token)
 
     # -- I/O -----------------------------------------------------------------
-    def submit(self, file_offsets, lengths, src_ptrs=None, dst_ptrs=None, *,
-               dst_device: bool = False, sources: Sequence[str] | None = None,
-               checksums=None, checksum: str = "xxh3_64") -> Completion:
+    def submit(
+        self,
+        file_offsets,
+        lengths,
+        src_ptrs=None,
+        dst_ptrs=None,
+        *,
+        dst_device: bool = False,
+        sources: Sequence[str] | None = None,
+        checksums=None,
+        checksum: str = "xxh3_64",
+    ) -> Completion:
         """Submit one batch of rows (equal-length integer columns; see the module doc).
 
         Every row is checked before anything is read (offset >= -1, 0 < length
@@ -339,15 +386,21 @@ class Engine:
         """Cancel queued rows, finish syscalls in flight, join threads, drain the copy stream."""
         self._native.close()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _inject_faults(self, *, every_nth: int = 0, errno: int = _errno.EIO,
-                       fail_offset: int = -1, short_reads: bool = False,
-                       delay_us: int = 0) -> None:
+    def _inject_faults(
+        self,
+        *,
+        every_nth: int = 0,
+        errno: int = _errno.EIO,
+        fail_offset: int = -1,
+        short_reads: bool = False,
+        delay_us: int = 0,
+    ) -> None:
         """Test-only: read through a fault-injecting reader (all defaults: none).
 
         The native engine then wraps its reader in a FaultyReader

@@ -20,17 +20,30 @@ add). Families are built from those counters at scrape time (in-process) or ever
 ``metrics_interval_s`` by a writer thread (multiprocess). ``TIERSTORE_METRICS=0`` turns
 all of it off: ``register_store`` returns None and stores count nothing per layer.
 """
+
 from tierstore.metrics.exporter import Exporter, scrape_registry, serve, setup_scrape_process, start_exporter
 from tierstore.metrics.families import METRICS, PREFIX
 from tierstore.metrics.registry import (
-                                        StoreMetrics,
-                                        metrics_dir,
-                                        register_store,
-                                        registered,
-                                        unregister_store,
-                                        write_now,
+    StoreMetrics,
+    metrics_dir,
+    register_store,
+    registered,
+    unregister_store,
+    write_now,
 )
 
-__all__ = ["register_store", "unregister_store", "registered", "StoreMetrics", "serve",
-           "start_exporter", "Exporter", "scrape_registry", "setup_scrape_process",
-           "metrics_dir", "write_now", "METRICS", "PREFIX"]
+__all__ = [
+    "register_store",
+    "unregister_store",
+    "registered",
+    "StoreMetrics",
+    "serve",
+    "start_exporter",
+    "Exporter",
+    "scrape_registry",
+    "setup_scrape_process",
+    "metrics_dir",
+    "write_now",
+    "METRICS",
+    "PREFIX",
+]

@@ -18,6 +18,7 @@
   next to vLLM's. ``PROMETHEUS_MULTIPROC_DIR`` is never set by us: that would switch
   vLLM's own registry to multiprocess mode and hide its in-process metrics.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,19 +32,22 @@ from tierstore.metrics.registry import metrics_dir
 
 _setup_lock = threading.Lock()
 _private: tempfile.TemporaryDirectory | None = None
-_collector_dirs: set[str] = set()   # directories whose collector this process registered
+_collector_dirs: set[str] = set()  # directories whose collector this process registered
 
 
 def scrape_registry():
     """The registry a /metrics endpoint of this process serves (see the module doc)."""
     from prometheus_client import REGISTRY, CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
+
     directory = metrics_dir()
     if directory is None or directory in _collector_dirs:
         return REGISTRY
     if not os.path.isdir(directory):
-        raise ConfigError(f"metrics directory {directory} does not exist (set by "
-                          f"PROMETHEUS_MULTIPROC_DIR or TIERSTORE_METRICS_DIR)")
+        raise ConfigError(
+            f"metrics directory {directory} does not exist (set by "
+            f"PROMETHEUS_MULTIPROC_DIR or TIERSTORE_METRICS_DIR)"
+        )
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=directory)
     return registry
@@ -56,6 +60,7 @@ def setup_scrape_process() -> str:
     global _private
     from prometheus_client import REGISTRY
     from prometheus_client.multiprocess import MultiProcessCollector
+
     with _setup_lock:
         shared = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if shared:
@@ -66,7 +71,7 @@ def setup_scrape_process() -> str:
             directory = _private.name
         elif not os.path.isdir(directory):
             raise ConfigError(f"TIERSTORE_METRICS_DIR={directory}: not a directory")
-        os.environ["TIERSTORE_METRICS_DIR"] = directory   # inherited by the workers
+        os.environ["TIERSTORE_METRICS_DIR"] = directory  # inherited by the workers
         settings.set("metrics_dir", directory)
         if directory not in _collector_dirs:
             MultiProcessCollector(REGISTRY, path=directory)
@@ -87,6 +92,7 @@ if hasattr(os, "register_at_fork"):
 @dataclass
 class Exporter:
     """A running exporter: ``port`` it listens on, ``close()`` stops it."""
+
     port: int
     addr: str
     _server: object
@@ -108,13 +114,15 @@ def serve(port: int = 9400, addr: str = "127.0.0.1") -> Exporter:
     ``addr:port``; port 0 picks a free port (``Exporter.port``). ConfigError when the
     port is taken or the address cannot be bound."""
     from prometheus_client import start_http_server
+
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"metrics.serve: port must be an int in [0, 65535], found {port!r}")
     try:
         server, thread = start_http_server(port, addr=addr, registry=scrape_registry())
     except OSError as exc:
-        raise ConfigError(f"metrics.serve: cannot listen on {addr}:{port} "
-                          f"({exc.strerror or exc}); choose another port") from None
+        raise ConfigError(
+            f"metrics.serve: cannot listen on {addr}:{port} ({exc.strerror or exc}); choose another port"
+        ) from None
     return Exporter(port=int(server.server_port), addr=addr, _server=server, _thread=thread)
 
 

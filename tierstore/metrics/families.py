@@ -11,6 +11,7 @@ Latency histograms use the stores' log2-microsecond buckets (``stats.LATENCY_BUC
 exported every second bucket: 16 us, 64 us, ... 16.8 s, +Inf. The engine keeps bucket
 counts only, so its read and copy histograms have no ``_sum``; the fire histogram has one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from tierstore.store.stats import LATENCY_BUCKETS, StoreStats
 
 PREFIX = "tierstore_"
 TIERS = ("pool", "arena")
-SOURCES = ("arena", "pagecache", "disk")   # the engine's row sources (tierstore/io/engine.py)
+SOURCES = ("arena", "pagecache", "disk")  # the engine's row sources (tierstore/io/engine.py)
 # Exported bucket edges: log2-us bucket b holds [2^(b-1), 2^b) us, so its upper edge is
 # 2^b us; every second one from 2^4 (16 us) to 2^24 (16.8 s), then +Inf.
 EXPORTED_EDGES = tuple(range(4, 25, 2))
@@ -39,8 +40,12 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("layer_misses", "counter", "routed (token, expert) pairs not resident in the tier, per layer"),
     ("layer_rows_read", "counter", "rows read from the pack, per layer"),
     ("layer_bytes_read", "counter", "bytes read from the pack, per layer"),
-    ("rows_read", "counter", "rows the I/O engine moved, per source (arena: a copy from the "
-                             "pinned arena; pagecache / disk: a pack read)"),
+    (
+        "rows_read",
+        "counter",
+        "rows the I/O engine moved, per source (arena: a copy from the "
+        "pinned arena; pagecache / disk: a pack read)",
+    ),
     ("bytes_read", "counter", "bytes the I/O engine moved, per source"),
     ("copied_bytes", "counter", "bytes copied into the pool (kind h2d) or into host rows (host)"),
     ("fires", "counter", "fire() calls (each promote round of a gate fire is one)"),
@@ -64,8 +69,11 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("pinned", "gauge", "keys pinned in the tier now (fires, prefill, copy sources, staged rows)"),
     ("slot_bytes", "gauge", "bytes of one expert row"),
     ("fire_latency_seconds", "histogram", "fire() latency, call to return"),
-    ("read_latency_seconds", "histogram", "pack row reads, submit to landed, per source "
-                                          "(pagecache, disk); no _sum"),
+    (
+        "read_latency_seconds",
+        "histogram",
+        "pack row reads, submit to landed, per source (pagecache, disk); no _sum",
+    ),
     ("copy_latency_seconds", "histogram", "arena row copies, submit to done; no _sum"),
 )
 _KIND = {name: kind for name, kind, _ in METRICS}
@@ -75,14 +83,15 @@ _HELP = {name: text for name, _, text in METRICS}
 @dataclass
 class Snapshot:
     """One store's counters at one moment (copies: safe to use without the lock)."""
+
     stats: StoreStats
     engine: dict
     slot_bytes: int
     fire_hist: list
     fire_seconds: float
-    by_residency: np.ndarray | None = None   # float64 [layers, 4] (stats.LayerCounters)
-    rows_read: np.ndarray | None = None      # int64 [layers]
-    gate: object = None                      # GateStats, when a gate was registered
+    by_residency: np.ndarray | None = None  # float64 [layers, 4] (stats.LayerCounters)
+    rows_read: np.ndarray | None = None  # int64 [layers]
+    gate: object = None  # GateStats, when a gate was registered
     labels: dict = field(default_factory=dict)
 
 
@@ -94,9 +103,14 @@ def read_snapshot(store, gate=None, labels=None) -> Snapshot:
         engine = store.engine.stats() if hasattr(store.engine, "stats") else {}
         c = store.counters
         layers = c.layers
-        snap = Snapshot(stats=stats, engine=engine, slot_bytes=int(store.slot_bytes),
-                        fire_hist=list(c.fire_hist), fire_seconds=float(c.fire_seconds),
-                        labels=dict(labels or {}))
+        snap = Snapshot(
+            stats=stats,
+            engine=engine,
+            slot_bytes=int(store.slot_bytes),
+            fire_hist=list(c.fire_hist),
+            fire_seconds=float(c.fire_seconds),
+            labels=dict(labels or {}),
+        )
         if layers is not None:
             snap.by_residency = layers.by_residency.copy()
             snap.rows_read = layers.rows_read.copy()
@@ -128,8 +142,11 @@ class _Families:
         fam = self.by_name.get(name)
         names = self.label_names + tuple(extra)
         if fam is None:
-            cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
-                   "histogram": HistogramMetricFamily}[_KIND[name]]
+            cls = {
+                "counter": CounterMetricFamily,
+                "gauge": GaugeMetricFamily,
+                "histogram": HistogramMetricFamily,
+            }[_KIND[name]]
             fam = self.by_name[name] = cls(PREFIX + name, _HELP[name], labels=names)
         values = [str(labels[k]) for k in self.label_names] + [str(v) for v in extra.values()]
         if _KIND[name] == "histogram":
@@ -152,15 +169,13 @@ def _store_families(out: _Families, snap: Snapshot, labels: dict) -> None:
     st, eng = snap.stats, snap.engine
     for tier in TIERS:
         t = getattr(st, tier)
-        for name in ("hits", "misses", "distinct_hits", "distinct_misses", "promotions",
-                     "evictions"):
+        for name in ("hits", "misses", "distinct_hits", "distinct_misses", "promotions", "evictions"):
             out.add(name, {"tier": tier}, getattr(t, name), labels)
         for name in ("resident", "capacity", "pinned"):
             out.add(name, {"tier": tier}, getattr(t, name), labels)
     if snap.by_residency is not None:
         by = snap.by_residency
-        per_tier = {"pool": (by[:, 2] + by[:, 3], by[:, 0] + by[:, 1]),
-                    "arena": (by[:, 1], by[:, 0])}
+        per_tier = {"pool": (by[:, 2] + by[:, 3], by[:, 0] + by[:, 1]), "arena": (by[:, 1], by[:, 0])}
         for layer in range(by.shape[0]):
             key = {"layer": str(layer)}
             for tier, (hits, misses) in per_tier.items():
@@ -178,20 +193,29 @@ def _store_families(out: _Families, snap: Snapshot, labels: dict) -> None:
             out.add(name, {} if source == "arena" else {"source": source}, _buckets(hist), labels)
     out.add("copied_bytes", {"kind": "h2d"}, eng.get("h2d_bytes", 0), labels)
     out.add("copied_bytes", {"kind": "host"}, eng.get("host_copy_bytes", 0), labels)
-    for name, value in (("fires", st.fires), ("fire_promoted", st.fire_promoted),
-                        ("fire_unplaced", st.fire_over_cap), ("lazy_promotions", st.lazy_queued),
-                        ("lazy_rejected", st.lazy_rejected), ("failed_reads", st.failed_reads),
-                        ("quarantined", st.quarantined),
-                        ("verify_failures", eng.get("checksum_failures", 0)),
-                        ("verified_rows", eng.get("verified_rows", 0)),
-                        ("record_dropped", st.record_dropped), ("steps", st.step_count)):
+    for name, value in (
+        ("fires", st.fires),
+        ("fire_promoted", st.fire_promoted),
+        ("fire_unplaced", st.fire_over_cap),
+        ("lazy_promotions", st.lazy_queued),
+        ("lazy_rejected", st.lazy_rejected),
+        ("failed_reads", st.failed_reads),
+        ("quarantined", st.quarantined),
+        ("verify_failures", eng.get("checksum_failures", 0)),
+        ("verified_rows", eng.get("verified_rows", 0)),
+        ("record_dropped", st.record_dropped),
+        ("steps", st.step_count),
+    ):
         out.add(name, {}, value, labels)
     out.add("slot_bytes", {}, snap.slot_bytes, labels)
-    out.add("fire_latency_seconds", {}, _buckets(snap.fire_hist), labels,
-            sum_value=snap.fire_seconds)
+    out.add("fire_latency_seconds", {}, _buckets(snap.fire_hist), labels, sum_value=snap.fire_seconds)
     if snap.gate is not None:
         g = snap.gate
-        for name, value in (("gate_steps", g.steps), ("gate_fires", g.fires),
-                            ("gate_rounds", g.rounds), ("gate_promoted", g.promoted),
-                            ("gate_still_uncertain", g.still_uncertain)):
+        for name, value in (
+            ("gate_steps", g.steps),
+            ("gate_fires", g.fires),
+            ("gate_rounds", g.rounds),
+            ("gate_promoted", g.promoted),
+            ("gate_still_uncertain", g.still_uncertain),
+        ):
             out.add(name, {}, value, labels)

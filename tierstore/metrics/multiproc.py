@@ -16,6 +16,7 @@ itself uses in the same process). Values are absolute: counters are this process
 are ``livesum`` (summed over live processes; removed when the process unregisters its
 last store), histogram buckets are written per bucket (the collector accumulates them).
 """
+
 from __future__ import annotations
 
 import os
@@ -61,8 +62,7 @@ class MultiprocWriter:
             for s in samples:
                 labels = dict(s.labels)
                 value = 0.0 if (zero_gauges and fam.type == "gauge") else float(s.value)
-                key = mmap_key(fam.name, s.name, list(labels), list(labels.values()),
-                               fam.documentation)
+                key = mmap_key(fam.name, s.name, list(labels), list(labels.values()), fam.documentation)
                 f.write_value(key, value, 0.0)
 
     def close(self, dead: bool = False) -> None:

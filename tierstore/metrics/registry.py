@@ -15,6 +15,7 @@ The thread only takes each store's lock to copy counters (no fold, no CUDA call,
 I/O under the lock), so it is safe while an engine captures CUDA graphs. After a fork
 the child starts with no registered store (the parent's stores are not the child's).
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,11 @@ def metrics_dir() -> str | None:
     """The directory worker processes write into: PROMETHEUS_MULTIPROC_DIR (the
     scraping side's own multiprocess registry reads it), else the ``metrics_dir``
     setting (TIERSTORE_METRICS_DIR), else None (in-process metrics)."""
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get(
-        "TIERSTORE_METRICS_DIR") or settings.get("metrics_dir")
+    return (
+        os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        or os.environ.get("TIERSTORE_METRICS_DIR")
+        or settings.get("metrics_dir")
+    )
 
 
 class StoreMetrics:
@@ -75,8 +79,8 @@ class _Registry:
     def __init__(self):
         self.lock = threading.Lock()
         self.entries: list[StoreMetrics] = []
-        self.collector = None          # StoreCollector in REGISTRY (in-process mode)
-        self.writer = None             # MultiprocWriter (multiprocess mode)
+        self.collector = None  # StoreCollector in REGISTRY (in-process mode)
+        self.writer = None  # MultiprocWriter (multiprocess mode)
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
 
@@ -100,16 +104,18 @@ class _Registry:
     def add(self, entry: StoreMetrics) -> None:
         with self.lock:
             # stores closed or collected since the last collection leave first
-            self.entries = [e for e in self.entries
-                            if e.store is not None and not e.store.closed]
+            self.entries = [e for e in self.entries if e.store is not None and not e.store.closed]
             for e in self.entries:
                 if e.store is entry.store and entry.store is not None:
-                    raise ConfigError(f"register_store: {entry.store!r} is already registered "
-                                      f"(labels {e.labels})")
+                    raise ConfigError(
+                        f"register_store: {entry.store!r} is already registered (labels {e.labels})"
+                    )
                 if e.labels == entry.labels:
-                    raise ConfigError(f"register_store: labels {entry.labels} are already used "
-                                      f"by {e.store!r}; give each store distinct labels "
-                                      f"(e.g. rank=...)")
+                    raise ConfigError(
+                        f"register_store: labels {entry.labels} are already used "
+                        f"by {e.store!r}; give each store distinct labels "
+                        f"(e.g. rank=...)"
+                    )
             self.entries.append(entry)
             directory = metrics_dir()
             if directory is None:
@@ -132,6 +138,7 @@ class _Registry:
     def _install_collector(self) -> None:
         if self.collector is None:
             from prometheus_client import REGISTRY
+
             self.collector = StoreCollector(self)
             REGISTRY.register(self.collector)
 
@@ -139,14 +146,18 @@ class _Registry:
         if self.writer is not None:
             return
         if not os.path.isdir(directory):
-            raise ConfigError(f"metrics directory {directory} does not exist (set by "
-                              f"PROMETHEUS_MULTIPROC_DIR or TIERSTORE_METRICS_DIR)")
+            raise ConfigError(
+                f"metrics directory {directory} does not exist (set by "
+                f"PROMETHEUS_MULTIPROC_DIR or TIERSTORE_METRICS_DIR)"
+            )
         from tierstore.metrics.multiproc import MultiprocWriter
+
         self.writer = MultiprocWriter(directory)
         # A fresh event per writer: a thread of an earlier writer (its event set) exits.
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, args=(self.stop,),
-                                       name="tierstore-metrics", daemon=True)
+        self.thread = threading.Thread(
+            target=self._loop, args=(self.stop,), name="tierstore-metrics", daemon=True
+        )
         self.thread.start()
 
     # -- the writer thread ------------------------------------------------------------------
@@ -161,7 +172,7 @@ class _Registry:
             if self.writer is not None and snaps:
                 try:
                     self.writer.write(families(snaps))
-                except OSError as exc:   # a full disk, a removed directory: log, keep serving
+                except OSError as exc:  # a full disk, a removed directory: log, keep serving
                     log.warning("writing metrics into %s failed: %s", self.writer.directory, exc)
 
     def _write_one(self, entry: StoreMetrics, last: bool, final: bool) -> None:
@@ -192,7 +203,7 @@ class StoreCollector:
         return self._registry.collect()
 
     def describe(self):
-        return []   # families depend on what is registered: collected at scrape time
+        return []  # families depend on what is registered: collected at scrape time
 
 
 _REGISTRY = _Registry()
@@ -204,11 +215,14 @@ def _check_labels(labels: dict) -> dict:
     out = {}
     for k, v in labels.items():
         if not isinstance(k, str) or not _LABEL_NAME.match(k) or k.startswith("__"):
-            raise ConfigError(f"register_store: label name {k!r} is not a Prometheus label "
-                              f"name ([a-zA-Z_][a-zA-Z0-9_]*)")
+            raise ConfigError(
+                f"register_store: label name {k!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"
+            )
         if k in _RESERVED:
-            raise ConfigError(f"register_store: label {k!r} is used by tierstore's own "
-                              f"metrics ({', '.join(sorted(_RESERVED))}); choose another name")
+            raise ConfigError(
+                f"register_store: label {k!r} is used by tierstore's own "
+                f"metrics ({', '.join(sorted(_RESERVED))}); choose another name"
+            )
         out[k] = str(v)
     return out
 

@@ -15,6 +15,7 @@ under it (``raised_to_floor``). The policy is the one reaching ``best`` there. A
 recorded on another model is mapped by share of experts: its
 key space is scaled to the planned model's (``scale``).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,7 +36,7 @@ def geometric_grid(n_keys: int, max_slots: int, points: int = 12) -> list[int]:
     if hi == lo:
         return [hi]
     ratio = (hi / lo) ** (1 / max(points - 1, 1))
-    grid = sorted({max(1, min(hi, int(round(lo * ratio ** i)))) for i in range(points)} | {hi})
+    grid = sorted({max(1, min(hi, int(round(lo * ratio**i)))) for i in range(points)} | {hi})
     return grid
 
 
@@ -46,9 +47,9 @@ class Curve:
     model_keys: int
     view: str
     tolerance: float
-    feasible: int                    # largest trace pool that fits (trace slots)
+    feasible: int  # largest trace pool that fits (trace slots)
     grid: list = field(default_factory=list)
-    results: list = field(default_factory=list)   # sim Results (grid + refinement points)
+    results: list = field(default_factory=list)  # sim Results (grid + refinement points)
     recommended: dict | None = None
 
     @property
@@ -62,15 +63,30 @@ class Curve:
         return r.latency_hit_rate if self.view == "latency" else r.bandwidth_hit_rate
 
     def as_dict(self) -> dict:
-        rows = [{"policy": r.policy, "slots": r.slots, "model_slots": self.model_slots(r.slots),
-                 "latency_hit_rate": r.latency_hit_rate,
-                 "bandwidth_hit_rate": r.bandwidth_hit_rate,
-                 "reads_per_tick": r.reads_per_tick, "on_grid": r.slots in self.grid}
-                for r in sorted(self.results, key=lambda r: (r.slots, r.policy))]
-        return {"trace": self.trace, "trace_keys": self.trace_keys,
-                "model_keys": self.model_keys, "scale": self.scale, "view": self.view,
-                "tolerance": self.tolerance, "feasible_slots": self.feasible,
-                "grid": self.grid, "results": rows, "recommended": self.recommended}
+        rows = [
+            {
+                "policy": r.policy,
+                "slots": r.slots,
+                "model_slots": self.model_slots(r.slots),
+                "latency_hit_rate": r.latency_hit_rate,
+                "bandwidth_hit_rate": r.bandwidth_hit_rate,
+                "reads_per_tick": r.reads_per_tick,
+                "on_grid": r.slots in self.grid,
+            }
+            for r in sorted(self.results, key=lambda r: (r.slots, r.policy))
+        ]
+        return {
+            "trace": self.trace,
+            "trace_keys": self.trace_keys,
+            "model_keys": self.model_keys,
+            "scale": self.scale,
+            "view": self.view,
+            "tolerance": self.tolerance,
+            "feasible_slots": self.feasible,
+            "grid": self.grid,
+            "results": rows,
+            "recommended": self.recommended,
+        }
 
 
 class _Replays:
@@ -78,6 +94,7 @@ class _Replays:
 
     def __init__(self, trace, policies, granularity: str, progress=None):
         from tierstore import sim
+
         self.prep = sim.Prepared(trace)
         self.policies = list(policies)
         self.granularity = granularity
@@ -86,18 +103,28 @@ class _Replays:
 
     def at(self, slots: int) -> list:
         from tierstore import sim
+
         if (self.policies[0], slots) not in self.by:
-            for r in sim.replay(self.prep, self.policies + [CEILING], [slots],
-                                granularity=self.granularity):
+            for r in sim.replay(self.prep, self.policies + [CEILING], [slots], granularity=self.granularity):
                 self.by[(r.policy, slots)] = r
             if self.progress is not None:
                 self.progress(slots)
         return [self.by[(p, slots)] for p in self.policies + [CEILING]]
 
 
-def hit_curve(trace, *, model_keys: int, feasible_model_slots: int, floor_model_slots: int = 0,
-              policies=DEFAULT_POLICIES, view: str = "latency", tolerance: float = 0.01,
-              points: int = 12, granularity: str = "layer", progress=None) -> Curve:
+def hit_curve(
+    trace,
+    *,
+    model_keys: int,
+    feasible_model_slots: int,
+    floor_model_slots: int = 0,
+    policies=DEFAULT_POLICIES,
+    view: str = "latency",
+    tolerance: float = 0.01,
+    points: int = 12,
+    granularity: str = "layer",
+    progress=None,
+) -> Curve:
     """Replay ``trace`` over a grid of pools up to what fits, and recommend one (module
     doc). ``model_keys``: the planned model's (layers x experts); ``feasible_model_slots``:
     the largest pool the card holds for it."""
@@ -106,15 +133,23 @@ def hit_curve(trace, *, model_keys: int, feasible_model_slots: int, floor_model_
     if not (0 <= tolerance < 1) or not math.isfinite(tolerance):
         raise ConfigError(f"tolerance must be in [0, 1), found {tolerance!r}")
     from tierstore import sim
+
     sim.check_policy_names(list(policies))
     bad = [p for p in policies if p in ("belady", "belady_skip", "unbounded")]
     if bad:
-        raise ConfigError(f"policies: {', '.join(bad)} is a ceiling, not a policy to "
-                          f"recommend (MIN is always shown)")
+        raise ConfigError(
+            f"policies: {', '.join(bad)} is a ceiling, not a policy to recommend (MIN is always shown)"
+        )
     if trace.n_rows == 0:
         raise ConfigError(f"{trace.name}: no routed rows to replay")
-    curve = Curve(trace=trace.name, trace_keys=trace.n_keys, model_keys=int(model_keys),
-                  view=view, tolerance=float(tolerance), feasible=0)
+    curve = Curve(
+        trace=trace.name,
+        trace_keys=trace.n_keys,
+        model_keys=int(model_keys),
+        view=view,
+        tolerance=float(tolerance),
+        feasible=0,
+    )
     curve.feasible = min(trace.n_keys, int(math.floor(feasible_model_slots / curve.scale)))
     replays = _Replays(trace, policies, granularity, progress)
     top_size = curve.feasible if curve.feasible >= 1 else trace.n_keys
@@ -140,14 +175,22 @@ def _recommend(curve: Curve, replays: _Replays, floor: int = 0) -> dict:
     target = top - curve.tolerance
     i = next(j for j, s in enumerate(grid) if _best(curve, replays.at(s))[0] >= target)
     lo, hi = (grid[i - 1], grid[i]) if i else (0, grid[0])
-    while hi - lo > 1:   # the smallest pool in (lo, hi] reaching the target
+    while hi - lo > 1:  # the smallest pool in (lo, hi] reaching the target
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if _best(curve, replays.at(mid))[0] >= target else (mid, hi)
     knee, raised = hi, hi < floor
     hi = max(hi, floor)
     hit, policy = _best(curve, replays.at(hi))
     mn = next(r for r in replays.at(hi) if r.policy == CEILING)
-    return {"slots": hi, "model_slots": curve.model_slots(hi), "policy": policy,
-            "hit_rate": hit, "min_hit_rate": curve.hit(mn), "target": target,
-            "top_hit_rate": top, "top_slots": grid[-1], "knee_slots": knee,
-            "raised_to_floor": raised}
+    return {
+        "slots": hi,
+        "model_slots": curve.model_slots(hi),
+        "policy": policy,
+        "hit_rate": hit,
+        "min_hit_rate": curve.hit(mn),
+        "target": target,
+        "top_hit_rate": top,
+        "top_slots": grid[-1],
+        "knee_slots": knee,
+        "raised_to_floor": raised,
+    }

@@ -12,6 +12,7 @@ instances share no state); ``available()`` lists the names. Parameters:
   ``blend`` (phase over the mean of a short and a 32x longer rate, policies/blend.py): ``half_life`` (decode steps, default
   ``tierstore.settings.HEAT_HALF_LIFE_STEPS`` = 256, the store's and the simulator's) or ``half_life_s`` (seconds of wall clock).
 """
+
 from __future__ import annotations
 
 from tierstore.errors import ConfigError
@@ -31,7 +32,7 @@ _REGISTRY: dict[str, type[Policy]] = {
     "auto": AutoPolicy,
     "phase": PhasePolicy,
     "blend": BlendPolicy,
-    "freq": FreqPolicy,   # vLLM-Moet's rules (policies/engine_rules.py)
+    "freq": FreqPolicy,  # vLLM-Moet's rules (policies/engine_rules.py)
     "need": NeedPolicy,
 }
 
@@ -48,8 +49,7 @@ def has_half_life(name: str) -> bool:
     return cls is not None and issubclass(cls, HeatPolicy)
 
 
-def make(name: str, n_keys: int, capacity: int, *, prefetching: bool = False,
-         **params) -> Policy:
+def make(name: str, n_keys: int, capacity: int, *, prefetching: bool = False, **params) -> Policy:
     """A fresh policy ``name`` over ``n_keys`` dense keys holding ``capacity``.
     ``prefetching``: the tier runs the prefetcher (policies/prefetch.py) beside it; a
     policy that tunes itself for that (``takes_prefetching``: auto) is told, the others
@@ -65,4 +65,18 @@ def make(name: str, n_keys: int, capacity: int, *, prefetching: bool = False,
     return cls(n_keys, capacity, **params)
 
 
-__all__ = ["Policy", "NO_KEY", "LRUPolicy", "HeatPolicy", "HybridPolicy", "AutoPolicy", "PhasePolicy", "BlendPolicy", "FreqPolicy", "NeedPolicy", "make", "available", "has_half_life"]
+__all__ = [
+    "Policy",
+    "NO_KEY",
+    "LRUPolicy",
+    "HeatPolicy",
+    "HybridPolicy",
+    "AutoPolicy",
+    "PhasePolicy",
+    "BlendPolicy",
+    "FreqPolicy",
+    "NeedPolicy",
+    "make",
+    "available",
+    "has_half_life",
+]

@@ -13,6 +13,7 @@ so "candidate hotter than the victim" is written once, here.
 - ``HotterThanVictim(policy)``: the candidate's score must be strictly above the
   victim's (``policy.scores()``), and the policy's own filter must agree.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -52,6 +52,7 @@ hits" and "Decisions"):
   An eviction oracle that knows the rest of the token's routes gains about a thousandth,
   so what is left to gain needs popularity predicted many ticks ahead.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,16 +66,30 @@ from tierstore.policies.lru import LRUPolicy
 from tierstore.policies.native import native_module
 from tierstore.policies.phase import PhasePolicy
 
-_CLASSES = {"blend": BlendPolicy, "phase": PhasePolicy, "hybrid": HybridPolicy,
-            "heat": HeatPolicy, "lru": LRUPolicy}
+_CLASSES = {
+    "blend": BlendPolicy,
+    "phase": PhasePolicy,
+    "hybrid": HybridPolicy,
+    "heat": HeatPolicy,
+    "lru": LRUPolicy,
+}
 # (policy, half-life in steps), in index order; the first is the prior (ties, and
 # no evidence yet, go to the lower index). Blend spans bursts (2, 4) to long-term
 # popularity (256: a 8192-step memory); phase at 4 and 128 (the best fixed settings of
 # held-out synthetic settings that no blend matched), hybrid(512) and lru keep experts of
 # the other kinds for traces unlike the ones measured.
 # The list is data: the native core takes any list of native experts.
-EXPERTS = (("blend", 16.0), ("blend", 4.0), ("blend", 64.0), ("blend", 2.0), ("blend", 256.0),
-           ("phase", 4.0), ("phase", 128.0), ("hybrid", 512.0), ("lru", None))
+EXPERTS = (
+    ("blend", 16.0),
+    ("blend", 4.0),
+    ("blend", 64.0),
+    ("blend", 2.0),
+    ("blend", 256.0),
+    ("phase", 4.0),
+    ("phase", 128.0),
+    ("hybrid", 512.0),
+    ("lru", None),
+)
 # The leader's score windows (steps over which an expert's past hits count half): a short
 # one, and a longer one whose per-step hit rate is added to the short one's when the leader
 # is chosen (AutoCore's long_decay; None: off). 16 + 512 halved auto's shortfall against the
@@ -97,8 +112,10 @@ META_LEADER = False
 
 
 def _experts(n_keys: int, capacity: int) -> list[DensePolicy]:
-    return [_CLASSES[name](n_keys, capacity) if h is None
-            else _CLASSES[name](n_keys, capacity, half_life=h) for name, h in EXPERTS]
+    return [
+        _CLASSES[name](n_keys, capacity) if h is None else _CLASSES[name](n_keys, capacity, half_life=h)
+        for name, h in EXPERTS
+    ]
 
 
 class AutoPolicy(DensePolicy):
@@ -113,28 +130,34 @@ class AutoPolicy(DensePolicy):
     def __init__(self, n_keys: int, capacity: int, *, prefetching: bool = False, **params):
         super().__init__(n_keys, capacity, **params)
         if not isinstance(prefetching, (bool, np.bool_)):
-            raise ConfigError(f"policy 'auto': prefetching must be true or false, "
-                              f"got {prefetching!r}")
+            raise ConfigError(f"policy 'auto': prefetching must be true or false, got {prefetching!r}")
         self.prefetching = bool(prefetching)
         # Read here, not at import, so a caller that sets the module constants (an
         # experiment with another variant) gets them without reloading the module.
         self.score_half_life, self.long_score_half_life = (
-            (PREFETCH_SCORE_HALF_LIFE, PREFETCH_LONG_SCORE_HALF_LIFE) if self.prefetching
-            else (SCORE_HALF_LIFE, LONG_SCORE_HALF_LIFE))
+            (PREFETCH_SCORE_HALF_LIFE, PREFETCH_LONG_SCORE_HALF_LIFE)
+            if self.prefetching
+            else (SCORE_HALF_LIFE, LONG_SCORE_HALF_LIFE)
+        )
         self._experts = _experts(self.n_keys, self.capacity)
         cores = [getattr(e, "native_state", lambda: None)() for e in self._experts]
         for e, c in zip(self._experts, cores):
             if c is None:
-                raise ConfigError(f"policy 'auto': expert {e.name!r} has no native core on the "
-                                  "step clock (auto's rules run natively)")
+                raise ConfigError(
+                    f"policy 'auto': expert {e.name!r} has no native core on the "
+                    "step clock (auto's rules run natively)"
+                )
         # Scores: this array, updated in place by the core (never rebind it).
         self.expert_scores = np.zeros(len(self._experts))
         self._score_decay = 2.0 ** (-1.0 / self.score_half_life)
-        self._core = native_module().AutoCore(cores, self.capacity, self.expert_scores,
-                                              self._score_decay,
-                                              0.0 if self.long_score_half_life is None
-                                              else 2.0 ** (-1.0 / self.long_score_half_life),
-                                              bool(META_LEADER))
+        self._core = native_module().AutoCore(
+            cores,
+            self.capacity,
+            self.expert_scores,
+            self._score_decay,
+            0.0 if self.long_score_half_life is None else 2.0 ** (-1.0 / self.long_score_half_life),
+            bool(META_LEADER),
+        )
 
     @property
     def experts(self) -> list[DensePolicy]:
@@ -217,6 +240,7 @@ class AutoPolicy(DensePolicy):
         for e in self.experts:
             e.check_invariants()
             assert e.n_resident <= self.capacity, "a shadow over capacity"
-        assert np.all(np.isfinite(self.expert_scores)) and np.all(self.expert_scores >= 0), \
+        assert np.all(np.isfinite(self.expert_scores)) and np.all(self.expert_scores >= 0), (
             "expert scores must be finite and >= 0"
+        )
         assert 0 <= self.leader < len(self._experts), "leader out of range"

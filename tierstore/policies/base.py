@@ -11,6 +11,7 @@ forward path. Time is a logical step counter by default (``decay(steps=1)`` at
 the end of each decode step); a policy built with ``half_life_s`` decays by wall
 clock seconds passed as ``now`` instead.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -34,8 +35,9 @@ class Policy(ABC):
 
     # -- events -----------------------------------------------------------
     @abstractmethod
-    def on_access(self, keys: np.ndarray, weights: np.ndarray | None = None,
-                  now: float | None = None) -> None:
+    def on_access(
+        self, keys: np.ndarray, weights: np.ndarray | None = None, now: float | None = None
+    ) -> None:
         """Keys were read by the forward pass (repeats allowed: one per token).
         ``weights`` (same length, float) scales each access, default 1."""
 

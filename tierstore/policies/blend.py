@@ -23,6 +23,7 @@ hindsight is a blend (64 steps on FLAME, 2-4 on DS4; a phase on some held-out sy
 settings), which is why five of auto's nine experts are blends (``bench/hits_eval.py``,
 bench/RESULTS.md).
 """
+
 from __future__ import annotations
 
 from tierstore.policies.phase import PhasePolicy

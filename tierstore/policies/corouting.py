@@ -29,6 +29,7 @@ Implemented once, natively (csrc/store/include/tierstore/store/prefetcher.hpp,
 ``predict`` model (``tierstore.sim.predict``) builds its own through this module.
 Arrays are summed as numpy sums them; exp / log / pow are libm's.
 """
+
 from __future__ import annotations
 
 from tierstore.memory import check_fits_memory
@@ -39,8 +40,7 @@ def check_tables_fit(n_layers: int, n_experts: int, what: str) -> None:
     """CapacityError unless the tables (cross-layer and next-token, n_layers x n_experts^2
     float64 each, zero-filled at once) fit this machine: checked before allocating."""
     L, E = int(n_layers), int(n_experts)
-    check_fits_memory(16 * L * E * (E + 4), f"{what}: the co-routing tables of {L} layers "
-                      f"x {E} experts")
+    check_fits_memory(16 * L * E * (E + 4), f"{what}: the co-routing tables of {L} layers x {E} experts")
 
 
 def __getattr__(name: str):

@@ -6,6 +6,7 @@ so every policy is deterministic, and all of it is vectorised: selecting ``n``
 victims out of ``R`` resident keys is one ``argpartition`` (O(R)) plus a sort of
 the ``n`` chosen (and any keys tied with the n-th).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,8 +38,7 @@ def as_weights(weights, n: int, where: str) -> np.ndarray:
     return w
 
 
-def coldest(cand: np.ndarray, primary: np.ndarray, secondary: np.ndarray | None,
-            n: int) -> np.ndarray:
+def coldest(cand: np.ndarray, primary: np.ndarray, secondary: np.ndarray | None, n: int) -> np.ndarray:
     """The ``n`` keys of ``cand`` with the smallest (primary, secondary, key)."""
     if n <= 0 or cand.size == 0:
         return _EMPTY
@@ -48,18 +48,17 @@ def coldest(cand: np.ndarray, primary: np.ndarray, secondary: np.ndarray | None,
         threshold = np.partition(p, n - 1)[n - 1]
         keep = p <= threshold
         cand, p = cand[keep], p[keep]
-    order = (np.lexsort((cand, p)) if secondary is None
-             else np.lexsort((cand, secondary[cand], p)))
+    order = np.lexsort((cand, p)) if secondary is None else np.lexsort((cand, secondary[cand], p))
     return cand[order[:n]]
 
 
-def hottest_order(keys: np.ndarray, primary: np.ndarray,
-                  secondary: np.ndarray | None) -> np.ndarray:
+def hottest_order(keys: np.ndarray, primary: np.ndarray, secondary: np.ndarray | None) -> np.ndarray:
     """``keys`` reordered by descending (primary, secondary); stable on ties."""
     if keys.size <= 1:
         return keys.copy()
-    order = (np.lexsort((-primary[keys],)) if secondary is None
-             else np.lexsort((-secondary[keys], -primary[keys])))
+    order = (
+        np.lexsort((-primary[keys],)) if secondary is None else np.lexsort((-secondary[keys], -primary[keys]))
+    )
     return keys[order]
 
 
@@ -68,8 +67,7 @@ class DensePolicy(Policy):
 
     def __init__(self, n_keys: int, capacity: int, **params):
         if params:
-            raise ConfigError(f"policy {self.name!r}: unknown parameter(s) "
-                              f"{', '.join(sorted(params))}")
+            raise ConfigError(f"policy {self.name!r}: unknown parameter(s) {', '.join(sorted(params))}")
         if int(n_keys) <= 0:
             raise ConfigError(f"policy {self.name!r}: n_keys must be > 0, got {n_keys}")
         if int(capacity) < 0:
@@ -89,8 +87,7 @@ class DensePolicy(Policy):
 
     def _raise_out_of_range(self, arr: np.ndarray, what: str):
         bad = arr[(arr < 0) | (arr >= self.n_keys)][0]
-        raise ConfigError(f"policy {self.name!r}.{what}: key {int(bad)} out of range "
-                          f"[0, {self.n_keys})")
+        raise ConfigError(f"policy {self.name!r}.{what}: key {int(bad)} out of range [0, {self.n_keys})")
 
     def _candidates(self, pinned: np.ndarray | None) -> np.ndarray:
         if pinned is None:
@@ -148,10 +145,12 @@ class DensePolicy(Policy):
 
     def check_invariants(self) -> None:
         assert self._resident.shape == (self.n_keys,), "resident mask has the wrong shape"
-        assert self._n_resident == int(np.count_nonzero(self._resident)), \
+        assert self._n_resident == int(np.count_nonzero(self._resident)), (
             f"resident count {self._n_resident} != mask {int(np.count_nonzero(self._resident))}"
-        assert self._n_resident <= self.capacity, \
+        )
+        assert self._n_resident <= self.capacity, (
             f"{self._n_resident} keys resident, capacity {self.capacity}"
+        )
         s = self.scores()
         assert s.shape == (self.n_keys,) and s.dtype == np.float64, "scores() shape/dtype"
         assert np.all(np.isfinite(s)), "scores() has non-finite entries"

@@ -19,6 +19,7 @@ within tie-breaking). Decay: by steps like heat, or ``half_life_s`` for vLLM-Moe
 wall-clock decay (``DELTA_DECAY ** (t / DECAY_S)`` is a half-life of
 ``DECAY_S * ln 0.5 / ln DELTA_DECAY`` seconds).
 """
+
 from __future__ import annotations
 
 from tierstore.policies.heat import HeatPolicy
@@ -30,7 +31,7 @@ class FreqPolicy(HeatPolicy):
 
 class NeedPolicy(HeatPolicy):
     name = "need"
-    counts_fires = True   # the store feeds it fires' keys, not recorded routing
+    counts_fires = True  # the store feeds it fires' keys, not recorded routing
 
 
 __all__ = ["FreqPolicy", "NeedPolicy"]

@@ -14,6 +14,7 @@ among the unblocked resident keys (coldest first) and pair up in order; a
 candidate left without a victim, or whose pair ``admission`` rejects, is
 rejected (it is read for this use only, or not promoted at all).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,14 @@ class Fill:
         self.keys, self.victims, self.n_free, self.rejected = keys, victims, n_free, rejected
 
 
-def plan_fill(policy: Policy, cand: np.ndarray, n_free: int, blocked: np.ndarray | None = None,
-              admission: Admission = ADMIT_ALL, evict: bool = True) -> Fill:
+def plan_fill(
+    policy: Policy,
+    cand: np.ndarray,
+    n_free: int,
+    blocked: np.ndarray | None = None,
+    admission: Admission = ADMIT_ALL,
+    evict: bool = True,
+) -> Fill:
     """Decide the fill of ``cand`` (see module doc). ``blocked``: boolean [n_keys]
     mask of keys that may not be victims (pins, the group being read), or None.
     ``evict=False``: free slots only. Calls ``policy.victims`` only; never
@@ -47,7 +54,7 @@ def plan_fill(policy: Policy, cand: np.ndarray, n_free: int, blocked: np.ndarray
     if not evict:
         return Fill(cand[:n_free], _EMPTY, n_free, n - n_free)
     victims = np.asarray(policy.victims(n - n_free, blocked), dtype=np.int64)
-    contenders = cand[n_free:n_free + len(victims)]
+    contenders = cand[n_free : n_free + len(victims)]
     rejected = n - n_free - len(victims)
     if admission.filters and len(victims):
         ok = admission.admit(contenders, victims)
@@ -58,8 +65,9 @@ def plan_fill(policy: Policy, cand: np.ndarray, n_free: int, blocked: np.ndarray
     return Fill(keys, victims, min(n_free, n), rejected)
 
 
-def plan_lazy(policy: Policy, cand: np.ndarray, cap: int, n_free: int,
-              blocked: np.ndarray | None, admission: Admission) -> Fill:
+def plan_lazy(
+    policy: Policy, cand: np.ndarray, cap: int, n_free: int, blocked: np.ndarray | None, admission: Admission
+) -> Fill:
     """A lazy (background) promotion pass: ``cand`` ranked hottest first by
     ``policy``, at most ``cap`` of them, each over a victim only when
     ``admission`` agrees (the store's step() with HotterThanVictim; the
@@ -75,18 +83,23 @@ def plan_lazy(policy: Policy, cand: np.ndarray, cap: int, n_free: int,
     n_free = max(int(n_free), 0)
     policy._core.n_resident = policy.n_resident
     keys, victims, rejected = policy._core.plan_lazy(
-        np.ascontiguousarray(policy._checked(cand, "plan_lazy")), int(cap), n_free,
-        None if blocked is None else np.ascontiguousarray(blocked, dtype=bool), hotter)
+        np.ascontiguousarray(policy._checked(cand, "plan_lazy")),
+        int(cap),
+        n_free,
+        None if blocked is None else np.ascontiguousarray(blocked, dtype=bool),
+        hotter,
+    )
     return Fill(keys, victims, min(n_free, len(keys)), int(rejected))
 
 
-def plan_lazy_python(policy: Policy, cand: np.ndarray, cap: int, n_free: int,
-                     blocked: np.ndarray | None, admission: Admission) -> Fill:
+def plan_lazy_python(
+    policy: Policy, cand: np.ndarray, cap: int, n_free: int, blocked: np.ndarray | None, admission: Admission
+) -> Fill:
     """plan_lazy's rule through the policy's Python methods (any policy, any admission;
     the tests' oracle for the core's)."""
     if len(cand) == 0 or cap <= 0:
         return Fill(_EMPTY, _EMPTY, 0, 0)
-    cand = policy.rank(cand)[:int(cap)]
+    cand = policy.rank(cand)[: int(cap)]
     return plan_fill(policy, cand, n_free, blocked, admission)
 
 
@@ -94,6 +107,7 @@ def _native_admission(policy: Policy, admission: Admission) -> bool | None:
     """The core's ``hotter`` flag when it decides exactly what plan_lazy_python would:
     a native face of its own kind, under its own filter or HotterThanVictim of itself."""
     from tierstore.policies.native import is_native_face
+
     if not is_native_face(policy) or getattr(admission, "policy", None) is not policy:
         return None
     if type(admission) is HotterThanVictim:

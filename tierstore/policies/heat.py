@@ -15,6 +15,7 @@ Ties (equal heat, e.g. never-seen keys) go to the lower key id. Departure from
 "LFU": history is kept for non-resident keys too (the tier must rank promotion
 candidates it does not hold), and nothing is ever reset on eviction.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,8 @@ import time
 import numpy as np
 
 from tierstore.errors import ConfigError
-from tierstore.settings import HEAT_HALF_LIFE_STEPS
 from tierstore.policies.native import NativePolicy
+from tierstore.settings import HEAT_HALF_LIFE_STEPS
 
 # One default for the store and the simulator (why 256: see tierstore.settings).
 DEFAULT_HALF_LIFE_STEPS = HEAT_HALF_LIFE_STEPS
@@ -33,8 +34,10 @@ DEFAULT_HALF_LIFE_STEPS = HEAT_HALF_LIFE_STEPS
 def half_life_of(name: str, half_life, half_life_s) -> tuple[float, bool]:
     """(half-life, on the wall clock) from a heat-like policy's parameters."""
     if half_life is not None and half_life_s is not None:
-        raise ConfigError(f"policy {name!r}: give half_life (steps) or half_life_s "
-                          f"(seconds), not both ({half_life}, {half_life_s})")
+        raise ConfigError(
+            f"policy {name!r}: give half_life (steps) or half_life_s "
+            f"(seconds), not both ({half_life}, {half_life_s})"
+        )
     h = half_life_s if half_life_s is not None else half_life
     h = DEFAULT_HALF_LIFE_STEPS if h is None else float(h)
     if not (h > 0 and math.isfinite(h)):
@@ -47,8 +50,15 @@ class HeatPolicy(NativePolicy):
     kind = 1
     heats = True
 
-    def __init__(self, n_keys: int, capacity: int, *, half_life: float | None = None,
-                 half_life_s: float | None = None, **params):
+    def __init__(
+        self,
+        n_keys: int,
+        capacity: int,
+        *,
+        half_life: float | None = None,
+        half_life_s: float | None = None,
+        **params,
+    ):
         self.half_life, self.wall_clock = half_life_of(self.name, half_life, half_life_s)
         super().__init__(n_keys, capacity, **params)
         self._t0 = time.monotonic() if self.wall_clock else 0.0
@@ -100,5 +110,6 @@ class HeatPolicy(NativePolicy):
         super().check_invariants()
         assert np.all(self._raw >= 0.0), "negative heat"
         assert self._base <= self._t, "renormalisation base is in the future"
-        assert abs(self._gain - 2.0 ** ((self._t - self._base) / self.half_life)) \
-            <= 1e-9 * self._gain, "access gain out of step with the clock"
+        assert abs(self._gain - 2.0 ** ((self._t - self._base) / self.half_life)) <= 1e-9 * self._gain, (
+            "access gain out of step with the clock"
+        )

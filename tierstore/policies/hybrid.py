@@ -23,6 +23,7 @@ Where it departs from TinyLFU (Einziger et al.) and S3-FIFO (Yang et al.):
   consults ``admit`` (an uncertain token's experts must be upgraded), so
   newcomers always have a path in.
 """
+
 from __future__ import annotations
 
 import numpy as np

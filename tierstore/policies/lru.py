@@ -9,6 +9,7 @@ selects among the resident keys by it, which is O(resident) per call but has no
 pointer chasing, and the whole history (also of non-resident keys) is kept, which
 ``rank`` uses for promotion order. The rules run natively (policies/native.py).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -9,6 +9,7 @@ run that one code. A face holds the numpy state arrays (``_last``, ``_raw``,
 ``_pos``, ``_resident``; the core works on them in place), the resident count and
 the wall clock, and checks keys; the core holds the clock scalars.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,10 @@ def native_module():
     try:
         from tierstore import _C
     except ImportError as e:
-        raise TierstoreError("policies: the native extension tierstore._C is not built "
-                             f"(its rules run lru/heat/hybrid/phase/blend/auto): {e}") from None
+        raise TierstoreError(
+            "policies: the native extension tierstore._C is not built "
+            f"(its rules run lru/heat/hybrid/phase/blend/auto): {e}"
+        ) from None
     return _C
 
 
@@ -45,7 +48,7 @@ class NativePolicy(DensePolicy):
 
     kind = -1
     stamps = False  # keeps a last-use tick per key (lru, hybrid, phase)
-    heats = False   # keeps a raw decayed heat per key (heat, hybrid, phase)
+    heats = False  # keeps a raw decayed heat per key (heat, hybrid, phase)
     phased = False  # keeps the group position of each key's last read (phase, blend)
     blends = False  # keeps a second, longer-lived heat per key (blend)
 
@@ -56,9 +59,16 @@ class NativePolicy(DensePolicy):
         self._raw = np.zeros(n, dtype=np.float64) if self.heats else _NO_FLOATS
         self._pos = np.zeros(n, dtype=np.int64) if self.phased else _NO_INTS
         self._raw2 = np.zeros(n, dtype=np.float64) if self.blends else _NO_FLOATS
-        self._core = native_module().PolicyCore(self.kind, self._last, self._raw, self._pos, self._resident,
-                                   float(self._core_half_life()), self._raw2,
-                                   float(self._core_half_life2()))
+        self._core = native_module().PolicyCore(
+            self.kind,
+            self._last,
+            self._raw,
+            self._pos,
+            self._resident,
+            float(self._core_half_life()),
+            self._raw2,
+            float(self._core_half_life2()),
+        )
 
     def _core_half_life(self) -> float:
         """The half-life the core decays heat by (heat-like faces set theirs first)."""
@@ -71,8 +81,7 @@ class NativePolicy(DensePolicy):
     # -- events -------------------------------------------------------------------
     def _access(self, keys, weights) -> None:
         arr = as_keys(keys)
-        w = None if weights is None else as_weights(weights, arr.size,
-                                                     f"policy {self.name!r}.on_access")
+        w = None if weights is None else as_weights(weights, arr.size, f"policy {self.name!r}.on_access")
         try:
             self._core.access(np.ascontiguousarray(arr), w)
         except IndexError:
@@ -144,5 +153,6 @@ class NativePolicy(DensePolicy):
             assert self._last.min(initial=NEVER) >= NEVER, "a last-use tick is below NEVER"
         if self.phased:
             assert 0 <= self._group <= self._per_tick, "group counter beyond groups per tick"
-            assert self._pos.min(initial=0) >= 0 and \
-                self._pos.max(initial=0) < self._per_tick, "group position out of range"
+            assert self._pos.min(initial=0) >= 0 and self._pos.max(initial=0) < self._per_tick, (
+                "group position out of range"
+            )

@@ -18,6 +18,7 @@ Admission is hybrid's (heat of candidate > heat of victim). State: hybrid's
 arrays plus ``pos`` (int64 [n_keys]), the group counter ``c`` and ``L``. The
 rules run natively (policies/native.py, csrc/store/src/policy.cpp).
 """
+
 from __future__ import annotations
 
 from tierstore.policies.hybrid import HybridPolicy

@@ -64,6 +64,7 @@ proposal's probabilities come from, so a bound can override it). It was a Python
 loop of ~60 numpy calls per read (~110 us a layer at 43 x 256 keys, under the store
 lock); the native core does the same steps in a few microseconds.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -80,19 +81,33 @@ class Prefetcher:
     the fewest routings a group had so far). ``cross`` / ``temporal``: which
     predictors run (both by default). Not thread safe: the tier serialises calls."""
 
-    def __init__(self, n_layers: int, n_experts: int, capacity: int, *, read_ratio: float = 1.0,
-                 lead: int = 1, threshold: float = 0.2, half_life: float = 512.0,
-                 max_per_read: int | None = None, top_k: int | None = None,
-                 cross: bool = True, temporal: bool = True):
+    def __init__(
+        self,
+        n_layers: int,
+        n_experts: int,
+        capacity: int,
+        *,
+        read_ratio: float = 1.0,
+        lead: int = 1,
+        threshold: float = 0.2,
+        half_life: float = 512.0,
+        max_per_read: int | None = None,
+        top_k: int | None = None,
+        cross: bool = True,
+        temporal: bool = True,
+    ):
         L, E = int(n_layers), int(n_experts)
         if L <= 0 or E <= 0 or int(capacity) < 0:
-            raise ConfigError(f"prefetch: need n_layers, n_experts > 0 and capacity >= 0, "
-                              f"got {n_layers}, {n_experts}, {capacity}")
+            raise ConfigError(
+                f"prefetch: need n_layers, n_experts > 0 and capacity >= 0, "
+                f"got {n_layers}, {n_experts}, {capacity}"
+            )
         if not 1 <= int(lead) <= max(L - 1, 1):
             raise ConfigError(f"prefetch: lead must be in [1, {max(L - 1, 1)}] layers, got {lead}")
         if not (read_ratio >= 0 and 0.0 < threshold <= 1.0):
-            raise ConfigError(f"prefetch: read_ratio must be >= 0 and threshold in (0, 1], "
-                              f"got {read_ratio}, {threshold}")
+            raise ConfigError(
+                f"prefetch: read_ratio must be >= 0 and threshold in (0, 1], got {read_ratio}, {threshold}"
+            )
         if top_k is not None and int(top_k) <= 0:
             raise ConfigError(f"prefetch: top_k must be > 0, got {top_k}")
         if max_per_read is not None and int(max_per_read) < 0:
@@ -101,9 +116,18 @@ class Prefetcher:
             raise ConfigError(f"prefetch: half_life must be > 0, got {half_life}")
         check_tables_fit(L, E, "prefetch")
         self._core = native_module().Prefetcher(
-            L, E, int(capacity), float(read_ratio), int(lead), float(threshold), float(half_life),
-            -1 if max_per_read is None else int(max_per_read), -1 if top_k is None else int(top_k),
-            bool(cross), bool(temporal))
+            L,
+            E,
+            int(capacity),
+            float(read_ratio),
+            int(lead),
+            float(threshold),
+            float(half_life),
+            -1 if max_per_read is None else int(max_per_read),
+            -1 if top_k is None else int(top_k),
+            bool(cross),
+            bool(temporal),
+        )
         self.n_layers, self.n_experts, self.n_keys = L, E, L * E
         self.capacity, self.lead = int(capacity), int(lead)
         self.read_ratio = float(read_ratio)
@@ -115,25 +139,34 @@ class Prefetcher:
         self.model = self._core.model  # tierstore._C.CoRouting (corouting.py)
 
     # -- accounting (the core's counters) ----------------------------------------------
-    lru_reads = property(lambda self: self._core.lru_reads,
-                         lambda self, v: setattr(self._core, "lru_reads", int(v)),
-                         doc="Reads plain LRU demand fill made on the same accesses.")
+    lru_reads = property(
+        lambda self: self._core.lru_reads,
+        lambda self, v: setattr(self._core, "lru_reads", int(v)),
+        doc="Reads plain LRU demand fill made on the same accesses.",
+    )
     misses = property(lambda self: self._core.misses, doc="Reads the tier missed.")
     issued = property(lambda self: self._core.issued, doc="Prefetches proposed.")
     useful = property(lambda self: self._core.useful, doc="Of those, routed by their target.")
-    held_resident = property(lambda self: self._core.held_resident,
-                             doc="Resident keys held (pinned, no read) for a later layer.")
+    held_resident = property(
+        lambda self: self._core.held_resident, doc="Resident keys held (pinned, no read) for a later layer."
+    )
     in_flight = property(lambda self: self._core.in_flight, doc="Prefetches not yet read.")
-    in_flight_p = property(lambda self: self._core.in_flight_p,
-                           doc="Expected savings of the reads in flight.")
-    last_cost = property(lambda self: self._core.last_cost,
-                         doc="The last proposal's expected cost in reads (tests).")
-    threshold = property(lambda self: self._core.threshold,
-                         lambda self, v: setattr(self._core, "threshold", float(v)),
-                         doc="The price: the calibrated p a fetch needs now.")
-    hold_threshold = property(lambda self: self._core.hold_threshold,
-                              lambda self, v: setattr(self._core, "hold_threshold", float(v)),
-                              doc="The p a resident key needs to be held.")
+    in_flight_p = property(
+        lambda self: self._core.in_flight_p, doc="Expected savings of the reads in flight."
+    )
+    last_cost = property(
+        lambda self: self._core.last_cost, doc="The last proposal's expected cost in reads (tests)."
+    )
+    threshold = property(
+        lambda self: self._core.threshold,
+        lambda self, v: setattr(self._core, "threshold", float(v)),
+        doc="The price: the calibrated p a fetch needs now.",
+    )
+    hold_threshold = property(
+        lambda self: self._core.hold_threshold,
+        lambda self, v: setattr(self._core, "hold_threshold", float(v)),
+        doc="The p a resident key needs to be held.",
+    )
 
     @property
     def reads(self) -> int:
@@ -165,21 +198,24 @@ class Prefetcher:
         return [self._core.this_experts(m) for m in range(self.n_layers)]
 
     # -- events -----------------------------------------------------------------------
-    def on_read(self, layer: int, experts: np.ndarray, hit: np.ndarray,
-                routings: int | None = None) -> np.ndarray:
+    def on_read(
+        self, layer: int, experts: np.ndarray, hit: np.ndarray, routings: int | None = None
+    ) -> np.ndarray:
         """Layer ``layer`` read the slot table for ``experts`` (unique, ascending),
         ``hit`` = which were resident; ``routings``: the group's routed (token,
         expert) pairs (default: one per expert). Returns the keys to unpin."""
         try:
-            return self._core.on_read(int(layer), np.ascontiguousarray(experts, dtype=np.int64),
-                                      np.ascontiguousarray(hit, dtype=bool),
-                                      -1 if routings is None else int(routings))
+            return self._core.on_read(
+                int(layer),
+                np.ascontiguousarray(experts, dtype=np.int64),
+                np.ascontiguousarray(hit, dtype=bool),
+                -1 if routings is None else int(routings),
+            )
         except (IndexError, ValueError) as e:  # out of range, repeated, unpaired flags
             shown = np.asarray(experts).ravel()[:8].tolist()
             raise ConfigError(f"{e}: layer {layer}, experts {shown}") from None
 
-    def propose(self, layer: int, resident: np.ndarray,
-                victims=None) -> tuple[np.ndarray, np.ndarray]:
+    def propose(self, layer: int, resident: np.ndarray, victims=None) -> tuple[np.ndarray, np.ndarray]:
         """After ``layer``'s read (``resident``: bool [n_keys], resident or loading):
         (fetch, hold) dense keys, ``fetch`` to read now (likeliest first), ``hold``
         (``fetch`` included) to pin until their layer reads (see module doc).
@@ -191,8 +227,11 @@ class Prefetcher:
         p = self.predict(int(layer), m, wraps)
         if p is not None:
             p = np.ascontiguousarray(p, dtype=np.float64)
-        answer = None if victims is None else (
-            lambda n, blocked: np.ascontiguousarray(victims(n, blocked), dtype=np.int64))
+        answer = (
+            None
+            if victims is None
+            else (lambda n, blocked: np.ascontiguousarray(victims(n, blocked), dtype=np.int64))
+        )
         return core.propose(int(layer), p, np.ascontiguousarray(resident, dtype=bool), answer)
 
     def predict(self, layer: int, m: int, wraps: bool) -> np.ndarray | None:

@@ -32,12 +32,30 @@ Research pieces that live elsewhere, and why there:
 Nothing here imports the store or needs a GPU: the native replays use tierstore._C's
 policy rules, not its I/O engine.
 """
+
 from tierstore.sim.belady import BeladyPolicy, BeladySkipPolicy
 from tierstore.sim.counting import Prepared, Result
 from tierstore.sim.demand import replay_demand_fill, replay_lazy
-from tierstore.sim.runner import (SIM_MODELS, available_models, check_policy_names,
-                                  expand_names, replay, replay_reference)
+from tierstore.sim.runner import (
+    SIM_MODELS,
+    available_models,
+    check_policy_names,
+    expand_names,
+    replay,
+    replay_reference,
+)
 
-__all__ = ["replay", "Result", "Prepared", "BeladyPolicy", "BeladySkipPolicy", "SIM_MODELS",
-           "available_models", "expand_names", "check_policy_names", "replay_demand_fill",
-           "replay_lazy", "replay_reference"]
+__all__ = [
+    "replay",
+    "Result",
+    "Prepared",
+    "BeladyPolicy",
+    "BeladySkipPolicy",
+    "SIM_MODELS",
+    "available_models",
+    "expand_names",
+    "check_policy_names",
+    "replay_demand_fill",
+    "replay_lazy",
+    "replay_reference",
+]

@@ -3,6 +3,7 @@ cached: the ceiling of plain demand fill and of the store's fire) and "may
 skip" (a miss whose next use is farther than every victim's is read for this
 use only: the ceiling of any policy with an admission filter, and of every
 policy in the bandwidth view, since fetching early never needs fewer reads)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,7 @@ class BeladyPolicy(DensePolicy):
 
     def on_access(self, keys, weights=None, now=None) -> None:
         arr = np.asarray(keys, dtype=np.int64)
-        nu = self._oracle[self._cursor:self._cursor + arr.size]
+        nu = self._oracle[self._cursor : self._cursor + arr.size]
         self._cursor += arr.size
         self._next[arr] = nu
         self._neg[arr] = -nu
@@ -76,6 +77,7 @@ class BeladySkipPolicy(BeladyPolicy):
     name = "belady_skip"
 
     def admit(self, candidate, victim):
-        out = self._next[np.asarray(candidate, dtype=np.int64)] < \
-            self._next[np.asarray(victim, dtype=np.int64)]
+        out = (
+            self._next[np.asarray(candidate, dtype=np.int64)] < self._next[np.asarray(victim, dtype=np.int64)]
+        )
         return bool(out) if np.ndim(out) == 0 else out

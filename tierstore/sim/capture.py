@@ -16,6 +16,7 @@ each key repeated by its count, so token weight survives). Ticks count steps fro
 Thread safety: ``record*`` and ``step`` from one thread (the forward thread); ``close``
 from any thread after the last ``step``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,7 +30,7 @@ from tierstore.errors import ConfigError
 from tierstore.sim.traces import save_trace
 
 log = logging.getLogger("tierstore.capture")
-ROW_BYTES = 12   # int32 [tick, layer, expert]
+ROW_BYTES = 12  # int32 [tick, layer, expert]
 
 
 class RoutingCapture:
@@ -39,27 +40,30 @@ class RoutingCapture:
     ``capture_max_mb`` settings). ``meta``: fields for the trace's ``.meta.json`` (the
     model, the engine...); ``num_experts`` there lets readers size the key space."""
 
-    def __init__(self, path, *, max_steps: int | None = None, max_bytes: int | None = None,
-                 meta: dict | None = None):
+    def __init__(
+        self, path, *, max_steps: int | None = None, max_bytes: int | None = None, meta: dict | None = None
+    ):
         from tierstore import settings
+
         self.path = Path(os.fspath(path))
         if self.path.suffix != ".npy":
             raise ConfigError(f"routing capture {self.path}: the file name must end in .npy")
         if not self.path.parent.is_dir():
-            raise ConfigError(f"routing capture {self.path}: directory {self.path.parent} "
-                              f"does not exist")
+            raise ConfigError(f"routing capture {self.path}: directory {self.path.parent} does not exist")
         self.max_steps = int(settings.get("capture_max_steps") if max_steps is None else max_steps)
         mb = settings.get("capture_max_mb")
         self.max_bytes = int(mb * (1 << 20)) if max_bytes is None else int(max_bytes)
         if self.max_steps < 1 or self.max_bytes < ROW_BYTES:
-            raise ConfigError(f"routing capture {self.path}: max_steps must be >= 1 and "
-                              f"max_bytes >= {ROW_BYTES}, found {self.max_steps}, {self.max_bytes}")
+            raise ConfigError(
+                f"routing capture {self.path}: max_steps must be >= 1 and "
+                f"max_bytes >= {ROW_BYTES}, found {self.max_steps}, {self.max_bytes}"
+            )
         self.meta = dict(meta or {})
         self.tick = 0
         self.rows = 0
         self.full_reason: str | None = None
-        self._chunks: list[np.ndarray] = []     # committed steps
-        self._step: list[np.ndarray] = []       # the step being recorded
+        self._chunks: list[np.ndarray] = []  # committed steps
+        self._step: list[np.ndarray] = []  # the step being recorded
         self._step_rows = 0
         self._writer: threading.Thread | None = None
         self._saved: Path | None = None
@@ -71,6 +75,7 @@ class RoutingCapture:
         """A capture to ``path`` (default the ``capture`` setting, TIERSTORE_CAPTURE), or
         None when neither names a file."""
         from tierstore import settings
+
         path = path or settings.get("capture")
         return None if not path else cls(path, meta=meta)
 
@@ -104,8 +109,9 @@ class RoutingCapture:
             return
         table = np.asarray(counts)
         if table.ndim != 2:
-            raise ConfigError(f"routing capture: counts must be [n_layers, n_experts], "
-                              f"found shape {list(table.shape)}")
+            raise ConfigError(
+                f"routing capture: counts must be [n_layers, n_experts], found shape {list(table.shape)}"
+            )
         self.meta.setdefault("num_experts", int(table.shape[1]))
         flat = table.reshape(-1).astype(np.int64, copy=False)
         keys = np.flatnonzero(flat > 0)
@@ -134,12 +140,20 @@ class RoutingCapture:
     def _fill(self, reason: str) -> None:
         self.full_reason = reason
         self._step, self._step_rows = [], 0
-        if not self.tick:   # not even the first step fits: nothing to write
-            log.warning("routing capture %s: the first step alone passes max_bytes=%d; "
-                        "nothing captured", self.path, self.max_bytes)
+        if not self.tick:  # not even the first step fits: nothing to write
+            log.warning(
+                "routing capture %s: the first step alone passes max_bytes=%d; nothing captured",
+                self.path,
+                self.max_bytes,
+            )
             return
-        log.info("routing capture %s full (%s): %d steps, %d rows; writing it", self.path,
-                 reason, self.tick, self.rows)
+        log.info(
+            "routing capture %s full (%s): %d steps, %d rows; writing it",
+            self.path,
+            reason,
+            self.tick,
+            self.rows,
+        )
         self._start_writer()
 
     # -- writing -----------------------------------------------------------------------------
@@ -147,26 +161,30 @@ class RoutingCapture:
         with self._lock:
             if self._writer is not None or self._saved is not None:
                 return
-            self._writer = threading.Thread(target=self._write, name="tierstore-capture",
-                                            daemon=True)
+            self._writer = threading.Thread(target=self._write, name="tierstore-capture", daemon=True)
             self._writer.start()
 
     def _write(self) -> None:
         try:
             self._saved = self._save_now()
-        except BaseException as exc:   # noqa: BLE001 - reported by close()
+        except BaseException as exc:  # noqa: BLE001 - reported by close()
             self._error = exc
             log.warning("routing capture %s: writing failed: %s", self.path, exc)
 
     def _save_now(self) -> Path:
-        rows = (np.concatenate(self._chunks) if self._chunks
-                else np.empty((0, 3), dtype=np.int32))
+        rows = np.concatenate(self._chunks) if self._chunks else np.empty((0, 3), dtype=np.int32)
         layers = sorted(int(x) for x in np.unique(rows[:, 1])) if len(rows) else []
-        meta = {**self.meta, "name": self.path.stem, "n_ticks": self.tick,
-                "columns": ["tick", "layer", "expert"], "layers_present": layers,
-                "captured_by": "tierstore.sim.capture.RoutingCapture",
-                "max_steps": self.max_steps, "max_bytes": self.max_bytes,
-                "truncated": self.full_reason}
+        meta = {
+            **self.meta,
+            "name": self.path.stem,
+            "n_ticks": self.tick,
+            "columns": ["tick", "layer", "expert"],
+            "layers_present": layers,
+            "captured_by": "tierstore.sim.capture.RoutingCapture",
+            "max_steps": self.max_steps,
+            "max_bytes": self.max_bytes,
+            "truncated": self.full_reason,
+        }
         return save_trace(self.path, rows, meta)
 
     def close(self, timeout: float | None = 60.0) -> Path | None:
@@ -179,8 +197,7 @@ class RoutingCapture:
         if writer is not None:
             writer.join(timeout)
             if writer.is_alive():
-                raise ConfigError(f"routing capture {self.path}: still writing after "
-                                  f"{timeout} s")
+                raise ConfigError(f"routing capture {self.path}: still writing after {timeout} s")
         if self._error is not None:
             raise self._error
         return self._saved

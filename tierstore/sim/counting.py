@@ -1,6 +1,7 @@
 """What a replay counts: the trace prepared once for every policy (``Prepared``: the
 distinct (tick, key) occurrences, their token counts and next use), the per-policy
 counters (``Counters``) and the ``Result`` they become."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -16,38 +17,38 @@ NEVER = np.iinfo(np.int64).max
 class Result:
     policy: str
     slots: int
-    hit_rate: float           # token-weighted
+    hit_rate: float  # token-weighted
     distinct_hit_rate: float  # each (tick, key) once
-    reads: int                # rows fetched: demand misses + lazy promotions + prefetches
+    reads: int  # rows fetched: demand misses + lazy promotions + prefetches
     reads_per_tick: float
     demand_reads: int
     prefetched: int
-    prefetch_hits: int        # prefetched rows used before eviction
-    wasted_prefetch: int      # prefetched rows evicted unused or never used
+    prefetch_hits: int  # prefetched rows used before eviction
+    wasted_prefetch: int  # prefetched rows evicted unused or never used
     evictions: int
-    rejected: int             # misses read but not cached (admission filter, or
-                              # every resident key was in use this tick)
+    rejected: int  # misses read but not cached (admission filter, or
+    # every resident key was in use this tick)
     bytes_read: int
     accesses: int
     ticks: int
     seconds: float
     accesses_per_s: float
-    unserved: int = 0         # token-weighted misses not read at all (served elsewhere:
-                              # the lazy, reference and prefetch models)
+    unserved: int = 0  # token-weighted misses not read at all (served elsewhere:
+    # the lazy, reference and prefetch models)
     bandwidth_hit_rate: float = 0.0  # 1 - (reads + unserved) / accesses
-    latency_hit_rate: float = 0.0    # accesses resident (and landed) when their layer read
-                                     # (= hit_rate unless the lead-time model is timed,
-                                     # tierstore.sim.leadtime)
-    ceiling: str | None = None       # the MIN that bounds this policy: "belady" (forced
-                                     # admission) or "belady_skip" (may skip a miss)
+    latency_hit_rate: float = 0.0  # accesses resident (and landed) when their layer read
+    # (= hit_rate unless the lead-time model is timed,
+    # tierstore.sim.leadtime)
+    ceiling: str | None = None  # the MIN that bounds this policy: "belady" (forced
+    # admission) or "belady_skip" (may skip a miss)
     gap_to_min: float | None = None  # ceiling's bandwidth_hit_rate - this one's, same slots
     gap_closed: float | None = None  # bandwidth view: (this - lru) / (ceiling - lru)
     latency_gap_closed: float | None = None  # latency view: (this - lru) / (belady - lru),
-                                     # only when latency_comparable
-    reads_vs_lru: float | None = None        # reads / lru's reads at the same slots
-    latency_comparable: bool | None = None   # reads <= lru's: False is printed as "not
-                                     # comparable", never silently dropped
-    read_ratio: float | None = None          # <policy>+prefetch: its read budget vs LRU's
+    # only when latency_comparable
+    reads_vs_lru: float | None = None  # reads / lru's reads at the same slots
+    latency_comparable: bool | None = None  # reads <= lru's: False is printed as "not
+    # comparable", never silently dropped
+    read_ratio: float | None = None  # <policy>+prefetch: its read budget vs LRU's
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -101,16 +102,33 @@ class Counters:
         reads = self.demand_reads + self.prefetched
         bandwidth = 1.0 - (reads + self.unserved) / max(prep.accesses, 1)
         hit_rate = token_hits / max(prep.accesses, 1)
-        latency = hit_rate if self.landed is None else \
-            int(prep.dcounts[self.hit & self.landed].sum()) / max(prep.accesses, 1)
-        return Result(name, int(slots), hit_rate,
-                      float(self.hit.mean()) if self.hit.size else 0.0, reads,
-                      reads / max(prep.n_ticks, 1), self.demand_reads, self.prefetched,
-                      self.prefetch_hits, self.wasted, self.evictions, self.rejected,
-                      reads * int(row_bytes), prep.accesses, prep.n_ticks, seconds,
-                      prep.accesses / seconds if seconds > 0 else float("inf"),
-                      unserved=int(self.unserved), bandwidth_hit_rate=bandwidth,
-                      latency_hit_rate=latency)
+        latency = (
+            hit_rate
+            if self.landed is None
+            else int(prep.dcounts[self.hit & self.landed].sum()) / max(prep.accesses, 1)
+        )
+        return Result(
+            name,
+            int(slots),
+            hit_rate,
+            float(self.hit.mean()) if self.hit.size else 0.0,
+            reads,
+            reads / max(prep.n_ticks, 1),
+            self.demand_reads,
+            self.prefetched,
+            self.prefetch_hits,
+            self.wasted,
+            self.evictions,
+            self.rejected,
+            reads * int(row_bytes),
+            prep.accesses,
+            prep.n_ticks,
+            seconds,
+            prep.accesses / seconds if seconds > 0 else float("inf"),
+            unserved=int(self.unserved),
+            bandwidth_hit_rate=bandwidth,
+            latency_hit_rate=latency,
+        )
 
 
 NOT_COMPARED = ("belady", "belady_skip", "unbounded")  # the ceilings and the bound

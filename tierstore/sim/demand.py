@@ -13,6 +13,7 @@
 ``Filler`` is the resident mask + counters both share, and the predictor's
 replay (``tierstore.sim.predict``) builds on it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,7 @@ from tierstore.policies.admission import ADMIT_ALL, Admission, HotterThanVictim,
 from tierstore.policies.base import Policy
 from tierstore.policies.fill import plan_fill, plan_lazy
 from tierstore.sim.counting import Counters, Prepared
-from tierstore.sim.native_replay import (native_filter, native_lazy_replay, replay_min_native,
-                                         replay_native)
+from tierstore.sim.native_replay import native_filter, native_lazy_replay, replay_min_native, replay_native
 
 
 class Filler:
@@ -42,8 +42,9 @@ class Filler:
     def n_free(self) -> int:
         return max(self.slots - self.n_res, 0)
 
-    def place(self, cand: np.ndarray, block: np.ndarray | None, admission: Admission,
-              count_rejected: bool = True):
+    def place(
+        self, cand: np.ndarray, block: np.ndarray | None, admission: Admission, count_rejected: bool = True
+    ):
         """Plan and apply the fill of ``cand`` (``block``: keys that may not be victims).
         Returns the keys admitted; ``cnt.rejected`` grows by those turned away
         (unless ``count_rejected`` is False: a prefetch left out is not read)."""
@@ -92,9 +93,14 @@ class Filler:
         self.place(miss, u if n_miss < r.size else None, admission)
 
 
-def replay_demand_fill(prep: Prepared, policy: Policy, slots: int,
-                       granularity: str = "layer", admission: Admission | None = None,
-                       native: bool = True) -> Counters:
+def replay_demand_fill(
+    prep: Prepared,
+    policy: Policy,
+    slots: int,
+    granularity: str = "layer",
+    admission: Admission | None = None,
+    native: bool = True,
+) -> Counters:
     """Demand fill through ``policy``; ``admission`` defaults to the policy's own
     filter (``ADMIT_ALL`` is the store's fire). ``native``: run lru / heat / hybrid /
     phase / auto and Belady's MIN (both forms) through the C++ loops
@@ -169,14 +175,21 @@ def hottest_nonresident(scores: np.ndarray, resident: np.ndarray, n: int) -> np.
     s = scores[cand]
     nth = np.partition(s, cand.size - n)[cand.size - n]  # the n-th highest score
     above = s > nth
-    ties = np.flatnonzero(s == nth)[:n - int(np.count_nonzero(above))]
+    ties = np.flatnonzero(s == nth)[: n - int(np.count_nonzero(above))]
     above[ties] = True
     return cand[above]
 
 
-def replay_lazy(prep: Prepared, policy: Policy, slots: int, cap: int, *,
-                candidates: str = "seen", admission: Admission | None = None,
-                native: bool = True) -> Counters:
+def replay_lazy(
+    prep: Prepared,
+    policy: Policy,
+    slots: int,
+    cap: int,
+    *,
+    candidates: str = "seen",
+    admission: Admission | None = None,
+    native: bool = True,
+) -> Counters:
     """Lazy promotion only (see module doc). ``candidates="seen"``: this tick's
     misses, and the tick's keys may be evicted (the store's step(): nothing is
     pinned between steps); ``"hottest"``: the hottest non-resident keys by the
@@ -212,8 +225,14 @@ def replay_lazy(prep: Prepared, policy: Policy, slots: int, cap: int, *,
             fill.rejected = 0
         else:
             tier.pinned[u] = True
-            fill = plan_lazy(policy, hottest_nonresident(policy.scores(), resident, cap),
-                             cap, tier.n_free, tier.pinned, adm)
+            fill = plan_lazy(
+                policy,
+                hottest_nonresident(policy.scores(), resident, cap),
+                cap,
+                tier.n_free,
+                tier.pinned,
+                adm,
+            )
             tier.pinned[u] = False
             policy.decay()
         cnt.rejected += fill.rejected

@@ -22,6 +22,7 @@ When a read lands:
 Only prefetching models can differ between the two (every row a demand fill made
 resident has landed before the next group reads).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -33,32 +34,45 @@ from tierstore.errors import ConfigError
 
 @dataclass(frozen=True)
 class LeadTime:
-    lead: int = 1                 # layers between the read that issues a prefetch and its target
-    row_seconds: float = 0.0      # queue time per row (row_bytes / bandwidth); 0: untimed
+    lead: int = 1  # layers between the read that issues a prefetch and its target
+    row_seconds: float = 0.0  # queue time per row (row_bytes / bandwidth); 0: untimed
     latency_seconds: float = 0.0  # from a read's end in the queue to the row being usable
-    layer_seconds: float = 0.0    # compute per (tick, layer) read group
+    layer_seconds: float = 0.0  # compute per (tick, layer) read group
 
     def __post_init__(self):
         if int(self.lead) < 1:
-            raise ConfigError(f"lead time: a prefetch must be issued at least one layer "
-                              f"ahead, got lead {self.lead}")
+            raise ConfigError(
+                f"lead time: a prefetch must be issued at least one layer ahead, got lead {self.lead}"
+            )
         if min(self.row_seconds, self.latency_seconds, self.layer_seconds) < 0:
-            raise ConfigError(f"lead time: seconds must be >= 0, got row {self.row_seconds}, "
-                              f"latency {self.latency_seconds}, layer {self.layer_seconds}")
+            raise ConfigError(
+                f"lead time: seconds must be >= 0, got row {self.row_seconds}, "
+                f"latency {self.latency_seconds}, layer {self.layer_seconds}"
+            )
         if self.row_seconds > 0 and self.layer_seconds <= 0:
-            raise ConfigError("lead time: a timed model (row seconds > 0) needs the "
-                              "compute time of a layer (layer seconds > 0)")
+            raise ConfigError(
+                "lead time: a timed model (row seconds > 0) needs the "
+                "compute time of a layer (layer seconds > 0)"
+            )
 
     @classmethod
-    def measured(cls, lead: int = 1, row_bytes: int = 0, read_gbps: float | None = None,
-                 layer_us: float | None = None, latency_us: float = 0.0) -> "LeadTime":
+    def measured(
+        cls,
+        lead: int = 1,
+        row_bytes: int = 0,
+        read_gbps: float | None = None,
+        layer_us: float | None = None,
+        latency_us: float = 0.0,
+    ) -> LeadTime:
         """From a row size and a measured read bandwidth (GB/s, 1e9 B/s); untimed
         when ``read_gbps`` is None."""
         if read_gbps is None:
             return cls(int(lead))
         if row_bytes <= 0 or not read_gbps > 0 or layer_us is None or not layer_us > 0:
-            raise ConfigError(f"lead time: a read bandwidth ({read_gbps} GB/s) needs row bytes "
-                              f"> 0 and a layer time > 0 (got {row_bytes} B, {layer_us} us)")
+            raise ConfigError(
+                f"lead time: a read bandwidth ({read_gbps} GB/s) needs row bytes "
+                f"> 0 and a layer time > 0 (got {row_bytes} B, {layer_us} us)"
+            )
         return cls(int(lead), row_bytes / (read_gbps * 1e9), latency_us * 1e-6, layer_us * 1e-6)
 
     @property
@@ -67,15 +81,20 @@ class LeadTime:
 
     def describe(self) -> str:
         """One line stating the model (printed with every latency table)."""
-        head = (f"lead-time model: a prefetch is issued after layer l reads and targets layer "
-                f"l+{self.lead} or later; a demand miss blocks its layer")
+        head = (
+            f"lead-time model: a prefetch is issued after layer l reads and targets layer "
+            f"l+{self.lead} or later; a demand miss blocks its layer"
+        )
         if not self.timed:
-            return head + ("; untimed: a prefetch is assumed to land before its target "
-                           "layer reads (upper bound)")
-        return head + (f"; timed: one FIFO read queue, {self.row_seconds * 1e6:.1f} us per "
-                       f"row, +{self.latency_seconds * 1e6:.1f} us latency, "
-                       f"{self.layer_seconds * 1e6:.1f} us compute per layer; a row not "
-                       f"landed when its layer reads is a miss")
+            return head + (
+                "; untimed: a prefetch is assumed to land before its target layer reads (upper bound)"
+            )
+        return head + (
+            f"; timed: one FIFO read queue, {self.row_seconds * 1e6:.1f} us per "
+            f"row, +{self.latency_seconds * 1e6:.1f} us latency, "
+            f"{self.layer_seconds * 1e6:.1f} us compute per layer; a row not "
+            f"landed when its layer reads is a miss"
+        )
 
     def as_dict(self) -> dict:
         return {**asdict(self), "timed": self.timed, "text": self.describe()}

@@ -30,6 +30,7 @@ policy's own admission filter or ``ADMIT_ALL``. Anything else (Belady, the
 predictor, a custom admission, a subclass) stays on the Python loop, as does
 everything when the extension is not built.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -76,13 +77,16 @@ def _trace_arrays(prep: Prepared, granularity: str) -> tuple:
         starts, ends = prep.gstarts, prep.g_tick_end
     else:
         starts, ends = prep.dstarts, np.ones(prep.n_ticks, dtype=bool)
-    return (np.ascontiguousarray(prep.dkeys, dtype=np.int64),
-            np.ascontiguousarray(prep.dcounts, dtype=np.int64), bool(prep.all_single),
-            np.ascontiguousarray(starts, dtype=np.int64), np.ascontiguousarray(ends, dtype=bool))
+    return (
+        np.ascontiguousarray(prep.dkeys, dtype=np.int64),
+        np.ascontiguousarray(prep.dcounts, dtype=np.int64),
+        bool(prep.all_single),
+        np.ascontiguousarray(starts, dtype=np.int64),
+        np.ascontiguousarray(ends, dtype=bool),
+    )
 
 
-def replay_native(prep: Prepared, policy, slots: int, granularity: str,
-                  filter_: bool) -> Counters | None:
+def replay_native(prep: Prepared, policy, slots: int, granularity: str, filter_: bool) -> Counters | None:
     """Counters of the native replay (``replay_demand_fill``'s semantics), or None
     when ``policy`` has no native state (wall clock, an expert of no native kind)."""
     state = policy.native_state()
@@ -93,7 +97,8 @@ def replay_native(prep: Prepared, policy, slots: int, granularity: str,
     if type(policy) is AutoPolicy:
         core, resident, n_resident = state
         n_resident, (reads, evictions, rejected) = _native("replay_auto")(
-            core, resident, int(n_resident), *trace, int(slots), bool(filter_), cnt.hit)
+            core, resident, int(n_resident), *trace, int(slots), bool(filter_), cnt.hit
+        )
         policy.load_native_state(n_resident)
     else:
         reads, evictions, rejected = _native()(state, *trace, int(slots), bool(filter_), cnt.hit)
@@ -102,8 +107,9 @@ def replay_native(prep: Prepared, policy, slots: int, granularity: str,
     return cnt
 
 
-def native_prefetch_replay(prep: Prepared, policy, slots: int, prefetcher, admission,
-                           demand_fill: bool) -> Counters | None:
+def native_prefetch_replay(
+    prep: Prepared, policy, slots: int, prefetcher, admission, demand_fill: bool
+) -> Counters | None:
     """Counters of ``tierstore.sim.prefetching``'s loop run natively
     (``tierstore._C.replay_prefetch`` / ``replay_prefetch_auto``, csrc/store/src/
     prefetch_replay.cpp) for a fresh exact policy under its own filter or ``ADMIT_ALL``
@@ -111,10 +117,15 @@ def native_prefetch_replay(prep: Prepared, policy, slots: int, prefetcher, admis
     stays on the Python loop), at least two layers; None where that is not exact. The
     policy and the prefetcher are left as the Python loop leaves them."""
     from tierstore.policies.prefetch import Prefetcher
+
     filter_ = native_filter(policy, admission)
     loop = "replay_prefetch_auto" if type(policy) is AutoPolicy else "replay_prefetch"
-    if (filter_ is None or type(prefetcher) is not Prefetcher or prep.trace.n_layers < 2
-            or _native(loop) is None):
+    if (
+        filter_ is None
+        or type(prefetcher) is not Prefetcher
+        or prep.trace.n_layers < 2
+        or _native(loop) is None
+    ):
         return None
     state = policy.native_state()
     if state is None:
@@ -123,29 +134,71 @@ def native_prefetch_replay(prep: Prepared, policy, slots: int, prefetcher, admis
     keys, counts, single, starts, ends = _trace_arrays(prep, "layer")
     if type(policy) is AutoPolicy:
         core, resident, n_resident = state
-        n_resident, out = _native(loop)(core, resident, int(n_resident), prefetcher._core, keys,
-                                        counts, single, starts, ends, int(slots), bool(filter_),
-                                        bool(demand_fill), cnt.hit)
+        n_resident, out = _native(loop)(
+            core,
+            resident,
+            int(n_resident),
+            prefetcher._core,
+            keys,
+            counts,
+            single,
+            starts,
+            ends,
+            int(slots),
+            bool(filter_),
+            bool(demand_fill),
+            cnt.hit,
+        )
         policy.load_native_state(n_resident)
     else:
-        out = _native(loop)(state, prefetcher._core, keys, counts, single, starts, ends,
-                            int(slots), bool(filter_), bool(demand_fill), cnt.hit)
+        out = _native(loop)(
+            state,
+            prefetcher._core,
+            keys,
+            counts,
+            single,
+            starts,
+            ends,
+            int(slots),
+            bool(filter_),
+            bool(demand_fill),
+            cnt.hit,
+        )
         policy.load_native_state()
-    (cnt.demand_reads, cnt.evictions, cnt.rejected, cnt.prefetched, cnt.prefetch_hits,
-     cnt.wasted, cnt.unserved) = (int(x) for x in out)
+    (
+        cnt.demand_reads,
+        cnt.evictions,
+        cnt.rejected,
+        cnt.prefetched,
+        cnt.prefetch_hits,
+        cnt.wasted,
+        cnt.unserved,
+    ) = (int(x) for x in out)
     return cnt
 
 
-def native_predict_replay(prep: Prepared, policy, model, slots: int, budget: int,
-                          threshold: float, cross: bool, temporal: bool,
-                          top_k: int, demand_fill: bool = True) -> Counters | None:
+def native_predict_replay(
+    prep: Prepared,
+    policy,
+    model,
+    slots: int,
+    budget: int,
+    threshold: float,
+    cross: bool,
+    temporal: bool,
+    top_k: int,
+    demand_fill: bool = True,
+) -> Counters | None:
     """Counters of ``tierstore.sim.predict``'s ``predict`` model (demand fill under the
     policy's own filter plus the predicted prefetch; ``demand_fill`` False: its ``prefetch``
     model, misses unserved and a lazy pass at each tick end) run natively
     (``tierstore._C.replay_predict``) for a fresh exact plain policy and ``model`` (a
     ``tierstore._C.CoRouting``); None where that is not exact (auto, a used policy)."""
-    if (type(policy) is AutoPolicy or _native("replay_predict") is None
-            or type(model) is not _native("CoRouting")):
+    if (
+        type(policy) is AutoPolicy
+        or _native("replay_predict") is None
+        or type(model) is not _native("CoRouting")
+    ):
         return None
     filter_ = native_filter(policy, PolicyFilter(policy))
     state = policy.native_state() if filter_ is not None else None
@@ -153,17 +206,38 @@ def native_predict_replay(prep: Prepared, policy, model, slots: int, budget: int
         return None
     cnt = Counters(prep)
     keys, counts, single, starts, ends = _trace_arrays(prep, "layer")
-    out = _native("replay_predict")(state, model, keys, counts, single, starts, ends, int(slots),
-                                    bool(filter_), int(budget), float(threshold), bool(cross),
-                                    bool(temporal), int(top_k), bool(demand_fill), cnt.hit)
+    out = _native("replay_predict")(
+        state,
+        model,
+        keys,
+        counts,
+        single,
+        starts,
+        ends,
+        int(slots),
+        bool(filter_),
+        int(budget),
+        float(threshold),
+        bool(cross),
+        bool(temporal),
+        int(top_k),
+        bool(demand_fill),
+        cnt.hit,
+    )
     policy.load_native_state()
-    (cnt.demand_reads, cnt.evictions, cnt.rejected, cnt.prefetched, cnt.prefetch_hits,
-     cnt.wasted, cnt.unserved) = (int(x) for x in out)
+    (
+        cnt.demand_reads,
+        cnt.evictions,
+        cnt.rejected,
+        cnt.prefetched,
+        cnt.prefetch_hits,
+        cnt.wasted,
+        cnt.unserved,
+    ) = (int(x) for x in out)
     return cnt
 
 
-def native_lazy_replay(prep: Prepared, policy, slots: int, cap: int,
-                       hottest: bool) -> Counters | None:
+def native_lazy_replay(prep: Prepared, policy, slots: int, cap: int, hottest: bool) -> Counters | None:
     """Counters of ``tierstore.sim.demand.replay_lazy`` under its default admission
     (HotterThanVictim) run natively (``tierstore._C.replay_lazy``, csrc/store/src/
     lazy_replay.cpp) for a fresh exact plain policy, the policy left as the Python loop
@@ -175,22 +249,27 @@ def native_lazy_replay(prep: Prepared, policy, slots: int, cap: int,
     if state is None:
         return None
     cnt = Counters(prep)
-    reads, evictions, rejected, unserved = replay(state, *_trace_arrays(prep, "tick"),
-                                                  int(slots), int(cap), bool(hottest), cnt.hit)
+    reads, evictions, rejected, unserved = replay(
+        state, *_trace_arrays(prep, "tick"), int(slots), int(cap), bool(hottest), cnt.hit
+    )
     policy.load_native_state()
     cnt.demand_reads, cnt.evictions, cnt.rejected, cnt.unserved = (
-        int(reads), int(evictions), int(rejected), int(unserved))
+        int(reads),
+        int(evictions),
+        int(rejected),
+        int(unserved),
+    )
     return cnt
 
 
-def replay_min_native(prep: Prepared, policy: Policy, slots: int, granularity: str,
-                      admission) -> Counters | None:
+def replay_min_native(
+    prep: Prepared, policy: Policy, slots: int, granularity: str, admission
+) -> Counters | None:
     """Counters of MIN's native replay (``replay_demand_fill``'s semantics for a fresh
     BeladyPolicy / BeladySkipPolicy under its own rule or ``ADMIT_ALL``), the policy left
     as the Python loop leaves it; None where that is not exact or not built."""
     replay = _native("replay_min")
-    state = (policy.replay_state(prep.next_use)
-             if type(policy) in (BeladyPolicy, BeladySkipPolicy) else None)
+    state = policy.replay_state(prep.next_use) if type(policy) in (BeladyPolicy, BeladySkipPolicy) else None
     if replay is None or state is None:
         return None
     if admission is ADMIT_ALL:
@@ -201,8 +280,13 @@ def replay_min_native(prep: Prepared, policy: Policy, slots: int, granularity: s
         return None
     cnt = Counters(prep)
     reads, evictions, rejected = replay(
-        *_trace_arrays(prep, granularity), np.ascontiguousarray(prep.next_use, dtype=np.int64),
-        int(slots), skip, *state, cnt.hit)
+        *_trace_arrays(prep, granularity),
+        np.ascontiguousarray(prep.next_use, dtype=np.int64),
+        int(slots),
+        skip,
+        *state,
+        cnt.hit,
+    )
     policy.load_replayed(prep.dkeys)
     cnt.demand_reads, cnt.evictions, cnt.rejected = int(reads), int(evictions), int(rejected)
     return cnt

@@ -27,6 +27,7 @@ layer of lead time); traces at prefill-like rates make that optimistic.
 Accounting: prefetched rows are reads; a prefetch is a hit when first read
 while resident, wasted when evicted before use or never used.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,10 +46,22 @@ from tierstore.sim.native_replay import native_predict_replay
 LAZY_PER_TICK = 8  # the reference manager's promotions per pass
 
 
-def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "layer",
-                   base: str = "hybrid", threshold: float = 0.2, half_life: float = 512.0,
-                   prior_weight: float = 4.0, use_cross: bool = True, use_temporal: bool = True,
-                   demand_fill: bool = True, native: bool = True, **base_params):
+def replay_predict(
+    prep,
+    slots: int,
+    *,
+    budget: int = 8,
+    granularity: str = "layer",
+    base: str = "hybrid",
+    threshold: float = 0.2,
+    half_life: float = 512.0,
+    prior_weight: float = 4.0,
+    use_cross: bool = True,
+    use_temporal: bool = True,
+    demand_fill: bool = True,
+    native: bool = True,
+    **base_params,
+):
     """Demand fill under ``base`` plus predicted prefetch; returns sim counters.
     ``demand_fill=False`` (the ``prefetch`` model): misses are served from
     elsewhere (the 2-bit base, as in the reference); the reads are the
@@ -58,11 +71,12 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     a fresh native base run in C++ (``tierstore._C.replay_predict``, same results); False
     runs this Python loop."""
     if granularity != "layer":
-        raise ConfigError("policy 'predict' needs granularity 'layer' (it prefetches "
-                          "the next layer while the current one runs)")
+        raise ConfigError(
+            "policy 'predict' needs granularity 'layer' (it prefetches "
+            "the next layer while the current one runs)"
+        )
     if budget < 0 or not (0.0 <= threshold <= 1.0):
-        raise ConfigError(f"predict: budget must be >= 0 and threshold in [0, 1], "
-                          f"got {budget}, {threshold}")
+        raise ConfigError(f"predict: budget must be >= 0 and threshold in [0, 1], got {budget}, {threshold}")
     trace = prep.trace
     L, E = trace.n_layers, trace.n_experts
     policy: Policy = _policies.make(base, prep.n_keys, slots, **base_params)
@@ -70,8 +84,9 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
     pred = native_module().CoRouting(L, E, 1, half_life, prior_weight)
     top_k = max(int(np.median(np.diff(prep.gstarts))) if prep.gstarts.size > 1 else 1, 1)
     if native:
-        cnt = native_predict_replay(prep, policy, pred, slots, budget, threshold, use_cross,
-                                    use_temporal, top_k, demand_fill)
+        cnt = native_predict_replay(
+            prep, policy, pred, slots, budget, threshold, use_cross, use_temporal, top_k, demand_fill
+        )
         if cnt is not None:
             return cnt
     prefetched = np.zeros(prep.n_keys, dtype=bool)  # admitted by prefetch, not yet read
@@ -96,10 +111,16 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
         non-resident keys by the base policy's scores, into free slots or over
         victims not used this tick when ``policy.admit`` agrees (counted as
         demand reads: they are not predictions)."""
-        used = dkeys[prep.dstarts[t]:prep.dstarts[t + 1]]
+        used = dkeys[prep.dstarts[t] : prep.dstarts[t + 1]]
         pinned[used] = True
-        fill = plan_lazy(policy, hottest_nonresident(policy.scores(), resident, n), n,
-                         tier.n_free, pinned, PolicyFilter(policy))
+        fill = plan_lazy(
+            policy,
+            hottest_nonresident(policy.scores(), resident, n),
+            n,
+            tier.n_free,
+            pinned,
+            PolicyFilter(policy),
+        )
         pinned[used] = False
         tier.evict(fill.victims)
         tier.admit(fill.keys)
@@ -134,8 +155,7 @@ def replay_predict(prep, slots: int, *, budget: int = 8, granularity: str = "lay
         if nxt < L:
             p_cross = pred.predict(layer, experts, temporal=False) if use_cross else None
             src_t = prev_tick_experts[nxt]
-            p_temp = (pred.predict(nxt, src_t, temporal=True)
-                      if use_temporal and src_t is not None else None)
+            p_temp = pred.predict(nxt, src_t, temporal=True) if use_temporal and src_t is not None else None
             if p_cross is not None or p_temp is not None:
                 p = pred.mix(p_cross, p_temp)
                 pending_pred = (nxt, p_cross, p_temp)

@@ -3,6 +3,7 @@ instead of predicting them, so a replay shows what better prediction could gain
 under the same budget, calibration, ranking, pins and lead-time model. It sees
 the future (``routes_table``: the true routes), so it is a bound, never a policy:
 ``bench/prefetch_bound.py`` reports it beside the learned prefetcher."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -15,6 +15,7 @@ access as a hit when resident when its layer reads: a prefetch counts only from
 with a timed ``LeadTime`` (``tierstore.sim.leadtime``) only once it has landed
 (``Counters.landed``), the decisions unchanged.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,16 +24,22 @@ from tierstore.errors import ConfigError
 from tierstore.policies.admission import ADMIT_ALL, Admission, for_policy
 from tierstore.policies.base import Policy
 from tierstore.policies.prefetch import Prefetcher
-from tierstore.sim.counting import Counters, Prepared
-from tierstore.sim.counting import score_group
+from tierstore.sim.counting import Counters, Prepared, score_group
 from tierstore.sim.demand import Filler
 from tierstore.sim.leadtime import Clock, LeadTime
 from tierstore.sim.native_replay import native_prefetch_replay
 
 
-def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: Prefetcher,
-                       admission: Admission | None = None, demand_fill: bool = True,
-                       lead_time: LeadTime | None = None, native: bool = True) -> Counters:
+def replay_prefetching(
+    prep: Prepared,
+    policy: Policy,
+    slots: int,
+    prefetcher: Prefetcher,
+    admission: Admission | None = None,
+    demand_fill: bool = True,
+    lead_time: LeadTime | None = None,
+    native: bool = True,
+) -> Counters:
     """Counters of ``policy`` + ``prefetcher`` at ``slots`` (module doc).
     ``demand_fill=False``: misses are not read (served elsewhere: ``unserved``),
     the live store's record/step path without fires. ``lead_time`` timed: the
@@ -43,12 +50,15 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
     trace = prep.trace
     E = trace.n_experts
     if prefetcher.n_keys != prep.n_keys or prefetcher.capacity != int(slots):
-        raise ConfigError(f"prefetch: prefetcher built for {prefetcher.n_keys} keys / "
-                          f"{prefetcher.capacity} slots, replay has {prep.n_keys} / {slots}")
+        raise ConfigError(
+            f"prefetch: prefetcher built for {prefetcher.n_keys} keys / "
+            f"{prefetcher.capacity} slots, replay has {prep.n_keys} / {slots}"
+        )
     adm = for_policy(policy) if admission is None else admission
     if lead_time is not None and lead_time.lead != prefetcher.lead:
-        raise ConfigError(f"prefetch: lead time model has lead {lead_time.lead}, the "
-                          f"prefetcher {prefetcher.lead}")
+        raise ConfigError(
+            f"prefetch: lead time model has lead {lead_time.lead}, the prefetcher {prefetcher.lead}"
+        )
     timed = lead_time is not None and lead_time.timed
     if native and not timed:
         cnt = native_prefetch_replay(prep, policy, slots, prefetcher, adm, demand_fill)
@@ -107,9 +117,17 @@ def replay_prefetching(prep: Prepared, policy: Policy, slots: int, prefetcher: P
     return cnt
 
 
-def replay_with_prefetch(prep: Prepared, base: Policy, slots: int, *, admission=None,
-                         demand_fill: bool = True, lead_time: LeadTime | None = None,
-                         native: bool = True, **prefetch_params) -> tuple[Counters, Prefetcher]:
+def replay_with_prefetch(
+    prep: Prepared,
+    base: Policy,
+    slots: int,
+    *,
+    admission=None,
+    demand_fill: bool = True,
+    lead_time: LeadTime | None = None,
+    native: bool = True,
+    **prefetch_params,
+) -> tuple[Counters, Prefetcher]:
     """``replay_prefetching`` with a fresh Prefetcher(``prefetch_params``) over
     ``base``; ``lead_time`` sets the prefetcher's ``lead`` too, the trace's
     ``top_k`` (meta.json) its ``top_k`` unless given; ``native`` as replay_prefetching's."""
@@ -119,5 +137,4 @@ def replay_with_prefetch(prep: Prepared, base: Policy, slots: int, *, admission=
     if "top_k" not in prefetch_params and isinstance(top_k, int) and top_k > 0:
         prefetch_params = {**prefetch_params, "top_k": top_k}
     pf = Prefetcher(prep.trace.n_layers, prep.trace.n_experts, int(slots), **prefetch_params)
-    return replay_prefetching(prep, base, slots, pf, admission, demand_fill, lead_time,
-                              native), pf
+    return replay_prefetching(prep, base, slots, pf, admission, demand_fill, lead_time, native), pf

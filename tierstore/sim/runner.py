@@ -52,10 +52,10 @@ Two views of every result (``Result``):
   (``latency_comparable``; ``latency_gap_closed`` is None otherwise): a model
   cannot buy latency hits with reads LRU does not spend.
 """
+
 from __future__ import annotations
 
 import time
-
 
 from tierstore import policies as _policies
 from tierstore.errors import ConfigError
@@ -65,16 +65,24 @@ from tierstore.sim.counting import NOT_COMPARED, Counters, Prepared, Result, lat
 from tierstore.sim.demand import replay_demand_fill, replay_lazy
 from tierstore.sim.traces import Trace
 
-SIM_MODELS = ("lazy", "reference", "belady", "belady_skip", "unbounded", "predict", "prefetch",
-              "auto+prefetch")
+SIM_MODELS = (
+    "lazy",
+    "reference",
+    "belady",
+    "belady_skip",
+    "unbounded",
+    "predict",
+    "prefetch",
+    "auto+prefetch",
+)
 PREFETCH_SUFFIX = "+prefetch"  # "<policy>+prefetch": any registered policy + the prefetcher
 DEFAULT_TICKS_PER_SECOND = 75.0
 REFERENCE_PROMOTE_PER_TICK = 8
 REFERENCE_HALF_LIFE_S = 5.0
 
 
-LAZY_POLICY = "hybrid"       # the store's lazy path as shipped (pool_policy default)
-LAZY_PER_TICK = 8            # the store's lazy_per_step default
+LAZY_POLICY = "hybrid"  # the store's lazy path as shipped (pool_policy default)
+LAZY_PER_TICK = 8  # the store's lazy_per_step default
 
 
 def available_models() -> list[str]:
@@ -92,21 +100,25 @@ def expand_names(names) -> list[str]:
 
 def replay_reference(prep: Prepared, slots: int, ticks_per_second: float) -> Counters:
     """vLLM-Moet's lazy manager (see module doc)."""
-    heat = _policies.make("heat", prep.n_keys, slots,
-                          half_life=REFERENCE_HALF_LIFE_S * ticks_per_second)
+    heat = _policies.make("heat", prep.n_keys, slots, half_life=REFERENCE_HALF_LIFE_S * ticks_per_second)
     return replay_lazy(prep, heat, slots, REFERENCE_PROMOTE_PER_TICK, candidates="hottest")
 
 
 def check_policy_names(names, raise_: bool = True) -> str:
     """'' when every name is a policy or sim model, else the message (raised as
     ConfigError unless ``raise_`` is False)."""
-    unknown = [p for p in names if p not in available_models() and p != "all"
-               and not (p.endswith(PREFETCH_SUFFIX)
-                        and p[:-len(PREFETCH_SUFFIX)] in _policies.available())]
+    unknown = [
+        p
+        for p in names
+        if p not in available_models()
+        and p != "all"
+        and not (p.endswith(PREFETCH_SUFFIX) and p[: -len(PREFETCH_SUFFIX)] in _policies.available())
+    ]
     if not unknown:
         return ""
-    msg = (f"unknown policy {', '.join(map(repr, unknown))} (available: "
-           f"{', '.join(available_models())}, or all)")
+    msg = (
+        f"unknown policy {', '.join(map(repr, unknown))} (available: {', '.join(available_models())}, or all)"
+    )
     if raise_:
         raise ConfigError(msg)
     return msg
@@ -121,38 +133,54 @@ def _ceiling(name: str, params: dict) -> str | None:
     return "belady_skip"
 
 
-def run_one(prep: Prepared, name: str, slots: int, *, budget: int, ticks_per_second: float,
-            granularity: str, params: dict) -> Counters:
+def run_one(
+    prep: Prepared,
+    name: str,
+    slots: int,
+    *,
+    budget: int,
+    ticks_per_second: float,
+    granularity: str,
+    params: dict,
+) -> Counters:
     """Counters of model ``name`` at ``slots`` (see module doc)."""
     if name == "reference":
         return replay_reference(prep, slots, ticks_per_second)
     if name == "lazy":
-        return replay_lazy(prep, _policies.make(LAZY_POLICY, prep.n_keys, slots,
-                                                **params.get("lazy", {})),
-                           slots, LAZY_PER_TICK)
+        return replay_lazy(
+            prep,
+            _policies.make(LAZY_POLICY, prep.n_keys, slots, **params.get("lazy", {})),
+            slots,
+            LAZY_PER_TICK,
+        )
     if name in ("belady", "belady_skip"):
         cls = BeladyPolicy if name == "belady" else BeladySkipPolicy
-        return replay_demand_fill(prep, cls(prep.n_keys, slots, next_use=prep.next_use),
-                                  slots, granularity)
+        return replay_demand_fill(prep, cls(prep.n_keys, slots, next_use=prep.next_use), slots, granularity)
     if name == "unbounded":
-        return replay_demand_fill(prep, _policies.make("lru", prep.n_keys, prep.n_keys),
-                                  prep.n_keys, granularity, ADMIT_ALL)
+        return replay_demand_fill(
+            prep, _policies.make("lru", prep.n_keys, prep.n_keys), prep.n_keys, granularity, ADMIT_ALL
+        )
     if name.endswith(PREFETCH_SUFFIX):
         from tierstore.sim.prefetching import replay_with_prefetch
+
         if granularity != "layer":
-            raise ConfigError(f"model {name!r} needs granularity 'layer' (it prefetches "
-                              f"later layers while the current one runs)")
-        base = name[:-len(PREFETCH_SUFFIX)]
-        policy = _policies.make(base, prep.n_keys, slots,
-                                **{"prefetching": True, **params.get(base, {})})
+            raise ConfigError(
+                f"model {name!r} needs granularity 'layer' (it prefetches "
+                f"later layers while the current one runs)"
+            )
+        base = name[: -len(PREFETCH_SUFFIX)]
+        policy = _policies.make(base, prep.n_keys, slots, **{"prefetching": True, **params.get(base, {})})
         return replay_with_prefetch(prep, policy, slots, **params.get(name, {}))[0]
     if name in ("predict", "prefetch"):
         from tierstore.sim.predict import replay_predict
+
         kw = {**params.get("predict", {}), **params.get(name, {})}
-        return replay_predict(prep, slots, budget=budget, granularity=granularity,
-                              demand_fill=name == "predict", **kw)
-    return replay_demand_fill(prep, _policies.make(name, prep.n_keys, slots,
-                                                   **params.get(name, {})), slots, granularity)
+        return replay_predict(
+            prep, slots, budget=budget, granularity=granularity, demand_fill=name == "predict", **kw
+        )
+    return replay_demand_fill(
+        prep, _policies.make(name, prep.n_keys, slots, **params.get(name, {})), slots, granularity
+    )
 
 
 def compare(results: list[Result]) -> None:
@@ -173,11 +201,18 @@ def compare(results: list[Result]) -> None:
         latency_compare(r, lru, mn)
 
 
-def replay(trace: Trace | Prepared, policies=("lru", "heat", "hybrid", "reference", "belady"),
-           slots=(51, 102, 205), *, budget: int = 8, row_bytes: int = 0,
-           ticks_per_second: float = DEFAULT_TICKS_PER_SECOND,
-           granularity: str = "layer", policy_params: dict | None = None,
-           progress=None) -> list[Result]:
+def replay(
+    trace: Trace | Prepared,
+    policies=("lru", "heat", "hybrid", "reference", "belady"),
+    slots=(51, 102, 205),
+    *,
+    budget: int = 8,
+    row_bytes: int = 0,
+    ticks_per_second: float = DEFAULT_TICKS_PER_SECOND,
+    granularity: str = "layer",
+    policy_params: dict | None = None,
+    progress=None,
+) -> list[Result]:
     """Replay ``trace`` through every (policy, slots) pair -> list[Result]
     (``"all"`` in ``policies``: every model), with the gaps of ``compare``
     filled where their ceiling ran at the same slots. ``row_bytes``
@@ -185,8 +220,10 @@ def replay(trace: Trace | Prepared, policies=("lru", "heat", "hybrid", "referenc
     ``policies.make`` and the predictor. ``progress(result)``, when given, is
     called after each run (a long ``all`` replay takes minutes)."""
     bad_slots = [s for s in slots if int(s) <= 0]
-    problems = [check_policy_names(policies, raise_=False),
-                bad_slots and f"slots must be > 0, got {bad_slots}"]
+    problems = [
+        check_policy_names(policies, raise_=False),
+        bad_slots and f"slots must be > 0, got {bad_slots}",
+    ]
     if any(problems):
         raise ConfigError("; ".join(filter(None, problems)))
     prep = trace if isinstance(trace, Prepared) else Prepared(trace)
@@ -197,8 +234,15 @@ def replay(trace: Trace | Prepared, policies=("lru", "heat", "hybrid", "referenc
         s = int(s)
         for name in names:
             t0 = time.perf_counter()
-            cnt = run_one(prep, name, s, budget=budget, ticks_per_second=ticks_per_second,
-                          granularity=granularity, params=params)
+            cnt = run_one(
+                prep,
+                name,
+                s,
+                budget=budget,
+                ticks_per_second=ticks_per_second,
+                granularity=granularity,
+                params=params,
+            )
             r = cnt.result(name, s, prep, row_bytes, time.perf_counter() - t0)
             r.ceiling = _ceiling(name, params)
             results.append(r)

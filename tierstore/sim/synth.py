@@ -28,6 +28,7 @@ Generative model (each knob below says why it exists):
 - Sampling: experts are drawn without replacement by Gumbel top-k over the
   logits (Plackett-Luce), returned in router rank order (best first).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -38,8 +39,14 @@ from tierstore.sim.traces import Trace, check_fits_memory, check_key_space
 DS4_SHAPE = {"n_layers": 43, "n_experts": 256, "top_k": 6}
 
 DEFAULTS = {
-    "zipf_s": 0.5, "drift_std": 0.5, "drift_rate": 0.002, "n_topics": 32,
-    "topic_experts": 12, "topic_strength": 3.5, "topic_stay": 0.92, "prefill_stay": 0.5,
+    "zipf_s": 0.5,
+    "drift_std": 0.5,
+    "drift_rate": 0.002,
+    "n_topics": 32,
+    "topic_experts": 12,
+    "topic_strength": 3.5,
+    "topic_stay": 0.92,
+    "prefill_stay": 0.5,
 }
 
 
@@ -49,15 +56,26 @@ class SyntheticRouter:
     [n_layers, tokens, top_k] for one prompt. Deterministic for a seed and a
     call sequence. Not thread-safe."""
 
-    def __init__(self, n_layers: int = 43, n_experts: int = 256, top_k: int = 6,
-                 seed: int = 0, stream_seed: int | None = None, **params):
+    def __init__(
+        self,
+        n_layers: int = 43,
+        n_experts: int = 256,
+        top_k: int = 6,
+        seed: int = 0,
+        stream_seed: int | None = None,
+        **params,
+    ):
         unknown = set(params) - set(DEFAULTS)
         if unknown:
-            raise ConfigError(f"SyntheticRouter: unknown parameter(s) {', '.join(sorted(unknown))}; "
-                              f"known: {', '.join(DEFAULTS)}")
+            raise ConfigError(
+                f"SyntheticRouter: unknown parameter(s) {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(DEFAULTS)}"
+            )
         if not (0 < top_k <= n_experts) or n_layers <= 0:
-            raise ConfigError(f"SyntheticRouter: need n_layers > 0 and 0 < top_k <= n_experts, "
-                              f"got {n_layers}, {n_experts}, {top_k}")
+            raise ConfigError(
+                f"SyntheticRouter: need n_layers > 0 and 0 < top_k <= n_experts, "
+                f"got {n_layers}, {n_experts}, {top_k}"
+            )
         self.n_layers, self.n_experts, self.top_k, self.seed = n_layers, n_experts, top_k, seed
         self.params = {**DEFAULTS, **params}
         p = self.params
@@ -85,8 +103,7 @@ class SyntheticRouter:
         p = self.params
         theta = p["drift_rate"]
         self._drift *= 1.0 - theta
-        self._drift += self._rng.normal(0.0, p["drift_std"] * np.sqrt(2 * theta),
-                                        self._drift.shape)
+        self._drift += self._rng.normal(0.0, p["drift_std"] * np.sqrt(2 * theta), self._drift.shape)
 
     def _route(self, topics: np.ndarray) -> np.ndarray:
         logits = (self._base + self._drift)[:, None, :] + self._boost[topics].transpose(1, 0, 2)
@@ -131,8 +148,15 @@ def _is_prefill(t: int, prefill_tokens: int, prefill_every: int) -> bool:
     return prefill_tokens > 0 and (t == 0 or (prefill_every > 0 and t % prefill_every == 0))
 
 
-def synthetic_rows(n_ticks: int, *, batch: int = 1, prefill_tokens: int = 512,
-                   prefill_every: int = 1024, n_layers: int = 43, top_k: int = 6) -> int:
+def synthetic_rows(
+    n_ticks: int,
+    *,
+    batch: int = 1,
+    prefill_tokens: int = 512,
+    prefill_every: int = 1024,
+    n_layers: int = 43,
+    top_k: int = 6,
+) -> int:
     """The rows ``synthetic_trace`` with these arguments makes (counted, not generated)."""
     n_ticks = max(int(n_ticks), 0)
     n_prefill = 0
@@ -142,15 +166,30 @@ def synthetic_rows(n_ticks: int, *, batch: int = 1, prefill_tokens: int = 512,
     return tokens * int(n_layers) * int(top_k)
 
 
-def synthetic_trace(n_ticks: int = 2048, *, batch: int = 1, prefill_tokens: int = 512,
-                    prefill_every: int = 1024, n_layers: int = 43, n_experts: int = 256,
-                    top_k: int = 6, seed: int = 0, **params) -> Trace:
+def synthetic_trace(
+    n_ticks: int = 2048,
+    *,
+    batch: int = 1,
+    prefill_tokens: int = 512,
+    prefill_every: int = 1024,
+    n_layers: int = 43,
+    n_experts: int = 256,
+    top_k: int = 6,
+    seed: int = 0,
+    **params,
+) -> Trace:
     """A capture-format trace: a prompt of ``prefill_tokens`` (one tick) every
     ``prefill_every`` ticks (0 = only at tick 0; prefill_tokens = 0 = none), the
     other ticks decode steps of ``batch`` sequences. Raises CapacityError, before
     generating, when the trace cannot fit in memory or its key space is too large."""
-    rows = synthetic_rows(n_ticks, batch=batch, prefill_tokens=prefill_tokens,
-                          prefill_every=prefill_every, n_layers=n_layers, top_k=top_k)
+    rows = synthetic_rows(
+        n_ticks,
+        batch=batch,
+        prefill_tokens=prefill_tokens,
+        prefill_every=prefill_every,
+        n_layers=n_layers,
+        top_k=top_k,
+    )
     check_key_space(n_layers, n_experts, "synthetic trace")
     # Each row is held twice while the chunks are joined: int64 tick + int32 layer + expert.
     check_fits_memory(rows * 2 * 16, f"synthetic trace: {rows:,} rows")
@@ -167,10 +206,18 @@ def synthetic_trace(n_ticks: int = 2048, *, batch: int = 1, prefill_tokens: int 
     ticks = np.concatenate([empty[0]] + [c[0] for c in chunks])  # n_ticks 0: no rows
     layers = np.concatenate([empty[1]] + [c[1] for c in chunks]).astype(np.int32)
     experts = np.concatenate([empty[2]] + [c[2] for c in chunks]).astype(np.int32)
-    meta = {"name": f"synthetic_ds4_seed{seed}", "generator": "tierstore.sim.synth.synthetic_trace",
-            "seed": seed, "n_ticks": n_ticks, "batch": batch, "prefill_tokens": prefill_tokens,
-            "prefill_every": prefill_every, "prefill_ticks": prefill_ticks,
-            "num_layers": n_layers, "num_experts": n_experts, "top_k": top_k,
-            "params": router.params}
-    return Trace(ticks, layers, experts, np.arange(n_layers, dtype=np.int64), n_experts,
-                 meta["name"], meta)
+    meta = {
+        "name": f"synthetic_ds4_seed{seed}",
+        "generator": "tierstore.sim.synth.synthetic_trace",
+        "seed": seed,
+        "n_ticks": n_ticks,
+        "batch": batch,
+        "prefill_tokens": prefill_tokens,
+        "prefill_every": prefill_every,
+        "prefill_ticks": prefill_ticks,
+        "num_layers": n_layers,
+        "num_experts": n_experts,
+        "top_k": top_k,
+        "params": router.params,
+    }
+    return Trace(ticks, layers, experts, np.arange(n_layers, dtype=np.int64), n_experts, meta["name"], meta)

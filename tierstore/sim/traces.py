@@ -14,23 +14,25 @@ was expected against what was found (``FormatError``).
 The synthetic DeepSeek-V4-Flash-shaped generator lives in ``tierstore.sim.synth``
 and is re-exported here (``SyntheticRouter``, ``synthetic_trace``).
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Iterator
+from typing import Annotated
 
 import msgspec
 import numpy as np
 
 from tierstore.errors import CapacityError, FormatError
-from tierstore.memory import check_fits_memory  # noqa: F401 (re-exported)
 from tierstore.files.atomic import write_atomic_with
 from tierstore.files.untrusted import open_regular, read_json
+from tierstore.memory import check_fits_memory  # noqa: F401 (re-exported)
 
-MAX_META_BYTES = 16 << 20   # a trace's .meta.json is a few hundred bytes
+MAX_META_BYTES = 16 << 20  # a trace's .meta.json is a few hundred bytes
 # layers x experts: the replays keep dense state per key (a policy's arrays, the
 # prefetcher's tables), so a hostile expert id of 2**31 must not size them. Real models
 # have tens of thousands (DeepSeek-V4-Flash: 43 x 256 = 11,008).
@@ -40,10 +42,12 @@ MAX_KEYS = 1 << 20
 class TraceMeta(msgspec.Struct, frozen=True):
     """The fields of a trace's ``.meta.json`` the simulator reads, typed (the others are
     kept as they are, in ``Trace.meta``)."""
+
     num_experts: Annotated[int, msgspec.Meta(ge=1, le=MAX_KEYS)] | None = None
     layers_present: list[Annotated[int, msgspec.Meta(ge=0)]] | None = None
     name: str | None = None
     top_k: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
 
 REQUIRED_COLUMNS = ("tick", "layer", "expert")
 OPTIONAL_COLUMNS = ("weight",)
@@ -58,10 +62,10 @@ class Trace:
     ``layer_ids``. ``tick_starts[i]:tick_starts[i+1]`` are the rows of the i-th
     tick present (ticks with no rows are skipped)."""
 
-    ticks: np.ndarray          # int64 [rows]
-    layers: np.ndarray         # int32 [rows], dense layer index
-    experts: np.ndarray        # int32 [rows]
-    layer_ids: np.ndarray      # int64 [n_layers], the model's own layer numbers
+    ticks: np.ndarray  # int64 [rows]
+    layers: np.ndarray  # int32 [rows], dense layer index
+    experts: np.ndarray  # int32 [rows]
+    layer_ids: np.ndarray  # int64 [n_layers], the model's own layer numbers
     n_experts: int
     name: str = "trace"
     meta: dict = field(default_factory=dict)
@@ -101,34 +105,47 @@ class Trace:
             a, b = starts[i], starts[i + 1]
             yield int(self.ticks[a]), keys[a:b]
 
-    def split(self, fraction: float = 0.5) -> tuple["Trace", "Trace"]:
+    def split(self, fraction: float = 0.5) -> tuple[Trace, Trace]:
         """Two traces at a tick boundary: the first ``fraction`` of ticks and the rest."""
         starts = self.tick_starts
         cut = int(starts[int(round((starts.size - 1) * fraction))])
         parts = []
         for sl, tag in ((slice(0, cut), "a"), (slice(cut, None), "b")):
-            parts.append(Trace(self.ticks[sl], self.layers[sl], self.experts[sl], self.layer_ids,
-                               self.n_experts, f"{self.name}[{tag}]", dict(self.meta)))
+            parts.append(
+                Trace(
+                    self.ticks[sl],
+                    self.layers[sl],
+                    self.experts[sl],
+                    self.layer_ids,
+                    self.n_experts,
+                    f"{self.name}[{tag}]",
+                    dict(self.meta),
+                )
+            )
         return parts[0], parts[1]
 
     def to_rows(self) -> np.ndarray:
         """int32 [rows, 3] in the capture format (model layer ids restored)."""
-        return np.column_stack((self.ticks, self.layer_ids[self.layers],
-                                self.experts)).astype(np.int32)
+        return np.column_stack((self.ticks, self.layer_ids[self.layers], self.experts)).astype(np.int32)
 
 
 def _meta_path(path: Path) -> Path:
-    return path.with_suffix("").with_suffix(".meta.json") if path.suffix == ".npy" \
+    return (
+        path.with_suffix("").with_suffix(".meta.json")
+        if path.suffix == ".npy"
         else Path(str(path) + ".meta.json")
+    )
 
 
 def check_key_space(n_layers: int, n_experts: int, what: str) -> None:
     """Refuse (CapacityError starting with ``what``) a key space over MAX_KEYS."""
     n = int(n_layers) * int(n_experts)
     if n > MAX_KEYS:
-        raise CapacityError(f"{what}: {n_layers} layers x {n_experts} experts = {n:,} keys, "
-                          f"more than the {MAX_KEYS:,} a replay keeps state for (expert ids "
-                          "must be dense: 0 .. num_experts - 1)")
+        raise CapacityError(
+            f"{what}: {n_layers} layers x {n_experts} experts = {n:,} keys, "
+            f"more than the {MAX_KEYS:,} a replay keeps state for (expert ids "
+            "must be dense: 0 .. num_experts - 1)"
+        )
 
 
 def _int64_rows(path, arr: np.ndarray) -> np.ndarray:
@@ -147,17 +164,21 @@ def load_trace(path: str | os.PathLike, *, n_experts: int | None = None) -> Trac
     vectorised pass). ``n_experts`` defaults to meta.json's ``num_experts``,
     else max(expert)+1. Raises FormatError naming the file and first bad row."""
     path = Path(path)
-    os.close(open_regular(path, "routing trace"))   # a FIFO must not block np.load
+    os.close(open_regular(path, "routing trace"))  # a FIFO must not block np.load
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise
         raise FormatError(f"{path}: not a .npy routing trace ({exc})") from None
-    if arr.ndim != 2 or arr.shape[1] not in (len(REQUIRED_COLUMNS),
-                                             len(REQUIRED_COLUMNS) + len(OPTIONAL_COLUMNS)):
-        raise FormatError(f"{path}: shape {arr.shape}, expected [rows, 3] with columns "
-                          f"{', '.join(REQUIRED_COLUMNS)} (optional: {', '.join(OPTIONAL_COLUMNS)})")
+    if arr.ndim != 2 or arr.shape[1] not in (
+        len(REQUIRED_COLUMNS),
+        len(REQUIRED_COLUMNS) + len(OPTIONAL_COLUMNS),
+    ):
+        raise FormatError(
+            f"{path}: shape {arr.shape}, expected [rows, 3] with columns "
+            f"{', '.join(REQUIRED_COLUMNS)} (optional: {', '.join(OPTIONAL_COLUMNS)})"
+        )
     if arr.dtype.kind not in "iu":
         raise FormatError(f"{path}: dtype {arr.dtype}, expected int32")
     meta, typed = {}, TraceMeta()
@@ -178,19 +199,22 @@ def load_trace(path: str | os.PathLike, *, n_experts: int | None = None) -> Trac
         n_experts = int(experts.max()) + 1 if rows.size else 1
         if n_experts > MAX_KEYS:  # before np.unique below; the row names the culprit
             r = int(np.argmax(experts))
-            raise FormatError(f"{path}: row {r}: expert {int(experts[r])}, more than the "
-                              f"{MAX_KEYS:,} keys a replay keeps state for (expert ids must "
-                              "be dense: 0 .. num_experts - 1)")
+            raise FormatError(
+                f"{path}: row {r}: expert {int(experts[r])}, more than the "
+                f"{MAX_KEYS:,} keys a replay keeps state for (expert ids must "
+                "be dense: 0 .. num_experts - 1)"
+            )
     _fail_on_first(path, ticks < 0, ticks, "tick", ">= 0")
     if ticks.size > 1:
         back = np.flatnonzero(np.diff(ticks) < 0)
         if back.size:
             r = int(back[0]) + 1
-            raise FormatError(f"{path}: row {r}: tick {int(ticks[r])} after tick "
-                              f"{int(ticks[r - 1])}, expected ticks sorted ascending")
+            raise FormatError(
+                f"{path}: row {r}: tick {int(ticks[r])} after tick "
+                f"{int(ticks[r - 1])}, expected ticks sorted ascending"
+            )
     _fail_on_first(path, layers < 0, layers, "layer", ">= 0")
-    _fail_on_first(path, (experts < 0) | (experts >= n_experts), experts, "expert",
-                   f"in [0, {n_experts})")
+    _fail_on_first(path, (experts < 0) | (experts >= n_experts), experts, "expert", f"in [0, {n_experts})")
     layer_ids, dense = np.unique(layers, return_inverse=True)
     check_key_space(layer_ids.size, n_experts, str(path))
     declared = typed.layers_present
@@ -198,11 +222,19 @@ def load_trace(path: str | os.PathLike, *, n_experts: int | None = None) -> Trac
         extra = np.setdiff1d(layer_ids, np.asarray(declared))
         if extra.size:
             r = int(np.flatnonzero(layers == extra[0])[0])
-            raise FormatError(f"{path}: row {r}: layer {int(extra[0])}, expected one of "
-                              f"layers_present {declared} from {mp.name}")
-    return Trace(ticks, dense.astype(np.int32), experts.astype(np.int32),
-                 layer_ids.astype(np.int64), int(n_experts),
-                 typed.name if typed.name is not None else path.stem, meta)
+            raise FormatError(
+                f"{path}: row {r}: layer {int(extra[0])}, expected one of "
+                f"layers_present {declared} from {mp.name}"
+            )
+    return Trace(
+        ticks,
+        dense.astype(np.int32),
+        experts.astype(np.int32),
+        layer_ids.astype(np.int64),
+        int(n_experts),
+        typed.name if typed.name is not None else path.stem,
+        meta,
+    )
 
 
 def _fail_on_first(path, bad: np.ndarray, values: np.ndarray, column: str, expected: str):
@@ -265,6 +297,10 @@ class TraceRecorder:
 
     def save(self, path: str | os.PathLike) -> Path:
         rows = self.rows()
-        meta = {**self.meta, "name": Path(path).stem, "n_ticks": int(np.unique(rows[:, 0]).size),
-                "columns": list(REQUIRED_COLUMNS)}
+        meta = {
+            **self.meta,
+            "name": Path(path).stem,
+            "n_ticks": int(np.unique(rows[:, 0]).size),
+            "columns": list(REQUIRED_COLUMNS),
+        }
         return save_trace(path, rows, meta)

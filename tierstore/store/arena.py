@@ -13,6 +13,7 @@ policy instance; nothing is shared with the pool's.
 
 Thread safety: none; the store serialises every call under its lock.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,12 +42,11 @@ class HostArena(SlotStates):
 
     def row_ptrs(self, rows: np.ndarray) -> np.ndarray:
         """Host addresses of ``rows`` (uint64): read targets and copy sources."""
-        return (np.uint64(self._base_ptr)
-                + np.asarray(rows, dtype=np.uint64) * np.uint64(self.stride))
+        return np.uint64(self._base_ptr) + np.asarray(rows, dtype=np.uint64) * np.uint64(self.stride)
 
     def row_bytes(self, row: int) -> np.ndarray:
         """The ``slot_bytes`` payload of one row (a view; tests and verification)."""
-        return self.rows[int(row), :self.slot_bytes].numpy()
+        return self.rows[int(row), : self.slot_bytes].numpy()
 
     def close(self) -> None:
         self.rows = None

@@ -11,6 +11,7 @@ is a name or ``{"name": ..., **params}``. The ``half_life`` / ``half_life_s``
 options tune the pool's policy only; a heat-like policy given no parameters gets
 the ``half_life_steps`` / ``half_life_s`` settings.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,15 +19,35 @@ from typing import Any
 
 import torch
 
-from tierstore import policies, settings
 import tierstore.store.sizing as sizing
+from tierstore import policies, settings
 from tierstore.errors import ConfigError
 
-_OPTIONS = ("threads", "direct", "lazy_per_step", "half_life", "half_life_s", "arena_policy",
-            "reserve_gb", "max_gb", "scan_keep", "fire_rounds", "latency_window", "engine",
-            "stream", "snapshot", "snapshot_every_s", "gate_fp_max", "verify", "prefetch",
-            "publish", "slot_table", "lazy_admission", "quarantine")
-LAZY_ADMISSIONS = ("hotter", "all")   # step()'s promotions: over a colder victim only, or any
+_OPTIONS = (
+    "threads",
+    "direct",
+    "lazy_per_step",
+    "half_life",
+    "half_life_s",
+    "arena_policy",
+    "reserve_gb",
+    "max_gb",
+    "scan_keep",
+    "fire_rounds",
+    "latency_window",
+    "engine",
+    "stream",
+    "snapshot",
+    "snapshot_every_s",
+    "gate_fp_max",
+    "verify",
+    "prefetch",
+    "publish",
+    "slot_table",
+    "lazy_admission",
+    "quarantine",
+)
+LAZY_ADMISSIONS = ("hotter", "all")  # step()'s promotions: over a colder victim only, or any
 VERIFY_MODES = settings.VERIFY_MODES
 # When background promotions become visible: "async" = as soon as the worker's copy
 # landed; "step" = only at step(), on the caller's thread (engines that capture CUDA
@@ -51,8 +72,9 @@ def _check_half_life(half_life, half_life_s, problems: list) -> None:
     """The half_life / half_life_s options: one of them, a finite number > 0 (0 or
     True must not silently mean "the default" or 1)."""
     if half_life is not None and half_life_s is not None:
-        problems.append(f"give half_life (steps) or half_life_s (seconds), not both "
-                        f"({half_life!r}, {half_life_s!r})")
+        problems.append(
+            f"give half_life (steps) or half_life_s (seconds), not both ({half_life!r}, {half_life_s!r})"
+        )
     for name, value in (("half_life", half_life), ("half_life_s", half_life_s)):
         if value is None:
             continue
@@ -94,11 +116,11 @@ class StoreConfig:
     stream: Any = None
     floor: int | None = None
     prefetch: dict | None = None  # Prefetcher parameters (store/prefetch.py); None = off
-    publish: str = "async"        # PUBLISH_MODES
+    publish: str = "async"  # PUBLISH_MODES
     lazy_admission: str = "hotter"  # LAZY_ADMISSIONS
-    quarantine: bool = False        # rows failing their checksum are never loaded again
-    deferred: bool = False        # vram_slots="deferred": the pool is sized by finalize()
-    slot_table: Any = None        # a table from new_slot_table to adopt
+    quarantine: bool = False  # rows failing their checksum are never loaded again
+    deferred: bool = False  # vram_slots="deferred": the pool is sized by finalize()
+    slot_table: Any = None  # a table from new_slot_table to adopt
     force: bool = False
     reserve_gb: float = 3.0
     max_gb: float = 0.0
@@ -106,8 +128,22 @@ class StoreConfig:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def build(cls, pack, *, vram_slots, vram_gb, ram_gb, policy, device, max_promote, top_k,
-              n_spec, max_seqs, force, options: dict) -> "StoreConfig":
+    def build(
+        cls,
+        pack,
+        *,
+        vram_slots,
+        vram_gb,
+        ram_gb,
+        policy,
+        device,
+        max_promote,
+        top_k,
+        n_spec,
+        max_seqs,
+        force,
+        options: dict,
+    ) -> StoreConfig:
         problems: list[str] = []
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
@@ -131,32 +167,38 @@ class StoreConfig:
             pool_spec = _spec(policy.get("pool", settings.get("pool_policy")), "pool", problems)
             if "arena" in policy and opt("arena_policy") is not None:
                 problems.append("arena policy given twice (policy={'arena': ...} and arena_policy=)")
-            arena_spec = _spec(policy.get("arena", opt("arena_policy") or settings.get("arena_policy")),
-                               "arena", problems)
+            arena_spec = _spec(
+                policy.get("arena", opt("arena_policy") or settings.get("arena_policy")), "arena", problems
+            )
         else:
             pool_spec = _spec(settings.get("pool_policy") if policy is None else policy, "pool", problems)
             arena_spec = _spec(opt("arena_policy") or settings.get("arena_policy"), "arena", problems)
         for (name, params), tier in ((pool_spec, "pool"), (arena_spec, "arena")):
             if name not in policies.available():
-                problems.append(f"{tier} policy {name!r} unknown (available: {', '.join(policies.available())})")
+                problems.append(
+                    f"{tier} policy {name!r} unknown (available: {', '.join(policies.available())})"
+                )
         n_problems = len(problems)
         _check_half_life(opt("half_life"), opt("half_life_s"), problems)
-        half_lives = (opt("half_life"), opt("half_life_s")) if len(problems) == n_problems \
-            else (None, None)
-        if (opt("half_life") is not None or opt("half_life_s") is not None) \
-                and not policies.has_half_life(pool_spec[0]):
+        half_lives = (opt("half_life"), opt("half_life_s")) if len(problems) == n_problems else (None, None)
+        if (opt("half_life") is not None or opt("half_life_s") is not None) and not policies.has_half_life(
+            pool_spec[0]
+        ):
             # lru/auto have no half-life: taking the option silently would hide a typo'd
             # policy or a config that does not do what its author thinks
             given = "half_life" if opt("half_life") is not None else "half_life_s"
-            problems.append(f"{given}={opt(given)!r} given, but the pool policy "
-                            f"{pool_spec[0]!r} has no half-life (only "
-                            f"{', '.join(n for n in policies.available() if policies.has_half_life(n))} do)")
+            problems.append(
+                f"{given}={opt(given)!r} given, but the pool policy "
+                f"{pool_spec[0]!r} has no half-life (only "
+                f"{', '.join(n for n in policies.available() if policies.has_half_life(n))} do)"
+            )
         if not pool_spec[1]:
             pool_spec = (pool_spec[0], _default_params(pool_spec[0], *half_lives))
         elif opt("half_life") is not None or opt("half_life_s") is not None:
             problems.append("half_life given both as an option and in the pool policy's parameters")
         if not arena_spec[1]:
             arena_spec = (arena_spec[0], _default_params(arena_spec[0]))
+
         # 3. numbers and modes: every value through the converter its TIERSTORE_* variable
         #    and command-line option use (settings.argument), all problems reported together
         def checked(name, value, convert, fallback, words=(), text=False):
@@ -166,20 +208,24 @@ class StoreConfig:
                 problems.append(str(exc))
                 return fallback
 
-        def knob(name):   # an option that is also a setting: the setting's own converter
+        def knob(name):  # an option that is also a setting: the setting's own converter
             var = settings.KNOBS[name]
             if opt(name) is None:
                 return settings.get(name)
-            return checked(name, opt(name), var.parse, var.default,
-                           text=isinstance(var.default, str))
-        max_promote = (settings.get("max_promote") if max_promote is None else
-                       checked("max_promote", max_promote, settings.count, 0))
+            return checked(name, opt(name), var.parse, var.default, text=isinstance(var.default, str))
+
+        max_promote = (
+            settings.get("max_promote")
+            if max_promote is None
+            else checked("max_promote", max_promote, settings.count, 0)
+        )
         threads, direct, verify = knob("threads"), knob("direct"), knob("verify")
         lazy, scan_keep, rounds = knob("lazy_per_step"), knob("scan_keep"), knob("fire_rounds")
         window, reserve, max_gb = knob("latency_window"), knob("reserve_gb"), knob("max_gb")
         snap_every = knob("snapshot_every_s")
-        gate_fp_max = 3 if opt("gate_fp_max") is None else checked(
-            "gate_fp_max", opt("gate_fp_max"), settings.count, 3)
+        gate_fp_max = (
+            3 if opt("gate_fp_max") is None else checked("gate_fp_max", opt("gate_fp_max"), settings.count, 3)
+        )
         if top_k is not None:
             top_k = checked("top_k", top_k, settings.integer(1, int(pack.n_experts)), None)
         n_spec = checked("n_spec", n_spec, settings.count, 0)
@@ -188,59 +234,79 @@ class StoreConfig:
         if vram_slots is not None and vram_gb is not None and not deferred:
             problems.append(f"give vram_slots ({vram_slots!r}) or vram_gb ({vram_gb!r}), not both")
         if vram_slots is not None and not deferred:
-            vram_slots = checked("vram_slots", vram_slots, settings.positive_count, 1,
-                                 words=(DEFERRED,))
+            vram_slots = checked("vram_slots", vram_slots, settings.positive_count, 1, words=(DEFERRED,))
         if vram_gb is not None:
             vram_gb = checked("vram_gb", vram_gb, sizing.VRAM_GB, None, words=(settings.AUTO,))
-        ram_gb = checked("ram_gb", 0.0 if ram_gb is None else ram_gb, sizing.RAM_GB, 0.0,
-                         words=(settings.AUTO,))
+        ram_gb = checked(
+            "ram_gb", 0.0 if ram_gb is None else ram_gb, sizing.RAM_GB, 0.0, words=(settings.AUTO,)
+        )
         prefetch = opt("prefetch")
         if prefetch is True:
             prefetch = {}
         elif prefetch is False:
             prefetch = None
         elif prefetch is not None and not isinstance(prefetch, dict):
-            problems.append(f"prefetch must be True, False or a dict of prefetcher parameters, "
-                            f"found {prefetch!r}")
+            problems.append(
+                f"prefetch must be True, False or a dict of prefetcher parameters, found {prefetch!r}"
+            )
             prefetch = None
         publish = str(opt("publish") or "async").lower()
         if publish not in PUBLISH_MODES:
-            problems.append(f"publish must be one of {', '.join(PUBLISH_MODES)}, found "
-                            f"{opt('publish')!r}")
+            problems.append(f"publish must be one of {', '.join(PUBLISH_MODES)}, found {opt('publish')!r}")
         lazy_admission = str(opt("lazy_admission") or "hotter").lower()
         if lazy_admission not in LAZY_ADMISSIONS:
-            problems.append(f"lazy_admission must be one of {', '.join(LAZY_ADMISSIONS)}, "
-                            f"found {opt('lazy_admission')!r}")
+            problems.append(
+                f"lazy_admission must be one of {', '.join(LAZY_ADMISSIONS)}, found {opt('lazy_admission')!r}"
+            )
         if deferred and prefetch is not None:
-            problems.append("prefetch= needs a sized pool: give vram_slots / vram_gb, not "
-                            "vram_slots='deferred'")
+            problems.append(
+                "prefetch= needs a sized pool: give vram_slots / vram_gb, not vram_slots='deferred'"
+            )
         if deferred and vram_gb is not None:
-            problems.append(f"vram_slots='deferred' sizes the pool at finalize(): give no "
-                            f"vram_gb (found {vram_gb!r})")
+            problems.append(
+                f"vram_slots='deferred' sizes the pool at finalize(): give no vram_gb (found {vram_gb!r})"
+            )
         table = opt("slot_table")
         if table is not None:
             shape = (int(pack.n_layers), int(pack.n_experts))
-            if not isinstance(table, torch.Tensor) or table.dtype != torch.int32 \
-                    or tuple(table.shape) != shape or not table.is_contiguous() \
-                    or table.device.type != dev.type or (
-                        dev.type == "cuda" and table.device.index != dev.index):
-                problems.append(f"slot_table must be a contiguous int32 tensor {list(shape)} on "
-                                f"{dev} (tierstore.store.pool.new_slot_table), found "
-                                f"{getattr(table, 'dtype', type(table).__name__)} "
-                                f"{list(getattr(table, 'shape', []))} on "
-                                f"{getattr(table, 'device', '?')}")
+            if (
+                not isinstance(table, torch.Tensor)
+                or table.dtype != torch.int32
+                or tuple(table.shape) != shape
+                or not table.is_contiguous()
+                or table.device.type != dev.type
+                or (dev.type == "cuda" and table.device.index != dev.index)
+            ):
+                problems.append(
+                    f"slot_table must be a contiguous int32 tensor {list(shape)} on "
+                    f"{dev} (tierstore.store.pool.new_slot_table), found "
+                    f"{getattr(table, 'dtype', type(table).__name__)} "
+                    f"{list(getattr(table, 'shape', []))} on "
+                    f"{getattr(table, 'device', '?')}"
+                )
         if problems:
             raise ConfigError(f"ExpertStore({pack.path}): " + "; ".join(problems))
         # 4. sizing: the pool first (auto included), then memory, then the floor
         n_keys = int(pack.n_layers) * int(pack.n_experts)
-        n_slots = 0 if deferred else sizing.resolve_pool_slots(
-            slot_bytes=pack.slot_bytes, n_keys=n_keys, device=dev, vram_slots=vram_slots,
-            vram_gb=vram_gb, reserve_gb=reserve, max_gb=max_gb)
+        n_slots = (
+            0
+            if deferred
+            else sizing.resolve_pool_slots(
+                slot_bytes=pack.slot_bytes,
+                n_keys=n_keys,
+                device=dev,
+                vram_slots=vram_slots,
+                vram_gb=vram_gb,
+                reserve_gb=reserve,
+                max_gb=max_gb,
+            )
+        )
         host_avail = sizing.host_available_bytes()
         if dev.type == "cpu":
             host_avail -= n_slots * int(pack.slot_bytes)
-        n_rows = sizing.resolve_arena_rows(ram_gb=ram_gb, stride=pack.stride, n_keys=n_keys,
-                                           reserve_gb=reserve, available=host_avail)
+        n_rows = sizing.resolve_arena_rows(
+            ram_gb=ram_gb, stride=pack.stride, n_keys=n_keys, reserve_gb=reserve, available=host_avail
+        )
         if publish == "step" and lazy and n_rows < min(2 * lazy, n_keys):
             # step()'s promotions are read into arena rows by the worker and copied up at
             # the next step(): the arena holds two steps' worth, as far as free host memory
@@ -248,21 +314,46 @@ class StoreConfig:
             room = max(host_avail - int(reserve * sizing.GIB), 0) // int(pack.stride)
             n_rows = max(n_rows, min(2 * lazy, n_keys, room))
         floor = None
-        what = (f"n_layers={pack.n_layers}, top_k={top_k}, n_spec={n_spec}, "
-                f"max_seqs={max_seqs}, gate_fp_max={gate_fp_max}")
+        what = (
+            f"n_layers={pack.n_layers}, top_k={top_k}, n_spec={n_spec}, "
+            f"max_seqs={max_seqs}, gate_fp_max={gate_fp_max}"
+        )
         if top_k is not None:
             floor = sizing.fire_floor(pack.n_layers, int(top_k), int(n_spec), int(max_seqs), gate_fp_max)
-            if not deferred:   # a deferred pool is checked by finalize()
-                sizing.check_floor(n_slots, floor, slot_bytes=int(pack.slot_bytes),
-                                   force=bool(force), what=what)
-        return cls(device=dev, n_slots=n_slots, n_rows=n_rows, max_promote=max_promote,
-                   pool_policy=pool_spec, arena_policy=arena_spec, threads=threads, direct=direct,
-                   lazy_per_step=lazy, scan_keep=scan_keep, fire_rounds=rounds,
-                   latency_window=window, snapshot=opt("snapshot"), snapshot_every_s=snap_every,
-                   engine=opt("engine"), stream=opt("stream"), floor=floor, verify=verify,
-                   prefetch=prefetch, publish=publish, deferred=deferred, slot_table=table,
-                   lazy_admission=lazy_admission, quarantine=bool(opt("quarantine") or False),
-                   force=bool(force), reserve_gb=reserve, max_gb=max_gb, floor_what=what)
+            if not deferred:  # a deferred pool is checked by finalize()
+                sizing.check_floor(
+                    n_slots, floor, slot_bytes=int(pack.slot_bytes), force=bool(force), what=what
+                )
+        return cls(
+            device=dev,
+            n_slots=n_slots,
+            n_rows=n_rows,
+            max_promote=max_promote,
+            pool_policy=pool_spec,
+            arena_policy=arena_spec,
+            threads=threads,
+            direct=direct,
+            lazy_per_step=lazy,
+            scan_keep=scan_keep,
+            fire_rounds=rounds,
+            latency_window=window,
+            snapshot=opt("snapshot"),
+            snapshot_every_s=snap_every,
+            engine=opt("engine"),
+            stream=opt("stream"),
+            floor=floor,
+            verify=verify,
+            prefetch=prefetch,
+            publish=publish,
+            deferred=deferred,
+            slot_table=table,
+            lazy_admission=lazy_admission,
+            quarantine=bool(opt("quarantine") or False),
+            force=bool(force),
+            reserve_gb=reserve,
+            max_gb=max_gb,
+            floor_what=what,
+        )
 
     # -- building the parts ------------------------------------------------------------
     def open_engine(self, pack):
@@ -270,25 +361,43 @@ class StoreConfig:
         if self.engine is not None:
             return self.engine, False
         from tierstore.io.engine import Engine
-        return Engine(pack.path, threads=self.threads, direct=self.direct,
-                      device=self.device.type, device_index=self.device.index or 0), True
+
+        return Engine(
+            pack.path,
+            threads=self.threads,
+            direct=self.direct,
+            device=self.device.type,
+            device_index=self.device.index or 0,
+        ), True
 
     def pool_policy_for(self, pack, n_slots: int):
         """The pool's policy for ``n_slots`` (with prefetch= the one the simulator's
         <policy>+prefetch runs)."""
         n_keys = int(pack.n_layers) * int(pack.n_experts)
-        return policies.make(self.pool_policy[0], n_keys, n_slots,
-                             **{"prefetching": self.prefetch is not None, **self.pool_policy[1]})
+        return policies.make(
+            self.pool_policy[0],
+            n_keys,
+            n_slots,
+            **{"prefetching": self.prefetch is not None, **self.pool_policy[1]},
+        )
 
     def allocate_tiers(self, pack, engine):
         from tierstore.store.arena import HostArena
         from tierstore.store.pool import SlotPool
+
         n_keys = int(pack.n_layers) * int(pack.n_experts)
         pool_pol = self.pool_policy_for(pack, self.n_slots)
         arena_pol = policies.make(self.arena_policy[0], n_keys, self.n_rows, **self.arena_policy[1])
-        pool = SlotPool(self.n_slots, pack.slot_bytes, pack.n_layers, pack.n_experts,
-                        self.device, pool_pol, table=self.slot_table)
-        self.slot_table = None   # adopted: the pool owns it now
+        pool = SlotPool(
+            self.n_slots,
+            pack.slot_bytes,
+            pack.n_layers,
+            pack.n_experts,
+            self.device,
+            pool_pol,
+            table=self.slot_table,
+        )
+        self.slot_table = None  # adopted: the pool owns it now
         if pool.n_slots:
             engine.register_buffer(pool.pool)  # submit then checks every slot row against it
         arena = HostArena(engine, self.n_rows, pack.stride, pack.slot_bytes, n_keys, arena_pol)

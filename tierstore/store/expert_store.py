@@ -19,6 +19,7 @@ Errors: bad keys raise ConfigError / FormatError (``tierstore.format.pack.Pack.c
 read raises TierIOError naming the file, offset, layer and expert, after every slot the
 batch took is back (nothing is published); use after close() raises ClosedError.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,23 +31,23 @@ import weakref
 import numpy as np
 import torch
 
+import tierstore.store.sizing as sizing
 from tierstore import process, settings
 from tierstore.errors import ClosedError, ConfigError
 from tierstore.format.pack import Pack
 from tierstore.format.packlock import lock_for_reading
 from tierstore.format.sidecar import lock_path_of
-import tierstore.store.sizing as sizing
 from tierstore.store.config import StoreConfig
+from tierstore.store.inspection import Inspection
+from tierstore.store.interrupts import Journal, OrphanPins
+from tierstore.store.jobs import BackgroundJobs
 from tierstore.store.keys import dense_keys
+from tierstore.store.lifecycle import Lifecycle
 from tierstore.store.mover import Mover
 from tierstore.store.prefetch import StorePrefetch
 from tierstore.store.recorder import RoutingRecorder
-from tierstore.store.verify import RowVerifier
 from tierstore.store.stats import Counters, FireResult, StoreStats
-from tierstore.store.interrupts import Journal, OrphanPins
-from tierstore.store.inspection import Inspection
-from tierstore.store.jobs import BackgroundJobs
-from tierstore.store.lifecycle import Lifecycle
+from tierstore.store.verify import RowVerifier
 from tierstore.store.worker import Ticket, Worker
 
 log = logging.getLogger("tierstore.store")
@@ -78,21 +79,51 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
     FormatError (unwritten layer), TierIOError (reads), ClosedError (after close).
     """
 
-    def __init__(self, pack, vram_slots=None, vram_gb=None, ram_gb=0.0, policy=None,
-                 device="cuda", max_promote=None, top_k=None, n_spec=0, max_seqs=1,
-                 force=False, warm_start=None, **options):
-        if warm_start is not None and not isinstance(warm_start, (str, os.PathLike)) \
-                and type(warm_start).__name__ != "WarmFile":
-            raise ConfigError(f"ExpertStore: warm_start must be a path (poolmon, pool-heat or "
-                              f"arena heat file), found {type(warm_start).__name__}")
+    def __init__(
+        self,
+        pack,
+        vram_slots=None,
+        vram_gb=None,
+        ram_gb=0.0,
+        policy=None,
+        device="cuda",
+        max_promote=None,
+        top_k=None,
+        n_spec=0,
+        max_seqs=1,
+        force=False,
+        warm_start=None,
+        **options,
+    ):
+        if (
+            warm_start is not None
+            and not isinstance(warm_start, (str, os.PathLike))
+            and type(warm_start).__name__ != "WarmFile"
+        ):
+            raise ConfigError(
+                f"ExpertStore: warm_start must be a path (poolmon, pool-heat or "
+                f"arena heat file), found {type(warm_start).__name__}"
+            )
         self._owns_pack = isinstance(pack, (str, os.PathLike))
-        if self._owns_pack:   # opened here, so closed by close() (its fd must not outlive us)
+        if self._owns_pack:  # opened here, so closed by close() (its fd must not outlive us)
             pack = Pack.open(pack)
         self.pack, self._pack_lock = pack, -1
-        try:   # LOCK_SH on the pack's .lock for our lifetime: no PackWriter rewrites under us
+        try:  # LOCK_SH on the pack's .lock for our lifetime: no PackWriter rewrites under us
             self._pack_lock = lock_for_reading(pack.path, lock_path_of(pack.path))
-            self._open_tiers(pack, vram_slots, vram_gb, ram_gb, policy, device, max_promote,
-                             top_k, n_spec, max_seqs, force, options)
+            self._open_tiers(
+                pack,
+                vram_slots,
+                vram_gb,
+                ram_gb,
+                policy,
+                device,
+                max_promote,
+                top_k,
+                n_spec,
+                max_seqs,
+                force,
+                options,
+            )
         except BaseException:
             self._drop_pack()
             raise
@@ -100,34 +131,66 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
         self.pool_policy, self.arena_policy = self._pool.policy, self._arena.policy
         self._stream = cfg.consumer_stream()
         self.verifier = RowVerifier(pack, cfg.verify)
-        self._journal = Journal(self.lock)   # multi-table writes a Ctrl-C cut (interrupts.py)
-        self._token = object()               # FireResult.owner: release() refuses another's
-        self._mover = Mover(pack, self.engine, self._pool, self._arena, self.lock,
-                            self.counters, cfg.scan_keep, default_stream=self._stream,
-                            verifier=self.verifier, journal=self._journal)
+        self._journal = Journal(self.lock)  # multi-table writes a Ctrl-C cut (interrupts.py)
+        self._token = object()  # FireResult.owner: release() refuses another's
+        self._mover = Mover(
+            pack,
+            self.engine,
+            self._pool,
+            self._arena,
+            self.lock,
+            self.counters,
+            cfg.scan_keep,
+            default_stream=self._stream,
+            verifier=self.verifier,
+            journal=self._journal,
+        )
         self._recorder = RoutingRecorder(pack, self.counters, self.lock, self.device)
         self._fold = self._recorder._fold  # record()'s fast path (the native fold)
         self._seen = np.zeros(self._n_keys, dtype=bool)  # keys recorded since the last step
         self._prefill: FireResult | None = None
-        self._orphans = OrphanPins()   # pins of fire results a Ctrl-C kept from their caller
+        self._orphans = OrphanPins()  # pins of fire results a Ctrl-C kept from their caller
         self._lazy_busy = False
         self._snapshot_path, self._last_snapshot = cfg.snapshot, time.monotonic()
         self._worker = Worker(self, "tierstore-store")  # promotions, unpins, snapshots
         self.prefetch = None if cfg.prefetch is None else StorePrefetch(self, cfg.prefetch)
-        self._staged: list = []          # publish="step": key arrays read into arena rows
+        self._staged: list = []  # publish="step": key arrays read into arena rows
         self._pending_sources: list = []  # publish="step": batches whose sources step() frees
         self._warm_pending = warm_start if cfg.deferred else None
-        process.track_store(self)   # closed at interpreter exit, refused in a fork()ed child
+        process.track_store(self)  # closed at interpreter exit, refused in a fork()ed child
         if warm_start is not None and not cfg.deferred:
             self.preheat(warm_start)
 
-    def _open_tiers(self, pack, vram_slots, vram_gb, ram_gb, policy, device, max_promote,
-                    top_k, n_spec, max_seqs, force, options) -> None:
+    def _open_tiers(
+        self,
+        pack,
+        vram_slots,
+        vram_gb,
+        ram_gb,
+        policy,
+        device,
+        max_promote,
+        top_k,
+        n_spec,
+        max_seqs,
+        force,
+        options,
+    ) -> None:
         """Config, engine and the two tiers; on failure the engine is closed again."""
-        cfg = StoreConfig.build(pack, vram_slots=vram_slots, vram_gb=vram_gb, ram_gb=ram_gb,
-                                policy=policy, device=device, max_promote=max_promote,
-                                top_k=top_k, n_spec=n_spec, max_seqs=max_seqs, force=force,
-                                options=options)
+        cfg = StoreConfig.build(
+            pack,
+            vram_slots=vram_slots,
+            vram_gb=vram_gb,
+            ram_gb=ram_gb,
+            policy=policy,
+            device=device,
+            max_promote=max_promote,
+            top_k=top_k,
+            n_spec=n_spec,
+            max_seqs=max_seqs,
+            force=force,
+            options=options,
+        )
         self.config = cfg
         self.device = cfg.device
         self.n_slots, self.slot_bytes = cfg.n_slots, int(pack.slot_bytes)
@@ -136,19 +199,19 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
         self._n_keys = self._E * self._L
         self._layer_written = np.ascontiguousarray(pack.written, dtype=bool)
         self._written = np.repeat(self._layer_written, self._E)
-        self._quarantined = np.zeros(self._n_keys, dtype=bool)   # rows that failed their sum
+        self._quarantined = np.zeros(self._n_keys, dtype=bool)  # rows that failed their sum
         self.lock = threading.RLock()
         self._idle = threading.Condition(self.lock)
-        self._active = weakref.WeakSet()   # tokens of the calls close() waits for (lifecycle.py)
+        self._active = weakref.WeakSet()  # tokens of the calls close() waits for (lifecycle.py)
         self._closed = self._close_done = False
         self.step_count = 0
         from tierstore import settings
+
         # metrics on: per-layer counts (stats.LayerCounters) from the first fold on
-        self.counters = Counters(cfg.latency_window, *((self._L, self._E)
-                                                       if settings.get("metrics") else ()))
+        self.counters = Counters(cfg.latency_window, *((self._L, self._E) if settings.get("metrics") else ()))
         self.engine, self._owns_engine = cfg.open_engine(pack)
         try:
-            pack.check_unchanged()   # the engine opened the path: still the validated file?
+            pack.check_unchanged()  # the engine opened the path: still the validated file?
             self._pool, self._arena = cfg.allocate_tiers(pack, self.engine)
         except BaseException:
             if self._owns_engine:
@@ -202,31 +265,42 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
         ``force=True``. 0 slots (auto with no room) leaves the store inert: every fire
         promotes nothing. A ``warm_start`` file is preheated now. Returns the slots."""
         from tierstore.errors import CapacityError
+
         cfg = self.config
         with self.lock:
             self._check_open("finalize")
             if not cfg.deferred or self._pool.allocated:
-                raise ConfigError(f"{self.pack.path}: finalize(): the pool is already sized "
-                                  f"({self.n_slots} slots); only a vram_slots='deferred' store "
-                                  f"is finalized, once")
+                raise ConfigError(
+                    f"{self.pack.path}: finalize(): the pool is already sized "
+                    f"({self.n_slots} slots); only a vram_slots='deferred' store "
+                    f"is finalized, once"
+                )
             n_keys, slot_bytes = self._n_keys, self.slot_bytes
             where = f"{self.pack.path}: finalize(): "
-            n_slots = settings.argument(where + "n_slots", n_slots, _SLOTS_OR_AUTO,
-                                        (settings.AUTO,))
-            avail = sizing.device_available_bytes(self.device) if free_bytes is None \
+            n_slots = settings.argument(where + "n_slots", n_slots, _SLOTS_OR_AUTO, (settings.AUTO,))
+            avail = (
+                sizing.device_available_bytes(self.device)
+                if free_bytes is None
                 else settings.argument(where + "free_bytes", free_bytes, _BYTES)
+            )
             if n_slots == settings.AUTO:
-                n = sizing.auto_slots(slot_bytes=slot_bytes, n_keys=n_keys, available=avail,
-                                      reserve_gb=cfg.reserve_gb, max_gb=cfg.max_gb)
+                n = sizing.auto_slots(
+                    slot_bytes=slot_bytes,
+                    n_keys=n_keys,
+                    available=avail,
+                    reserve_gb=cfg.reserve_gb,
+                    max_gb=cfg.max_gb,
+                )
             else:
                 n = min(n_slots, n_keys)
                 if n * slot_bytes > avail:
-                    raise CapacityError(f"{self.pack.path}: finalize({n_slots}): {n} slots x "
-                                        f"{slot_bytes} bytes need {n * slot_bytes / 2**30:.2f} "
-                                        f"GiB but {self.device} has {avail / 2**30:.2f} GiB free")
+                    raise CapacityError(
+                        f"{self.pack.path}: finalize({n_slots}): {n} slots x "
+                        f"{slot_bytes} bytes need {n * slot_bytes / 2**30:.2f} "
+                        f"GiB but {self.device} has {avail / 2**30:.2f} GiB free"
+                    )
             if cfg.floor is not None:
-                sizing.check_floor(n, cfg.floor, slot_bytes=slot_bytes, force=cfg.force,
-                                   what=cfg.floor_what)
+                sizing.check_floor(n, cfg.floor, slot_bytes=slot_bytes, force=cfg.force, what=cfg.floor_what)
             policy = cfg.pool_policy_for(self.pack, n)
             self._pool.allocate(n, policy)
             if n:
@@ -258,12 +332,15 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
         to the host). Heat only, like ``record``; one call for every layer."""
         table = np.asarray(counts)
         if table.size != self._n_keys or table.dtype.kind not in "iub":
-            raise ConfigError(f"{self.pack.path}: record_counts: counts must be an int table "
-                              f"of {self._L} x {self._E}, found {table.dtype} {list(table.shape)}")
+            raise ConfigError(
+                f"{self.pack.path}: record_counts: counts must be an int table "
+                f"of {self._L} x {self._E}, found {table.dtype} {list(table.shape)}"
+            )
         flat = np.ascontiguousarray(table.reshape(-1), dtype=np.int64)
         if np.any(flat < 0):
-            raise ConfigError(f"{self.pack.path}: record_counts: negative count at key "
-                              f"{int(np.flatnonzero(flat < 0)[0])}")
+            raise ConfigError(
+                f"{self.pack.path}: record_counts: negative count at key {int(np.flatnonzero(flat < 0)[0])}"
+            )
         with self.lock:
             self._check_open("record_counts")
             self._fold.add_counts(flat)
@@ -272,16 +349,16 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
         """Fold queued routing into hit counters and both policies (caller holds the lock).
         One native call gives the keys, counts and hit split (store/recorder.py); then
         each policy gets one on_access with the counts as weights."""
-        taken = self._recorder.take(self._stream, self._pool.resident_slot,
-                                    self._arena.resident_slot, self._seen)
+        taken = self._recorder.take(
+            self._stream, self._pool.resident_slot, self._arena.resident_slot, self._seen
+        )
         if taken is None:
             return
         keys, weights, tally = taken
         self.counters.add_tally(tally)
         if self.counters.layers is not None:
-            self.counters.layers.add_fold(keys, weights, self._pool.resident_slot,
-                                          self._arena.resident_slot)
-        if not getattr(self._pool.policy, "counts_fires", False):   # need: fires only (fire.py)
+            self.counters.layers.add_fold(keys, weights, self._pool.resident_slot, self._arena.resident_slot)
+        if not getattr(self._pool.policy, "counts_fires", False):  # need: fires only (fire.py)
             self._pool.policy.on_access(keys, weights=weights)
         self._arena.policy.on_access(keys, weights=weights)
 
@@ -293,26 +370,32 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
         ``stream`` (default: the store's consumer stream). ``pipelined``: returns once
         the reads are queued; call ``result.wait_layer(l)`` before enqueueing layer l
         (an int: least bytes per engine submission, consecutive layers grouped)."""
-        cap = self.max_promote if max_promote is None else settings.argument(
-            f"{self.pack.path}: fire: max_promote", max_promote, settings.count)
+        cap = (
+            self.max_promote
+            if max_promote is None
+            else settings.argument(f"{self.pack.path}: fire: max_promote", max_promote, settings.count)
+        )
         return self._fire(self._dense(routed), cap, stream, scan=False, pipelined=pipelined)
 
     def ensure_resident(self, layer: int, topk_ids, stream=None) -> FireResult:
         """Prefill: make one layer's routed experts resident as a scan (fills free
         slots, never evicts the hot share ``scan_keep``), pinned until the next
         ensure_resident or step()."""
-        layer = settings.argument(f"{self.pack.path}: ensure_resident: layer", layer,
-                                  settings.integer(0, self._L - 1))
+        layer = settings.argument(
+            f"{self.pack.path}: ensure_resident: layer", layer, settings.integer(0, self._L - 1)
+        )
         ids = np.asarray(topk_ids.cpu() if isinstance(topk_ids, torch.Tensor) else topk_ids)
         if ids.size and ids.dtype.kind not in "iu":
-            raise ConfigError(f"{self.pack.path}: ensure_resident: topk_ids must be an int "
-                              f"array or tensor, found {type(topk_ids).__name__} of {ids.dtype}")
+            raise ConfigError(
+                f"{self.pack.path}: ensure_resident: topk_ids must be an int "
+                f"array or tensor, found {type(topk_ids).__name__} of {ids.dtype}"
+            )
         ids = np.unique(ids.reshape(-1))
         ids = ids[ids >= 0]
         keys = self._dense(np.stack([np.full(len(ids), layer), ids], axis=1))
-        self._release_prefill()   # a result cut off from both (a Ctrl-C): the orphan net
+        self._release_prefill()  # a result cut off from both (a Ctrl-C): the orphan net
         result = self._fire(keys, self.n_slots, stream, scan=True)
-        with self.lock:   # swap atomically: a concurrent prefill's pins are released, not lost
+        with self.lock:  # swap atomically: a concurrent prefill's pins are released, not lost
             old, self._prefill = self._prefill, result
             if old is not None and not old.released:
                 self.release(old)
@@ -322,6 +405,7 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
         """Unpin what ``fire_result`` pinned (a pipelined fire's unpublished layers are
         published first). Releasing twice is a ConfigError."""
         from tierstore.store.fire import release_fire
+
         release_fire(self, fire_result)
 
     def _release_prefill(self) -> None:
@@ -332,20 +416,35 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
 
     def _fire(self, keys: np.ndarray, cap: int, stream, scan: bool, pipelined=False) -> FireResult:
         from tierstore.store.fire import counted_fire  # the fire's rounds, kept in their own module
+
         self._pool.check_host_owned(f"{self.pack.path}: fire")
         return counted_fire(self, keys, cap, self._resolve_stream(stream), scan, pipelined)
 
     # -- device-side residency ------------------------------------------------------------
-    def device_residency(self, *, max_ids: int, slots: int | None = None, gather_blocks: int = 0,
-                         chunk_bytes: int | None = None, heat: bool = True):
+    def device_residency(
+        self,
+        *,
+        max_ids: int,
+        slots: int | None = None,
+        gather_blocks: int = 0,
+        chunk_bytes: int | None = None,
+        heat: bool = True,
+    ):
         """Hand the pool to the device: a ``DeviceResidency`` (store/residency.py) whose
         ``page_in(layer, topk_ids)`` makes a layer's routed experts resident on the current
         stream with no host sync (capturable in a CUDA graph; on a CPU pool it runs at
         once). Until its ``close()`` the store refuses fires, pool promotions and evictions.
         ``max_ids``: most routed ids per page_in (T x top_k)."""
         from tierstore.store.residency import DeviceResidency
-        return DeviceResidency(self, max_ids=max_ids, slots=slots, gather_blocks=gather_blocks,
-                               chunk_bytes=chunk_bytes, heat=heat)
+
+        return DeviceResidency(
+            self,
+            max_ids=max_ids,
+            slots=slots,
+            gather_blocks=gather_blocks,
+            chunk_bytes=chunk_bytes,
+            heat=heat,
+        )
 
     # -- promote / load_arena / evict -----------------------------------------------------
     def load_arena(self, keys) -> int:
@@ -359,7 +458,7 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
                     return 0
                 self._mover.run(batch)
             except BaseException:
-                self._mover.abandon_planned()   # planned, never run (a Ctrl-C): given back
+                self._mover.abandon_planned()  # planned, never run (a Ctrl-C): given back
                 raise
             return len(batch.keys)
 
@@ -415,9 +514,9 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
         if not step_mode:
             return
         pending = self._pending_sources
-        while pending:            # copies of a step ago: long done, a cheap event wait;
-            self._mover.finish_sources(pending[-1])   # idempotent, so dropped only once
-            pending.pop()                             # done (a Ctrl-C between: done again)
+        while pending:  # copies of a step ago: long done, a cheap event wait;
+            self._mover.finish_sources(pending[-1])  # idempotent, so dropped only once
+            pending.pop()  # done (a Ctrl-C between: done again)
         if publish:
             self._publish_staged(routed, self._resolve_stream(stream))
         with self.lock:
@@ -442,10 +541,15 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
 
     def _queue_lazy(self, kind: str) -> None:
         """Queue this step's lazy promotions as a worker job of ``kind`` (lock held)."""
-        if not self.config.lazy_per_step or self._lazy_busy or not self.sized \
-                or self._pool.device_owner is not None:   # the device keeps the pool
+        if (
+            not self.config.lazy_per_step
+            or self._lazy_busy
+            or not self.sized
+            or self._pool.device_owner is not None
+        ):  # the device keeps the pool
             return
         from tierstore.store.fire import lazy_candidates
+
         keys, rejected = lazy_candidates(self, np.flatnonzero(self._seen))
         self.counters.lazy_rejected += rejected
         if len(keys):
@@ -455,8 +559,11 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
 
     def _queue_snapshot(self) -> None:
         cfg = self.config
-        if self._snapshot_path and cfg.snapshot_every_s and (
-                time.monotonic() - self._last_snapshot >= cfg.snapshot_every_s):
+        if (
+            self._snapshot_path
+            and cfg.snapshot_every_s
+            and (time.monotonic() - self._last_snapshot >= cfg.snapshot_every_s)
+        ):
             self._last_snapshot = time.monotonic()
             self._submit_job(("snapshot", self._snapshot_path))
 
@@ -479,16 +586,16 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
                 pool = self._pool
                 keys = keys[pool.slot_of[keys] < 0]
                 if len(keys):
-                    batch = self._mover.plan(pool.policy.rank(keys), to_pool=True,
-                                             stream=stream, spare=routed)
+                    batch = self._mover.plan(
+                        pool.policy.rank(keys), to_pool=True, stream=stream, spare=routed
+                    )
             if batch is not None:
                 self._mover.run(batch, defer_sources=self._defer_sources)
         except (KeyboardInterrupt, SystemExit):
-            self._mover.abandon_planned()       # planned, never run: given back
+            self._mover.abandon_planned()  # planned, never run: given back
             raise
         except Exception as exc:  # noqa: BLE001 - a background promotion must not stop serving
-            log.warning("%s: publishing %d staged promotions failed: %s", self.pack.path,
-                        len(pinned), exc)
+            log.warning("%s: publishing %d staged promotions failed: %s", self.pack.path, len(pinned), exc)
         finally:
             if len(pinned):
                 self._journal.run(lambda: self._arena.unpin(pinned))
@@ -508,8 +615,7 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
             with self.lock:
                 self._check_open("stats")
                 engine_stats = self.engine.stats() if hasattr(self.engine, "stats") else None
-                return self.counters.snapshot(self._pool, self._arena, self.step_count,
-                                              engine_stats)
+                return self.counters.snapshot(self._pool, self._arena, self.step_count, engine_stats)
         self._journal.drain()
         with self.lock:
             self._check_open("stats")
@@ -530,8 +636,8 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
             self._pool.policy.check_invariants()
             self._arena.policy.check_invariants()
             if idle:
-                staged = np.zeros(self._n_keys, np.int32)   # publish="step": rows read, held
-                for keys in self._staged:                   # in the arena for the next step
+                staged = np.zeros(self._n_keys, np.int32)  # publish="step": rows read, held
+                for keys in self._staged:  # in the arena for the next step
                     np.add.at(staged, keys, 1)
                 for tier, own in ((self._pool, 0), (self._arena, staged)):
                     held = np.flatnonzero(tier.key_pins - own)
@@ -544,15 +650,19 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
     # -- warm start ---------------------------------------------------------------------------
     def save_poolmon(self, path):
         from tierstore import warm as warmstart
+
         return warmstart.save_poolmon(self, path)
 
     def preheat(self, src, pool_fill: float = 0.9, progress=None):
         from tierstore import warm as warmstart
+
         return warmstart.preheat(self, src, pool_fill=pool_fill, progress=progress)
 
     def __repr__(self) -> str:
-        return (f"ExpertStore({self.pack.path!r}, device={self.device}, {self.n_slots} slots, "
-                f"{self.n_arena_rows} arena rows{', closed' if self._closed else ''})")
+        return (
+            f"ExpertStore({self.pack.path!r}, device={self.device}, {self.n_slots} slots, "
+            f"{self.n_arena_rows} arena rows{', closed' if self._closed else ''})"
+        )
 
     # -- internals --------------------------------------------------------------------------------
     def _dense(self, keys) -> np.ndarray:
@@ -564,8 +674,8 @@ class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
 
 
 _EMPTY_KEYS = np.empty(0, dtype=np.int64)
-_SLOTS_OR_AUTO = sizing.or_auto(settings.count)   # finalize(n_slots)
-_BYTES = settings.integer(0, 1 << 62)               # finalize(free_bytes)
+_SLOTS_OR_AUTO = sizing.or_auto(settings.count)  # finalize(n_slots)
+_BYTES = settings.integer(0, 1 << 62)  # finalize(free_bytes)
 
 
 def _joined(staged: list) -> np.ndarray:

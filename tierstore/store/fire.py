@@ -15,6 +15,7 @@ works), then in rounds:
 A read error of its own batch unpins everything and raises (the batch rolled
 itself back). Rounds are not steps: ``step_count`` only moves in ``step()``.
 """
+
 from __future__ import annotations
 
 import errno
@@ -41,9 +42,12 @@ def quarantine(store, exc: BaseException) -> bool:
     its fallback (vLLM-Moet's and the tiered face's base row) instead of failing every
     later load. Counted in stats().quarantined, named once in the log. True when
     ``exc`` named such a row (now quarantined)."""
-    if not (store.config.quarantine and isinstance(exc, TierIOError)
-            and exc.errno == errno.EBADMSG
-            and getattr(exc, "layer", None) is not None):
+    if not (
+        store.config.quarantine
+        and isinstance(exc, TierIOError)
+        and exc.errno == errno.EBADMSG
+        and getattr(exc, "layer", None) is not None
+    ):
         return False
     key = int(exc.layer) * store.pack.n_experts + int(exc.expert)
     with store.lock:
@@ -51,9 +55,14 @@ def quarantine(store, exc: BaseException) -> bool:
             return True
         store._quarantined[key] = True
         store.counters.quarantined += 1
-    log.warning("%s: layer %d expert %d (offset %d) failed its checksum; quarantined: never "
-                "loaded again, its engine serves the fallback (rewrite the pack to recover it)",
-                store.pack.path, exc.layer, exc.expert, exc.offset)
+    log.warning(
+        "%s: layer %d expert %d (offset %d) failed its checksum; quarantined: never "
+        "loaded again, its engine serves the fallback (rewrite the pack to recover it)",
+        store.pack.path,
+        exc.layer,
+        exc.expert,
+        exc.offset,
+    )
     return True
 
 
@@ -61,8 +70,9 @@ def _drop(keys: np.ndarray, gone: np.ndarray) -> np.ndarray:
     return keys[~np.isin(keys, gone)] if len(gone) else keys
 
 
-def run_fire(store, result: FireResult, keys: np.ndarray, cap: int, stream, scan: bool,
-             pipelined: bool = False) -> FireResult:
+def run_fire(
+    store, result: FireResult, keys: np.ndarray, cap: int, stream, scan: bool, pipelined: bool = False
+) -> FireResult:
     """``pipelined`` (True, or an int: least bytes per engine submission): one round;
     the own batch is submitted layer by layer (or in groups of consecutive layers) and
     fire returns once it is queued (result.wait_layer publishes; store/pipeline.py).
@@ -73,7 +83,7 @@ def run_fire(store, result: FireResult, keys: np.ndarray, cap: int, stream, scan
     with lock:
         store._fold_records()
         if getattr(pool.policy, "counts_fires", False) and not scan:
-            pool.policy.on_access(keys)   # need: a key's heat is the fires that routed it
+            pool.policy.on_access(keys)  # need: a key's heat is the fires that routed it
         take_pins(lock, pool, holder, keys)
         result.already_resident = int(np.count_nonzero(pool.resident_slot[keys] >= 0))
         result.sources["pool"] = result.already_resident
@@ -94,17 +104,14 @@ def run_fire(store, result: FireResult, keys: np.ndarray, cap: int, stream, scan
                     result.over_cap = len(over)
                 else:
                     new, over = missing, _EMPTY
-                batch = (mover.plan(new, to_pool=True, stream=stream, scan=scan)
-                         if len(new) else None)
-                if batch is not None and pipelined:   # visible to other fires as pipelined
-                    mover.layer_load(batch, store._defer_sources,
-                                     0 if pipelined is True else int(pipelined))
+                batch = mover.plan(new, to_pool=True, stream=stream, scan=scan) if len(new) else None
+                if batch is not None and pipelined:  # visible to other fires as pipelined
+                    mover.layer_load(batch, store._defer_sources, 0 if pipelined is True else int(pipelined))
                     holder.load, holder.stream = weakref.ref(batch.layer_load), stream
                 placed = batch.keys if batch is not None else _EMPTY
                 unplaced = _drop(new, placed)
                 result.no_slot += len(unplaced)
-                ids = (set(pool.batch_of_slot[pool.slot_of[pinned[loading]]].tolist())
-                       if loading.any() else ())
+                ids = set(pool.batch_of_slot[pool.slot_of[pinned[loading]]].tolist()) if loading.any() else ()
                 others = [mover.inflight[b] for b in ids if b in mover.inflight]
                 drop_pins(lock, pool, holder, np.concatenate([over, unplaced]))
             if batch is not None and pipelined:
@@ -121,7 +128,7 @@ def run_fire(store, result: FireResult, keys: np.ndarray, cap: int, stream, scan
                 result.sources["read"] += len(placed) - batch.n_arena_hits
             batch = None
             for other in others:
-                if other.layer_load is not None:   # pipelined: publish it ourselves
+                if other.layer_load is not None:  # pipelined: publish it ourselves
                     other.layer_load.settle(stream)
                 else:
                     other.done.wait()
@@ -157,22 +164,24 @@ def counted_fire(store, keys, cap: int, stream, scan: bool, pipelined=False) -> 
     result = FireResult(keys=_EMPTY, sources={"pool": 0, "arena": 0, "read": 0})
     result.owner = store._token
     store._orphans.adopt(result)
-    store._journal.drain()                          # what a Ctrl-C left half written
-    store._orphans.drain(store.lock, store._pool)   # what results a Ctrl-C orphaned held
+    store._journal.drain()  # what a Ctrl-C left half written
+    store._orphans.drain(store.lock, store._pool)  # what results a Ctrl-C orphaned held
     try:
         with store._activity("fire"):
             run_fire(store, result, keys, cap, stream, scan, pipelined)
     except BaseException as exc:
-        _unpin_result(store, result, quiet=True)   # the fire's own error is what is raised
-        quarantine(store, exc)   # a rotten row: this fire says so, later ones leave it out
+        _unpin_result(store, result, quiet=True)  # the fire's own error is what is raised
+        quarantine(store, exc)  # a rotten row: this fire says so, later ones leave it out
         raise
     result.latency_s = time.perf_counter() - t0
     if not scan:
         with store.lock:
             c = store.counters
             c.fires, c.fire_promoted, c.fire_over_cap = (
-                c.fires + 1, c.fire_promoted + result.promoted,
-                c.fire_over_cap + result.over_cap + result.no_slot)
+                c.fires + 1,
+                c.fire_promoted + result.promoted,
+                c.fire_over_cap + result.over_cap + result.no_slot,
+            )
             c.observe_fire(result.latency_s)
     return result
 
@@ -180,15 +189,16 @@ def counted_fire(store, keys, cap: int, stream, scan: bool, pipelined=False) -> 
 def release_fire(store, fire_result: FireResult) -> None:
     """store.release: publish a pipelined fire's pending layers, then unpin (always)."""
     if not isinstance(fire_result, FireResult):
-        raise ConfigError(f"{store.pack.path}: release: expected the FireResult of this "
-                          f"store's fire() or ensure_resident(), found "
-                          f"{type(fire_result).__name__}")
+        raise ConfigError(
+            f"{store.pack.path}: release: expected the FireResult of this "
+            f"store's fire() or ensure_resident(), found "
+            f"{type(fire_result).__name__}"
+        )
     store._journal.drain()
     with store.lock:
         store._check_open("release")
         if fire_result.owner is not store._token:
-            raise ConfigError(f"{store.pack.path}: release: this FireResult belongs to "
-                              f"another store")
+            raise ConfigError(f"{store.pack.path}: release: this FireResult belongs to another store")
         if fire_result.released:
             raise ConfigError("release: this FireResult was already released")
     _unpin_result(store, fire_result)
@@ -227,8 +237,10 @@ def lazy_candidates(store, seen: np.ndarray) -> tuple[np.ndarray, int]:
     cand = seen[(pool.slot_of[seen] < 0) & store._written[seen] & ~store._quarantined[seen]]
     if not len(cand):
         return _EMPTY, 0
-    admission = (ADMIT_ALL if store.config.lazy_admission == "all"   # an engine's rule
-                 else HotterThanVictim(pool.policy))
-    fill = plan_lazy(pool.policy, cand, store.config.lazy_per_step, pool.n_free,
-                     pool.key_pins > 0, admission)
+    admission = (
+        ADMIT_ALL
+        if store.config.lazy_admission == "all"  # an engine's rule
+        else HotterThanVictim(pool.policy)
+    )
+    fill = plan_lazy(pool.policy, cand, store.config.lazy_per_step, pool.n_free, pool.key_pins > 0, admission)
     return fill.keys, fill.rejected

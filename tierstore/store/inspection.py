@@ -11,6 +11,7 @@ work a test or a debugging session asks (batches in flight, sections open, the w
 thread). None of it is needed to serve; all of it is cheap (no I/O; ``device_table``
 is one host sync).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,7 +33,7 @@ class TierView:
 
     @property
     def name(self) -> str:
-        """"pool" or "arena"."""
+        """ "pool" or "arena"."""
         return self._states.tier
 
     @property

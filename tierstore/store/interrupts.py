@@ -22,6 +22,7 @@ the store, and a result dropped without ``release`` (a Ctrl-C between the fire a
 caller, an exception in the caller) hands its keys and any batch in flight back at the
 next fire, step or stats call.
 """
+
 from __future__ import annotations
 
 import threading
@@ -32,7 +33,7 @@ import numpy as np
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
-def _do(steps, i): steps[i](); return i + 1   # noqa: E702 - one line: the step and its record are one
+def _do(steps, i): steps[i](); return i + 1  # noqa: E702 - one line: the step and its record are one  # fmt: skip
 
 
 class Section:
@@ -67,7 +68,7 @@ class Journal:
 
     def __init__(self, lock):
         self.lock = lock
-        self.open: list[Section] = []   # list.append / remove: atomic
+        self.open: list[Section] = []  # list.append / remove: atomic
 
     def run(self, *steps, undo=None) -> None:
         section = Section(steps, undo)
@@ -76,11 +77,11 @@ class Journal:
                 self.open.append(section)
                 section.finish()
             except (KeyboardInterrupt, SystemExit):
-                section.finish_interrupted()   # a second Ctrl-C here: drain() goes on
+                section.finish_interrupted()  # a second Ctrl-C here: drain() goes on
                 _discard(self.open, section)
                 raise
             except BaseException:
-                _discard(self.open, section)   # a step's own error: not retried forever
+                _discard(self.open, section)  # a step's own error: not retried forever
                 raise
             _discard(self.open, section)
 
@@ -94,7 +95,7 @@ class Journal:
                 try:
                     section.finish_interrupted()
                 except (KeyboardInterrupt, SystemExit):
-                    raise                          # still open: the next call goes on
+                    raise  # still open: the next call goes on
                 except BaseException:
                     _discard(self.open, section)
                     raise
@@ -126,7 +127,7 @@ class OrphanPins:
     """Pins (and pipelined batches) of fire results dropped without ``release``."""
 
     def __init__(self):
-        self._dropped: list = []   # list.append / pop: atomic; the finalizer may run anywhere
+        self._dropped: list = []  # list.append / pop: atomic; the finalizer may run anywhere
 
     def adopt(self, result) -> PinHolder:
         """Register ``result`` before it pins anything; returns its holder."""
@@ -156,7 +157,7 @@ class OrphanPins:
                 if not settle:
                     later.append(holder)
                     continue
-                load.settle(holder.stream)    # never raises; a failed layer is rolled back
+                load.settle(holder.stream)  # never raises; a failed layer is rolled back
             n += release_pins(lock, pool, holder)
         self._dropped.extend(later)
         return n
@@ -170,7 +171,7 @@ def release_pins(lock, pool, holder: PinHolder) -> int:
     return len(keys)
 
 
-def _unpinned(pool, keys): pool.unpin(keys); return _EMPTY   # noqa: E702 - one line: see _do
+def _unpinned(pool, keys): pool.unpin(keys); return _EMPTY  # noqa: E702 - one line: see _do  # fmt: skip
 
 
 def take_pins(lock, pool, holder: PinHolder, keys: np.ndarray) -> None:
@@ -179,7 +180,7 @@ def take_pins(lock, pool, holder: PinHolder, keys: np.ndarray) -> None:
         holder.keys = _pinned(pool, keys)
 
 
-def _pinned(pool, keys): pool.pin(keys); return keys   # noqa: E702 - one line: see _do
+def _pinned(pool, keys): pool.pin(keys); return keys  # noqa: E702 - one line: see _do  # fmt: skip
 
 
 def drop_pins(lock, pool, holder: PinHolder, gone: np.ndarray) -> None:
@@ -192,7 +193,7 @@ def drop_pins(lock, pool, holder: PinHolder, gone: np.ndarray) -> None:
         holder.keys = _unpinned_some(pool, keys[np.isin(keys, gone)], keep)
 
 
-def _unpinned_some(pool, gone, keep): pool.unpin(gone); return keep   # noqa: E702 - see _do
+def _unpinned_some(pool, gone, keep): pool.unpin(gone); return keep  # noqa: E702 - see _do  # fmt: skip
 
 
 def on_main_thread() -> bool:

@@ -5,6 +5,7 @@ by the store's Worker thread so the forward thread never waits on the disk.
 Every queued promotion finishes its Ticket: with the rows promoted, with the read's
 TierIOError, or with ClosedError when close() came first (also when close() races the
 submit itself: the worker refuses jobs once it is stopping)."""
+
 from __future__ import annotations
 
 import logging
@@ -33,12 +34,13 @@ class BackgroundJobs:
 
     def _run_job(self, job) -> None:
         kind = job[0]
-        if kind in ("promote", "stage"):   # stage: publish="step", read only (_stage_now)
+        if kind in ("promote", "stage"):  # stage: publish="step", read only (_stage_now)
             _, keys, ticket, lazy = job
             try:
                 if self._closed:
-                    raise ClosedError(f"{self.pack.path}: store closed before this "
-                                      f"promotion of {len(keys)} keys ran")
+                    raise ClosedError(
+                        f"{self.pack.path}: store closed before this promotion of {len(keys)} keys ran"
+                    )
                 if kind == "promote":
                     ticket._finish(self._promote_now(keys))
                 else:
@@ -46,8 +48,9 @@ class BackgroundJobs:
             except BaseException as exc:  # noqa: BLE001 - handed to ticket.wait()
                 ticket._finish(error=exc)
                 from tierstore.store.fire import quarantine
+
                 if quarantine(self, exc):
-                    pass        # named once; the next step plans without that row
+                    pass  # named once; the next step plans without that row
                 elif lazy and not isinstance(exc, ClosedError):
                     log.warning("lazy promotion failed: %s", exc)
             finally:
@@ -62,15 +65,16 @@ class BackgroundJobs:
             try:
                 self.save_poolmon(job[1])
             except Exception as exc:  # noqa: BLE001 - a snapshot is a hint
-                self._snapshot_log.failed(job[1], exc)   # warned once a run, then counted
+                self._snapshot_log.failed(job[1], exc)  # warned once a run, then counted
             else:
                 self._snapshot_log.succeeded(job[1])
 
     @property
     def _snapshot_log(self):
         failures = getattr(self, "_snapshot_failure_log", None)
-        if failures is None:   # made on first use (the worker's first snapshot)
+        if failures is None:  # made on first use (the worker's first snapshot)
             from tierstore.warm.snapshot import FailureLog
+
             failures = self._snapshot_failure_log = FailureLog(log, "poolmon snapshot")
         return failures
 
@@ -99,15 +103,15 @@ class BackgroundJobs:
             batch = self._mover.plan(need, to_pool=False, stream=None) if len(need) else None
         if batch is not None:
             self._mover.run(batch)
-        with self.lock:   # pinned in the arena until step() publishes them (a fire's
-            keys = keys[self._arena.resident_slot[keys] >= 0]   # reads must not evict them)
+        with self.lock:  # pinned in the arena until step() publishes them (a fire's
+            keys = keys[self._arena.resident_slot[keys] >= 0]  # reads must not evict them)
             self._arena.pin(keys)
             self._staged.append(keys)
         if ticket is not None:
             ticket._finish(len(keys))
 
     def _defer_sources(self, batch) -> None:
-        if self.config.publish == "step":   # the worker makes no CUDA call: step() frees them
+        if self.config.publish == "step":  # the worker makes no CUDA call: step() frees them
             with self.lock:
                 self._pending_sources.append(batch)
             return
@@ -119,8 +123,11 @@ class BackgroundJobs:
         if self._worker.submit(job):
             return True
         if job[0] == "promote":
-            job[2]._finish(error=ClosedError(f"{self.pack.path}: store closed before this "
-                                             f"promotion of {len(job[1])} keys ran"))
+            job[2]._finish(
+                error=ClosedError(
+                    f"{self.pack.path}: store closed before this promotion of {len(job[1])} keys ran"
+                )
+            )
         return False
 
     def wait_idle(self, timeout: float | None = None) -> bool:

@@ -1,6 +1,7 @@
 """Routed keys from the caller's forms (pairs, an int [N, 2] array or tensor, or
 {layer: ids}) to the store's dense ids ``layer * E + expert``: checked, deduplicated,
 first-seen order, in one native pass (``_C.unique_dense_keys``)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,9 +18,11 @@ def dense_keys(keys, pack, n_layers: int, n_experts: int, layer_written: np.ndar
     try:
         arr = _as_pairs(keys)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{pack.path}: keys must be (layer, expert) pairs, an int [N, 2] "
-                          f"array or tensor, or {{layer: ids}}; found {type(keys).__name__} "
-                          f"({exc})") from None
+        raise ConfigError(
+            f"{pack.path}: keys must be (layer, expert) pairs, an int [N, 2] "
+            f"array or tensor, or {{layer: ids}}; found {type(keys).__name__} "
+            f"({exc})"
+        ) from None
     if arr.size == 0:
         return _EMPTY
     arr = arr.reshape(-1, 2) if arr.ndim == 1 and arr.size == 2 else arr
@@ -42,9 +45,15 @@ def _as_pairs(keys) -> np.ndarray:
     if keys is None or isinstance(keys, (str, bytes)):
         raise TypeError("not a collection of keys")
     if isinstance(keys, dict):
-        parts = [np.stack(np.broadcast_arrays(int(l), np.asarray(
-            v.cpu() if isinstance(v, torch.Tensor) else v).reshape(-1)), axis=1)
-            for l, v in keys.items()]
+        parts = [
+            np.stack(
+                np.broadcast_arrays(
+                    int(l), np.asarray(v.cpu() if isinstance(v, torch.Tensor) else v).reshape(-1)
+                ),
+                axis=1,
+            )
+            for l, v in keys.items()
+        ]
         arr = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
     elif isinstance(keys, torch.Tensor):
         arr = keys.detach().cpu().numpy()

@@ -5,6 +5,7 @@ Activity: every call that reads or moves rows (fire, load_arena, evict) runs
 inside ``_activity``: counted, so close() waits for it before the worker stops and the
 engine closes, and interrupt-deferred (store/interrupts.py), so a Ctrl-C can never leave
 the count raised (close() would wait forever) or the call's pins taken."""
+
 from __future__ import annotations
 
 import contextlib
@@ -29,23 +30,25 @@ class Lifecycle(Closing):
                 return
             self._closed = True
             while self._active:
-                self._idle.wait(0.05)   # a token dropped by a Ctrl-C leaves without a notify
+                self._idle.wait(0.05)  # a token dropped by a Ctrl-C leaves without a notify
         self._journal.drain()
         with self.lock:
-            loads = [b.layer_load for b in self._mover.inflight.values()
-                     if b.layer_load is not None]
-        for load in loads:   # no new one can start: fires are refused from here on
+            loads = [b.layer_load for b in self._mover.inflight.values() if b.layer_load is not None]
+        for load in loads:  # no new one can start: fires are refused from here on
             load.settle(load.batch.stream)
         self._worker.stop()
-        with self.lock:      # the callers and the worker are done: a batch still planned was
-            planned = [b for b in self._mover.inflight.values()   # left by a Ctrl-C
-                       if b.layer_load is None and b.completion is None and b.error is None]
+        with self.lock:  # the callers and the worker are done: a batch still planned was
+            planned = [
+                b
+                for b in self._mover.inflight.values()  # left by a Ctrl-C
+                if b.layer_load is None and b.completion is None and b.error is None
+            ]
         for batch in planned:
             self._mover._rollback(batch)
-        for batch in self._pending_sources:   # publish="step": copies step() did not free
+        for batch in self._pending_sources:  # publish="step": copies step() did not free
             self._mover.finish_sources(batch)
         self._pending_sources = []
-        self._staged = []                      # read into the arena, never published
+        self._staged = []  # read into the arena, never published
         if self._owns_engine:
             self.engine.close()
         self._drop_pack()
@@ -67,7 +70,6 @@ class Lifecycle(Closing):
             os.close(fd)
         if self._owns_pack:
             self.pack.close()
-
 
     @contextlib.contextmanager
     def _activity(self, what: str):
@@ -99,4 +101,5 @@ class Lifecycle(Closing):
 
 class _Token:
     """One counted call (weakly referenced by ``_active``)."""
+
     __slots__ = ("__weakref__",)

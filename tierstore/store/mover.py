@@ -16,6 +16,7 @@ A batch's arena source rows stay pinned until its copies have finished; on the
 CPU that is when the reads returned, on CUDA when ``completion.synchronize()``
 returns, which ``finish_sources`` does off the forward thread.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -24,8 +25,8 @@ import time
 
 import numpy as np
 
-from tierstore.store.interrupts import Journal
 from tierstore.errors import TierIOError
+from tierstore.store.interrupts import Journal
 
 _ids = itertools.count(1)
 _EMPTY_KEYS = np.empty(0, dtype=np.int64)
@@ -40,9 +41,9 @@ class LoadBatch:
         self.to_pool = to_pool
         self.stream = stream
         self.pool_slots = np.empty(0, np.int64)
-        self.reused = np.empty(0, np.int64)       # pool slots taken from victims (EVICTING)
+        self.reused = np.empty(0, np.int64)  # pool slots taken from victims (EVICTING)
         self.unpublish_event = None
-        self.arena_new = np.empty(0, np.int64)    # arena rows this batch reads into (LOADING)
+        self.arena_new = np.empty(0, np.int64)  # arena rows this batch reads into (LOADING)
         self.arena_pinned = np.empty(0, np.int64)  # arena keys pinned as copy sources
         self.offsets = self.src = self.dst = None
         self.n_arena_hits = 0
@@ -52,29 +53,48 @@ class LoadBatch:
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.sources_released = False
-        self.layer_load = None   # a pipelined batch's LayerLoad (store/pipeline.py)
-        self.accounted = False   # once-only steps of its publish / rollback (interrupts.py)
+        self.layer_load = None  # a pipelined batch's LayerLoad (store/pipeline.py)
+        self.accounted = False  # once-only steps of its publish / rollback (interrupts.py)
         self.failed_counted = False
         self.sources_deferred = False
-        self.completion_real = False   # run() reached the engine (abandon_planned)
+        self.completion_real = False  # run() reached the engine (abandon_planned)
 
 
 class Mover:
     """Plans and runs load batches for one store (see the module docstring)."""
 
-    def __init__(self, pack, engine, pool, arena, lock, counters, scan_keep: float,
-                 default_stream=None, verifier=None, journal=None):
+    def __init__(
+        self,
+        pack,
+        engine,
+        pool,
+        arena,
+        lock,
+        counters,
+        scan_keep: float,
+        default_stream=None,
+        verifier=None,
+        journal=None,
+    ):
         self.pack, self.engine, self.pool, self.arena = pack, engine, pool, arena
-        self.journal = journal if journal is not None else Journal(lock)   # store/interrupts.py
-        self.verifier = verifier   # RowVerifier: which rows the engine hashes (store/verify.py)
+        self.journal = journal if journal is not None else Journal(lock)  # store/interrupts.py
+        self.verifier = verifier  # RowVerifier: which rows the engine hashes (store/verify.py)
         self.lock, self.counters, self.scan_keep = lock, counters, float(scan_keep)
         self.default_stream = default_stream  # the store's consumer stream (CUDA)
         self.inflight: dict[int, LoadBatch] = {}
-        self._planned = threading.local()   # this thread's last plan (abandon_planned)
+        self._planned = threading.local()  # this thread's last plan (abandon_planned)
 
     # -- 1. plan (under the lock) ------------------------------------------------------
-    def plan(self, keys: np.ndarray, *, to_pool: bool, stream, scan: bool = False,
-             allow_evict: bool = True, spare: np.ndarray | None = None) -> LoadBatch | None:
+    def plan(
+        self,
+        keys: np.ndarray,
+        *,
+        to_pool: bool,
+        stream,
+        scan: bool = False,
+        allow_evict: bool = True,
+        spare: np.ndarray | None = None,
+    ) -> LoadBatch | None:
         """Reserve room for ``keys`` (unique dense ids, hottest first). Pool loads take
         keys not in the pool; arena-only loads (``to_pool=False``) keys not in the
         arena. Keys that do not fit are left out. None when nothing fits. ``spare``:
@@ -85,8 +105,7 @@ class Mover:
         # Decide first (nothing changes), then make it so as one journal section: a
         # Ctrl-C inside it is rolled forward and the batch given back (interrupts.py).
         if not to_pool:
-            got = arena.choose(keys[arena.slot_of[keys] < 0], allow_evict=allow_evict,
-                               protect=protect)
+            got = arena.choose(keys[arena.slot_of[keys] < 0], allow_evict=allow_evict, protect=protect)
             if not len(got):
                 return None
             batch.keys, batch.arena_new, batch.arena_pinned = got.keys, got.slots, got.keys
@@ -107,10 +126,13 @@ class Mover:
         a_slot = arena.resident_slot[keys]
         hit = a_slot >= 0
         hit_keys = keys[hit]
-        sources = np.zeros(arena.n_keys, dtype=bool)   # a source row must not become a victim
+        sources = np.zeros(arena.n_keys, dtype=bool)  # a source row must not become a victim
         sources[hit_keys] = True
-        got = arena.choose(keys[~hit & (arena.slot_of[keys] < 0)], allow_evict=True,
-                           protect=sources if protect is None else (protect | sources))
+        got = arena.choose(
+            keys[~hit & (arena.slot_of[keys] < 0)],
+            allow_evict=True,
+            protect=sources if protect is None else (protect | sources),
+        )
         batch.arena_new = got.slots
         batch.arena_pinned = np.concatenate([hit_keys, got.keys])
         batch.n_arena_hits = len(hit_keys)
@@ -128,25 +150,25 @@ class Mover:
         """Make a planned batch's reservations (caller holds the lock): one journal
         section; a Ctrl-C inside it gives the whole batch back before it is raised."""
         pool, arena, stream = self.pool, self.arena, batch.stream
-        self._planned.batch = batch   # from here on a Ctrl-C may part it from its caller
+        self._planned.batch = batch  # from here on a Ctrl-C may part it from its caller
         steps = []
         if taken is not None:
             steps.append(lambda: pool.apply(taken))
             if len(taken.victims):
-                if stream is not None and self.default_stream is not None \
-                        and stream != self.default_stream:
+                if stream is not None and self.default_stream is not None and stream != self.default_stream:
                     # Readers of the victims may sit on the store's stream too: the
                     # unpublish event must come after their work as well as the caller's.
                     steps.append(lambda: stream.wait_stream(self.default_stream))
 
                 def unpublish():
                     batch.unpublish_event = pool.unpublish(taken.victims, stream)
+
                 steps.append(unpublish)
             steps.append(lambda: pool.batch_of_slot.__setitem__(taken.slots, batch.id))
         if len(hit_keys):
             steps.append(lambda: arena.pin(hit_keys))
         steps.append(lambda: arena.apply(got))
-        if len(got.reused):   # arena rows have no readers but pinned copies
+        if len(got.reused):  # arena rows have no readers but pinned copies
             steps.append(lambda: arena.begin_load(got.reused))
         steps.append(lambda: arena.pin(got.keys))
         steps.append(lambda: self.inflight.__setitem__(batch.id, batch))
@@ -193,30 +215,35 @@ class Mover:
             t0 = time.perf_counter()
             self.order_after_unpublish(batch)
             lengths = np.full(len(batch.keys), self.pack.slot_bytes, dtype=np.int64)
-            sums = None if self.verifier is None else self.verifier.checksums(batch.keys,
-                                                                               batch.offsets)
+            sums = None if self.verifier is None else self.verifier.checksums(batch.keys, batch.offsets)
             batch.completion_real = True
             batch.completion = self.engine.submit(
-                batch.offsets, lengths, batch.src, batch.dst,
-                dst_device=bool(batch.to_pool and self.pool.is_cuda), checksums=sums)
+                batch.offsets,
+                lengths,
+                batch.src,
+                batch.dst,
+                dst_device=bool(batch.to_pool and self.pool.is_cuda),
+                checksums=sums,
+            )
             batch.completion.wait()
             # a replaced or rewritten file: publish nothing (a touch: see check_unchanged)
-            self.pack.check_unchanged(self.verifier is not None and
-                                      self.verifier.hashes_every_read)
-            steps = (self.pool_steps(batch, batch.pool_slots, batch.stream, batch.completion)
-                     if batch.to_pool else [])
-            self.journal.run(*steps, *self.completion_steps(batch, time.perf_counter() - t0,
-                                                            defer_sources))
+            self.pack.check_unchanged(self.verifier is not None and self.verifier.hashes_every_read)
+            steps = (
+                self.pool_steps(batch, batch.pool_slots, batch.stream, batch.completion)
+                if batch.to_pool
+                else []
+            )
+            self.journal.run(*steps, *self.completion_steps(batch, time.perf_counter() - t0, defer_sources))
         except BaseException as exc:
-            if batch.ok:      # published whole (a Ctrl-C inside it was rolled forward)
+            if batch.ok:  # published whole (a Ctrl-C inside it was rolled forward)
                 raise
             err = batch.error = self._annotate(exc, batch)
-            self._rollback(batch)      # ends with done set: a fire waiting on it goes on
+            self._rollback(batch)  # ends with done set: a fire waiting on it goes on
             if err is exc:
                 raise
             raise err from exc
         if defer_sources is None and not batch.sources_released:
-            self.finish_sources(batch)   # the worker's own batches: it waits for the copies
+            self.finish_sources(batch)  # the worker's own batches: it waits for the copies
 
     def pool_steps(self, batch: LoadBatch, slots: np.ndarray, stream, completion) -> list:
         """Publish ``slots`` of a landed pool batch as journal steps (store/interrupts.py):
@@ -225,6 +252,7 @@ class Mover:
 
         def table():
             batch.publish_event = pool.write_owners(slots, stream)
+
         steps = [lambda: completion.stream_wait(stream)] if pool.is_cuda else []
         return steps + [lambda: pool.commit(slots), table]
 
@@ -263,6 +291,7 @@ class Mover:
     def layer_load(self, batch: LoadBatch, defer_sources=None, group_bytes: int = 0):
         """The LayerLoad of a planned pool batch, not yet submitted (no I/O)."""
         from tierstore.store.pipeline import LayerLoad
+
         return LayerLoad(self, batch, self.pack.n_experts, defer_sources, group_bytes)
 
     def order_after_unpublish(self, batch: LoadBatch) -> None:
@@ -285,8 +314,8 @@ class Mover:
         stream = getattr(self, "_copy_stream_obj", None)
         if stream is None:
             import torch
-            stream = torch.cuda.ExternalStream(int(self.engine.copy_stream),
-                                               device=self.pool.device)
+
+            stream = torch.cuda.ExternalStream(int(self.engine.copy_stream), device=self.pool.device)
             self._copy_stream_obj = stream
         return stream
 
@@ -302,7 +331,7 @@ class Mover:
 
     # -- helpers -----------------------------------------------------------------------
     def _unpin_sources(self, batch: LoadBatch) -> None:
-        if not batch.sources_released:   # the unpin and its flag: one statement (interrupts.py)
+        if not batch.sources_released:  # the unpin and its flag: one statement (interrupts.py)
             batch.sources_released = _unpinned_true(self.arena, batch.arena_pinned)
 
     def _rollback(self, batch: LoadBatch) -> None:
@@ -331,7 +360,7 @@ class Mover:
         return steps
 
     def _count_failed(self, batch: LoadBatch) -> None:
-        if not batch.failed_counted:    # the count and its flag: one statement
+        if not batch.failed_counted:  # the count and its flag: one statement
             batch.failed_counted = _counted(self.counters)
 
     def _annotate(self, exc: BaseException, batch: LoadBatch) -> BaseException:
@@ -345,8 +374,7 @@ class Mover:
                 return exc
             dense = int(batch.keys[int(rows[0])])
         layer, expert = divmod(int(dense), self.pack.n_experts)
-        out = TierIOError(exc.path, exc.offset, exc.errno or 5,
-                          what=f"layer {layer} expert {expert} read")
+        out = TierIOError(exc.path, exc.offset, exc.errno or 5, what=f"layer {layer} expert {expert} read")
         detail = str(exc)
         if detail and detail not in str(out):  # keep the engine's own words (short read, ...)
             out.args = (out.errno, f"{out} [{detail}]")
@@ -360,19 +388,24 @@ class Mover:
             return
         c, nbytes = self.counters, self.pack.slot_bytes
         n_read = int(np.count_nonzero(batch.offsets >= 0)) * nbytes
-        pool = (batch.n_arena_hits * nbytes, len(batch.keys) * nbytes, seconds) \
-            if batch.to_pool else (0, 0, 0.0)
-        if c.layers is not None:   # metrics on: rows read per layer (one bincount a batch)
+        pool = (
+            (batch.n_arena_hits * nbytes, len(batch.keys) * nbytes, seconds) if batch.to_pool else (0, 0, 0.0)
+        )
+        if c.layers is not None:  # metrics on: rows read per layer (one bincount a batch)
             c.layers.add_reads(batch.keys[batch.offsets >= 0])
         c.bytes_read, c.bytes_arena, c.bytes_to_pool, c.move_seconds, batch.accounted = (
-            c.bytes_read + n_read, c.bytes_arena + pool[0], c.bytes_to_pool + pool[1],
-            c.move_seconds + pool[2], True)
+            c.bytes_read + n_read,
+            c.bytes_arena + pool[0],
+            c.bytes_to_pool + pool[1],
+            c.move_seconds + pool[2],
+            True,
+        )
 
 
-def _unpinned_true(tier, keys): tier.unpin(keys); return True   # noqa: E702 - one statement: interrupts.py
+def _unpinned_true(tier, keys): tier.unpin(keys); return True  # noqa: E702 - one statement: interrupts.py  # fmt: skip
 
 
-def _counted(counters): counters.failed_reads += 1; return True   # noqa: E702 - one statement: interrupts.py
+def _counted(counters): counters.failed_reads += 1; return True  # noqa: E702 - one statement: interrupts.py  # fmt: skip
 
 
-def _deferred_true(defer, batch): defer(batch); return True   # noqa: E702 - one statement: interrupts.py
+def _deferred_true(defer, batch): defer(batch); return True  # noqa: E702 - one statement: interrupts.py  # fmt: skip

@@ -14,6 +14,7 @@ published is cancelled, waited out and rolled back (nothing of it is published);
 layers already published stay resident. ``wait_all`` publishes whatever is left
 (``release`` calls it, so a batch always ends).
 """
+
 from __future__ import annotations
 
 import threading
@@ -81,9 +82,9 @@ class LayerLoad:
         self.reported = False  # the error was raised to the caller once
         self.t0 = time.perf_counter()
         batch.completion = Completions()
-        batch.layer_load = self   # a fire that needs these keys settles it (settle())
-        self.submitted = threading.Event()   # submit() has queued (or failed) every layer
-        self.claimed: list | None = None   # the layers a failure rolls back (_fail_whole)
+        batch.layer_load = self  # a fire that needs these keys settles it (settle())
+        self.submitted = threading.Event()  # submit() has queued (or failed) every layer
+        self.claimed: list | None = None  # the layers a failure rolls back (_fail_whole)
 
     def submit(self) -> None:
         """Queue every layer's rows (layer order); no waiting. On a refused submit the
@@ -95,10 +96,15 @@ class LayerLoad:
             mover.order_after_unpublish(batch)
             verifier = mover.verifier
             for layer, (s, e) in self.spans.items():
-                sums = (None if verifier is None
-                        else verifier.checksums(batch.keys[s:e], batch.offsets[s:e]))
-                comp = mover.engine.submit(batch.offsets[s:e], lengths[s:e], batch.src[s:e],
-                                           batch.dst[s:e], dst_device=device, checksums=sums)
+                sums = None if verifier is None else verifier.checksums(batch.keys[s:e], batch.offsets[s:e])
+                comp = mover.engine.submit(
+                    batch.offsets[s:e],
+                    lengths[s:e],
+                    batch.src[s:e],
+                    batch.dst[s:e],
+                    dst_device=device,
+                    checksums=sums,
+                )
                 self.comps[layer] = comp
                 batch.completion.parts.append(comp)
         except BaseException as exc:
@@ -117,7 +123,7 @@ class LayerLoad:
         waiting settles the whole batch before it is raised (store/interrupts.py)."""
         group = self.group_of.get(layer, -1)
         if group not in self.pending and group not in self.failed:
-            return self._wait_published(group, stream)   # the common call: nothing to wait for
+            return self._wait_published(group, stream)  # the common call: nothing to wait for
         try:
             self._publish(group, stream, report=True)
         except (KeyboardInterrupt, SystemExit):
@@ -142,27 +148,28 @@ class LayerLoad:
         """wait_layer / settle of one group (``layer`` = the group's first layer)."""
         if layer not in self.pending and layer not in self.failed:
             return self._wait_published(layer, stream)
-        if not self.submitted.is_set():   # a flag read, no lock: the common case
-            self.submitted.wait()   # settle() from another fire may come before submit() ends
+        if not self.submitted.is_set():  # a flag read, no lock: the common case
+            self.submitted.wait()  # settle() from another fire may come before submit() ends
         comp = self.comps.get(layer)
         try:
             if comp is None or layer in self.failed:
                 raise self._failure()
             comp.wait()
         except (KeyboardInterrupt, SystemExit):
-            raise                 # not the batch's failure: the caller settles it (wait_layer)
+            raise  # not the batch's failure: the caller settles it (wait_layer)
         except BaseException as exc:
             self._raise_failed(exc, comp, report)
         mover = self.mover
         s, e = self.spans[layer]
-        with mover.lock:   # the tables are written whole or not at all (a journal section)
-            if layer in self.failed:        # another thread's layer failed meanwhile
+        with mover.lock:  # the tables are written whole or not at all (a journal section)
+            if layer in self.failed:  # another thread's layer failed meanwhile
                 raise self._failure()
-            if layer not in self.pending:   # another thread published it meanwhile
+            if layer not in self.pending:  # another thread published it meanwhile
                 return self._wait_published(layer, stream)
-            try:   # under the lock: whoever publishes the last layer (close()'s
-                mover.pack.check_unchanged(    # settle too) does so before the pack closes
-                    mover.verifier is not None and mover.verifier.hashes_every_read)
+            try:  # under the lock: whoever publishes the last layer (close()'s
+                mover.pack.check_unchanged(  # settle too) does so before the pack closes
+                    mover.verifier is not None and mover.verifier.hashes_every_read
+                )
             except Exception as exc:  # noqa: BLE001 - a replaced file: publish nothing
                 changed = exc
             else:
@@ -186,11 +193,11 @@ class LayerLoad:
 
         def events():
             self.events[layer] = batch.publish_event
+
         steps = mover.pool_steps(batch, slots, stream, comp) + [events]
         steps.append(lambda: self.pending.discard(layer))
-        if self.pending == {layer}:    # the last group: the batch ends with it
-            steps += mover.completion_steps(batch, time.perf_counter() - self.t0,
-                                            self.defer_sources)
+        if self.pending == {layer}:  # the last group: the batch ends with it
+            steps += mover.completion_steps(batch, time.perf_counter() - self.t0, self.defer_sources)
         return steps
 
     def _wait_published(self, layer: int, stream) -> None:
@@ -225,7 +232,7 @@ class LayerLoad:
         mover, batch = self.mover, self.batch
         first = False
         try:
-            with mover.lock:   # claim the unpublished layers: no one publishes them from now on
+            with mover.lock:  # claim the unpublished layers: no one publishes them from now on
                 if self.error is None:
                     first = True
                     mover.journal.run(lambda: self._claim(exc, comp))
@@ -233,7 +240,7 @@ class LayerLoad:
             if first and self.claimed is not None:
                 self._roll_back_claimed()
         if not first:
-            batch.done.wait()   # the first failing thread is rolling back
+            batch.done.wait()  # the first failing thread is rolling back
 
     def _roll_back_claimed(self) -> None:
         mover, batch, claimed = self.mover, self.batch, self.claimed
@@ -241,12 +248,15 @@ class LayerLoad:
             for layer in claimed:
                 if layer in self.comps:
                     self.comps[layer].cancel()
-        finally:   # even after a Ctrl-C: the slots go back once nothing can land in them
+        finally:  # even after a Ctrl-C: the slots go back once nothing can land in them
             self._drain_quietly()
             slots = [batch.pool_slots[slice(*self.spans[l])] for l in claimed]
             slots = np.concatenate(slots) if slots else np.empty(0, np.int64)
-            mover.journal.run(*mover.rollback_steps(batch, slots),
-                              lambda: setattr(batch, "error", self.error), batch.done.set)
+            mover.journal.run(
+                *mover.rollback_steps(batch, slots),
+                lambda: setattr(batch, "error", self.error),
+                batch.done.set,
+            )
 
     def _claim(self, exc: BaseException, comp) -> None:
         """The failing layers, claimed (a journal step: safe to run again)."""
@@ -264,6 +274,6 @@ class LayerLoad:
             self.batch.completion.synchronize()
         except BaseException:  # noqa: BLE001 - its own error, a cancellation or a Ctrl-C
             try:
-                self.batch.completion.synchronize()   # a Ctrl-C cut the first wait short
+                self.batch.completion.synchronize()  # a Ctrl-C cut the first wait short
             except BaseException:  # noqa: BLE001
                 pass

@@ -22,6 +22,7 @@ same calls run; the writes are immediate and there is no event.
 Thread safety: none; the store serialises every call under its lock. No call
 here does I/O or waits on the device.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,7 @@ def new_slot_table(n_layers: int, n_experts: int, device) -> torch.Tensor:
     """An int32 [n_layers, n_experts] slot table of -1 on ``device``, for an engine that
     must hand kernels the table before its store exists (the store adopts it with
     ``ExpertStore(..., slot_table=)``; only the store writes it from then on)."""
-    return torch.full((int(n_layers), int(n_experts)), -1, dtype=torch.int32,
-                      device=torch.device(device))
+    return torch.full((int(n_layers), int(n_experts)), -1, dtype=torch.int32, device=torch.device(device))
 
 
 def unsized_pool(slot_bytes: int, device) -> torch.Tensor:
@@ -48,18 +48,25 @@ def unsized_pool(slot_bytes: int, device) -> torch.Tensor:
 class SlotPool(SlotStates):
     """Fixed-slot pool of ``n_slots`` rows of ``slot_bytes`` on ``device``."""
 
-    def __init__(self, n_slots: int, slot_bytes: int, n_layers: int, n_experts: int,
-                 device, policy, table: torch.Tensor | None = None):
+    def __init__(
+        self,
+        n_slots: int,
+        slot_bytes: int,
+        n_layers: int,
+        n_experts: int,
+        device,
+        policy,
+        table: torch.Tensor | None = None,
+    ):
         super().__init__(n_slots, n_layers * n_experts, policy, tier="pool")
         self.device = torch.device(device)
         self.slot_bytes = int(slot_bytes)
         self.n_layers, self.n_experts = int(n_layers), int(n_experts)
-        self.pool = torch.empty((self.n_slots, self.slot_bytes), dtype=torch.uint8,
-                                device=self.device)
+        self.pool = torch.empty((self.n_slots, self.slot_bytes), dtype=torch.uint8, device=self.device)
         if table is None:
             table = new_slot_table(self.n_layers, self.n_experts, self.device)
         else:
-            table.fill_(-1)   # adopted: every key starts not resident
+            table.fill_(-1)  # adopted: every key starts not resident
         self.slot_table = table
         self._table_flat = self.slot_table.view(-1)  # same storage; never a copy
         self._base_ptr = int(self.pool.data_ptr())
@@ -73,8 +80,10 @@ class SlotPool(SlotStates):
     def check_host_owned(self, what: str) -> None:
         """ConfigError while a device-side residency keeps the pool."""
         if self.device_owner is not None:
-            raise ConfigError(f"{what}: the pool is kept by a device-side residency "
-                              f"(ExpertStore.device_residency); close it first")
+            raise ConfigError(
+                f"{what}: the pool is kept by a device-side residency "
+                f"(ExpertStore.device_residency); close it first"
+            )
 
     def choose(self, keys, *, allow_evict, protect=None):
         self.check_host_owned("pool reservation")
@@ -113,8 +122,7 @@ class SlotPool(SlotStates):
         table is the one made at construction. ``n_slots`` 0 leaves the pool inert."""
         assert not self.allocated and self.n_slots == 0, "pool: allocate() of a sized pool"
         SlotStates.__init__(self, n_slots, self.n_keys, policy, tier="pool")
-        self.pool = torch.empty((self.n_slots, self.slot_bytes), dtype=torch.uint8,
-                                device=self.device)
+        self.pool = torch.empty((self.n_slots, self.slot_bytes), dtype=torch.uint8, device=self.device)
         self._base_ptr = int(self.pool.data_ptr())
         self.batch_of_slot = np.zeros(self.n_slots, dtype=np.int64)
         self.allocated = True
@@ -125,8 +133,7 @@ class SlotPool(SlotStates):
 
     def slot_ptrs(self, slots: np.ndarray) -> np.ndarray:
         """Device addresses of ``slots`` (uint64), the engine's copy destinations."""
-        return (np.uint64(self._base_ptr)
-                + np.asarray(slots, dtype=np.uint64) * np.uint64(self.slot_bytes))
+        return np.uint64(self._base_ptr) + np.asarray(slots, dtype=np.uint64) * np.uint64(self.slot_bytes)
 
     # -- slot table writes --------------------------------------------------------------
     def _write_table(self, keys: np.ndarray, values: np.ndarray, stream):
@@ -179,6 +186,7 @@ class SlotPool(SlotStates):
             bad = np.flatnonzero(table != mirror)
             assert len(bad) == 0, (
                 f"pool: slot_table[{bad[0] // self.n_experts}, {bad[0] % self.n_experts}] = "
-                f"{table[bad[0]]}, host mirror says {mirror[bad[0]]}")
+                f"{table[bad[0]]}, host mirror says {mirror[bad[0]]}"
+            )
             held = table[table >= 0]
             assert np.all(self.state[held] == RESIDENT), "pool: slot_table points at a non-RESIDENT slot"

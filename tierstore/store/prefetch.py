@@ -24,6 +24,7 @@ a prefill's or a batch's next layer is predicted for all of its tokens.
 Ids on a CUDA device are copied to the host here (one host sync per recorded
 layer, only with prefetch on): the prediction needs the routing on the host.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,8 +51,7 @@ class StorePrefetch:
     def __init__(self, store, params: dict):
         self.store = store
         self.n_experts = int(store.pack.n_experts)
-        self.prefetcher = Prefetcher(int(store.pack.n_layers), self.n_experts, int(store.n_slots),
-                                     **params)
+        self.prefetcher = Prefetcher(int(store.pack.n_layers), self.n_experts, int(store.n_slots), **params)
         self._current = _EMPTY  # the last recorded layer's keys, pinned until the next record
         self._step = int(store.step_count)  # ticks end at step(): seen at the next record
 
@@ -85,8 +85,11 @@ class StorePrefetch:
             if release.size:
                 pool.unpin(release)
             # Unwritten layers count as resident: never fetched (their rows do not exist).
-            fetch, hold = pf.propose(int(layer), (pool.slot_of >= 0) | ~store._written,
-                                     lambda n, blocked: _would_evict(pool, n, blocked))
+            fetch, hold = pf.propose(
+                int(layer),
+                (pool.slot_of >= 0) | ~store._written,
+                lambda n, blocked: _would_evict(pool, n, blocked),
+            )
             pool.pin(keys)
             self._current = keys
             if hold.size:
@@ -97,6 +100,12 @@ class StorePrefetch:
     def counts(self) -> dict:
         """The prefetcher's reads accounting (what the simulator reports too)."""
         pf = self.prefetcher
-        return {"issued": pf.issued, "useful": pf.useful, "held_resident": pf.held_resident,
-                "misses": pf.misses, "lru_reads": pf.lru_reads, "precision": pf.precision,
-                "threshold": pf.threshold}
+        return {
+            "issued": pf.issued,
+            "useful": pf.useful,
+            "held_resident": pf.held_resident,
+            "misses": pf.misses,
+            "lru_reads": pf.lru_reads,
+            "precision": pf.precision,
+            "threshold": pf.threshold,
+        }

@@ -21,15 +21,16 @@ Ids < 0 are padding. Ids >= n_experts are dropped at ``take``, counted in
 ``counters.record_dropped`` and logged once: checking them in ``record`` would
 cost a reduction per call on the CPU and a host sync on CUDA.
 """
+
 from __future__ import annotations
 
 import logging
+
 import numpy as np
 import torch
 
-from tierstore.errors import ConfigError
-
 from tierstore._C import RoutingFold as NativeFold
+from tierstore.errors import ConfigError
 
 log = logging.getLogger("tierstore.store")
 
@@ -42,10 +43,10 @@ class RoutingRecorder:
         self.n_layers, self.n_experts = int(pack.n_layers), int(pack.n_experts)
         self.n_keys = self.n_layers * self.n_experts
         self.counters = counters
-        self._lock = lock                 # only to create the device counter once
+        self._lock = lock  # only to create the device counter once
         self._fold = NativeFold(self.n_layers, self.n_experts)
-        self._bound = None                # the arrays the native take writes / reads
-        self._dev_counts = None           # int32 [n_keys + 1]; last bucket: bad ids
+        self._bound = None  # the arrays the native take writes / reads
+        self._dev_counts = None  # int32 [n_keys + 1]; last bucket: bad ids
         self._dev_one = None
         # Set by the first device record (also one made while a CUDA graph is captured,
         # whose replays then add without calling us): until then a fold skips the device
@@ -62,15 +63,16 @@ class RoutingRecorder:
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
             raise ConfigError(f"record: layer must be an int, found {layer!r}")
         if not isinstance(topk_ids, (np.ndarray, torch.Tensor, list, tuple)):
-            raise ConfigError(f"record: topk_ids must be an int array or tensor, found "
-                              f"{type(topk_ids).__name__}")
+            raise ConfigError(
+                f"record: topk_ids must be an int array or tensor, found {type(topk_ids).__name__}"
+            )
         if not 0 <= layer < self.n_layers:
             raise ConfigError(f"record: layer {layer} out of range [0, {self.n_layers})")
         fold = self._fold
         if type(topk_ids) is np.ndarray:
             try:
                 fold.add(layer, topk_ids)
-            except TypeError:   # strided, float, bool, uint64...: convert as numpy casts
+            except TypeError:  # strided, float, bool, uint64...: convert as numpy casts
                 fold.add(layer, np.ascontiguousarray(topk_ids, dtype=np.int64))
         elif isinstance(topk_ids, torch.Tensor):
             if topk_ids.is_cuda:
@@ -126,12 +128,16 @@ class RoutingRecorder:
             dev = snap.cpu().numpy().astype(np.int64)  # one host sync per fold, not per record
         if dev[self.n_keys]:
             self._dropped(int(dev[self.n_keys]), -1, -1)
-        return dev[:self.n_keys]
+        return dev[: self.n_keys]
 
     def _dropped(self, n: int, layer: int, expert: int) -> None:
         if not self.counters.record_dropped:
             where = f"layer {layer} expert id {expert}" if layer >= 0 else "a CUDA record"
-            log.warning("%s: record(): dropped %d expert id(s) out of range [0, %d), first: %s",
-                        self.path, n, self.n_experts, where)
+            log.warning(
+                "%s: record(): dropped %d expert id(s) out of range [0, %d), first: %s",
+                self.path,
+                n,
+                self.n_experts,
+                where,
+            )
         self.counters.record_dropped += n
-

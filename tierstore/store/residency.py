@@ -32,6 +32,7 @@ Thread safety: page_in, fold_heat and reset belong to the forward thread; refill
 on another thread (it takes the store lock for its bookkeeping and waits only for the
 device work queued before it).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,12 +42,23 @@ import torch
 
 from tierstore.errors import ConfigError
 
-CTRL_NAMES = {"hand": 0, "epoch": 1, "plan_len": 2, "decides": 4, "routed": 5, "hits": 6,
-              "misses": 7, "placed": 8, "no_arena": 9, "no_slot": 10, "evicted": 11, "bytes": 12}
-COUNTERS = ("decides", "routed", "hits", "misses", "placed", "no_arena", "no_slot", "evicted",
-            "bytes")
+CTRL_NAMES = {
+    "hand": 0,
+    "epoch": 1,
+    "plan_len": 2,
+    "decides": 4,
+    "routed": 5,
+    "hits": 6,
+    "misses": 7,
+    "placed": 8,
+    "no_arena": 9,
+    "no_slot": 10,
+    "evicted": 11,
+    "bytes": 12,
+}
+COUNTERS = ("decides", "routed", "hits", "misses", "placed", "no_arena", "no_slot", "evicted", "bytes")
 _EMPTY = np.empty(0, dtype=np.int64)
-LOCKED = -1   # a slot's stamp as int32: 0xFFFFFFFF, never a victim (ResidencyLocked)
+LOCKED = -1  # a slot's stamp as int32: 0xFFFFFFFF, never a victim (ResidencyLocked)
 
 
 class ResidencyState:
@@ -55,20 +67,36 @@ class ResidencyState:
     DeviceResidency (the pool's device) and by the host-planned baseline of
     ``tierstore bench decode`` (a host mirror)."""
 
-    def __init__(self, *, n_layers: int, n_experts: int, n_slots: int, slot_bytes: int,
-                 max_ids: int, device, table: torch.Tensor, pool_ptr: int, arena_ptr: int,
-                 arena_rows: int, arena_stride: int, heat: bool = True, pin: bool = False):
+    def __init__(
+        self,
+        *,
+        n_layers: int,
+        n_experts: int,
+        n_slots: int,
+        slot_bytes: int,
+        max_ids: int,
+        device,
+        table: torch.Tensor,
+        pool_ptr: int,
+        arena_ptr: int,
+        arena_rows: int,
+        arena_stride: int,
+        heat: bool = True,
+        pin: bool = False,
+    ):
         from tierstore import _C
+
         dev = torch.device(device)
         n_keys = n_layers * n_experts
 
         def new(n, dtype, fill=0):
             t = torch.full((max(int(n), 1),), fill, dtype=dtype, device=dev)
             return t.pin_memory() if pin and dev.type == "cpu" else t
+
         self.device, self.n_slots, self.max_ids = dev, int(n_slots), int(max_ids)
         self.table = table
         self.owner = new(n_slots, torch.int32, -1)
-        self.stamp = new(n_slots, torch.int32)          # uint32 to the kernels
+        self.stamp = new(n_slots, torch.int32)  # uint32 to the kernels
         self.ref = new(n_slots, torch.uint8)
         self.arena_row = new(n_keys, torch.int32, -1)
         self.first = new(n_experts, torch.int32)
@@ -76,13 +104,25 @@ class ResidencyState:
         self.ctrl = new(_C.RESIDENCY_CTRL_WORDS, torch.int64)
         self.plan = new(2 * max(self.max_ids, 1), torch.int32, -1)
         self.view = _C.ResidencyView(
-            table=table.data_ptr(), pool=int(pool_ptr), n_slots=int(n_slots),
-            slot_bytes=int(slot_bytes), n_layers=int(n_layers), n_experts=int(n_experts),
-            owner=self.owner.data_ptr(), stamp=self.stamp.data_ptr(), ref=self.ref.data_ptr(),
-            arena_row=self.arena_row.data_ptr(), first=self.first.data_ptr(),
-            heat=0 if self.heat is None else self.heat.data_ptr(), ctrl=self.ctrl.data_ptr(),
-            plan=self.plan.data_ptr(), max_plan=self.max_ids, arena=int(arena_ptr),
-            arena_rows=int(arena_rows), arena_stride=int(arena_stride))
+            table=table.data_ptr(),
+            pool=int(pool_ptr),
+            n_slots=int(n_slots),
+            slot_bytes=int(slot_bytes),
+            n_layers=int(n_layers),
+            n_experts=int(n_experts),
+            owner=self.owner.data_ptr(),
+            stamp=self.stamp.data_ptr(),
+            ref=self.ref.data_ptr(),
+            arena_row=self.arena_row.data_ptr(),
+            first=self.first.data_ptr(),
+            heat=0 if self.heat is None else self.heat.data_ptr(),
+            ctrl=self.ctrl.data_ptr(),
+            plan=self.plan.data_ptr(),
+            max_plan=self.max_ids,
+            arena=int(arena_ptr),
+            arena_rows=int(arena_rows),
+            arena_stride=int(arena_stride),
+        )
 
     def clear(self) -> None:
         """Every slot free, counters and CLOCK state zero (stream-ordered on a device).
@@ -119,22 +159,33 @@ class DeviceResidency:
     resident in it stay resident. Errors: ConfigError (bad arguments, a busy pool).
     """
 
-    def __init__(self, store, *, max_ids: int, slots: int | None = None,
-                 gather_blocks: int = 0, chunk_bytes: int | None = None, heat: bool = True):
+    def __init__(
+        self,
+        store,
+        *,
+        max_ids: int,
+        slots: int | None = None,
+        gather_blocks: int = 0,
+        chunk_bytes: int | None = None,
+        heat: bool = True,
+    ):
         from tierstore import _C
+
         self.store = store
         pool = store._pool
         n_slots = store.n_slots if slots is None else slots
         problems = []
         if isinstance(max_ids, bool) or not isinstance(max_ids, (int, np.integer)) or max_ids < 1:
             problems.append(f"max_ids must be an int >= 1, found {max_ids!r}")
-        if isinstance(n_slots, bool) or not isinstance(n_slots, (int, np.integer)) \
-                or not 0 <= n_slots <= store.n_slots:
+        if (
+            isinstance(n_slots, bool)
+            or not isinstance(n_slots, (int, np.integer))
+            or not 0 <= n_slots <= store.n_slots
+        ):
             problems.append(f"slots must be an int in [0, {store.n_slots}], found {slots!r}")
         if not store.sized:
             problems.append("the store's pool is not sized yet (finalize() first)")
-        chunk = int(getattr(_C, "RESIDENCY_CHUNK_BYTES", 65536) if chunk_bytes is None
-                    else chunk_bytes)
+        chunk = int(getattr(_C, "RESIDENCY_CHUNK_BYTES", 65536) if chunk_bytes is None else chunk_bytes)
         if chunk < 4096 or chunk % 4096:
             problems.append(f"chunk_bytes must be a positive multiple of 4096, found {chunk_bytes!r}")
         if problems:
@@ -143,8 +194,11 @@ class DeviceResidency:
         # at least a layer's every expert, so a preload (or a prefill layer) fits one call
         self.n_slots, self.max_ids = int(n_slots), max(int(max_ids), int(store._E))
         self.gather_blocks, self.chunk_bytes = int(gather_blocks), chunk
-        self._index = pool.device.index if pool.device.index is not None else (
-            torch.cuda.current_device() if self.cuda else -1)
+        self._index = (
+            pool.device.index
+            if pool.device.index is not None
+            else (torch.cuda.current_device() if self.cuda else -1)
+        )
         arena = store._arena
         arena_ptr = 0
         if arena.n_slots:
@@ -155,22 +209,32 @@ class DeviceResidency:
             store._check_open("device_residency")
             if pool.device_owner is not None:
                 raise ConfigError(f"{store.pack.path}: device_residency: the pool already has one")
-            busy = (pool.state != 0) & (pool.state != 2)       # LOADING / EVICTING
+            busy = (pool.state != 0) & (pool.state != 2)  # LOADING / EVICTING
             if busy.any() or np.any(pool.key_pins) or store._mover.inflight:
-                raise ConfigError(f"{store.pack.path}: device_residency: the pool is busy (a "
-                                  f"fire or promotion in flight, or keys pinned); release first")
+                raise ConfigError(
+                    f"{store.pack.path}: device_residency: the pool is busy (a "
+                    f"fire or promotion in flight, or keys pinned); release first"
+                )
             self.state = ResidencyState(
-                n_layers=store._L, n_experts=store._E, n_slots=self.n_slots,
-                slot_bytes=store.slot_bytes, max_ids=self.max_ids,
-                device=pool.device, table=pool.slot_table, pool_ptr=pool.pool.data_ptr(),
-                arena_ptr=arena_ptr, arena_rows=arena.n_slots, arena_stride=arena.stride,
-                heat=heat)
+                n_layers=store._L,
+                n_experts=store._E,
+                n_slots=self.n_slots,
+                slot_bytes=store.slot_bytes,
+                max_ids=self.max_ids,
+                device=pool.device,
+                table=pool.slot_table,
+                pool_ptr=pool.pool.data_ptr(),
+                arena_ptr=arena_ptr,
+                arena_rows=arena.n_slots,
+                arena_stride=arena.stride,
+                heat=heat,
+            )
             owners = np.full(self.n_slots, -1, dtype=np.int32)
-            held = np.flatnonzero(pool.state[:self.n_slots] == 2)
+            held = np.flatnonzero(pool.state[: self.n_slots] == 2)
             owners[held] = pool.owner[held]
-            outside = np.flatnonzero(pool.state[self.n_slots:] == 2) + self.n_slots
+            outside = np.flatnonzero(pool.state[self.n_slots :] == 2) + self.n_slots
             gone = _EMPTY
-            if len(outside):   # rows past the slots kept here leave the pool
+            if len(outside):  # rows past the slots kept here leave the pool
                 gone, gone_slots = pool.evict(pool.owner[outside].copy())
                 pool.finish_evict(gone_slots)
             pool.device_owner = self
@@ -202,13 +266,21 @@ class DeviceResidency:
             ids = ids.to(self.state.device, torch.int32).contiguous()
         n = ids.numel()
         if n > self.max_ids:
-            raise ConfigError(f"page_in: {n} ids, this residency takes at most max_ids="
-                              f"{self.max_ids}")
+            raise ConfigError(f"page_in: {n} ids, this residency takes at most max_ids={self.max_ids}")
         if self.cuda:
             from tierstore import _C
-            _C.residency_page_in(self.state.view, int(layer), ids.data_ptr(), n, gather,
-                                 self.gather_blocks, self.chunk_bytes, self._index,
-                                 torch.cuda.current_stream(self.state.device).cuda_stream)
+
+            _C.residency_page_in(
+                self.state.view,
+                int(layer),
+                ids.data_ptr(),
+                n,
+                gather,
+                self.gather_blocks,
+                self.chunk_bytes,
+                self._index,
+                torch.cuda.current_stream(self.state.device).cuda_stream,
+            )
         else:
             self.state.decide_host(layer, ids)
             if gather:
@@ -218,8 +290,14 @@ class DeviceResidency:
         """The page-in of the last decide (launched with ``gather=False``)."""
         if self.cuda:
             from tierstore import _C
-            _C.residency_gather(self.state.view, self.gather_blocks, self.chunk_bytes,
-                                self._index, torch.cuda.current_stream(self.state.device).cuda_stream)
+
+            _C.residency_gather(
+                self.state.view,
+                self.gather_blocks,
+                self.chunk_bytes,
+                self._index,
+                torch.cuda.current_stream(self.state.device).cuda_stream,
+            )
         else:
             self.state.view.gather_host()
 
@@ -293,8 +371,8 @@ class DeviceResidency:
         """Empty the pool (every entry of the slot table unpublished), CLOCK state and
         counters zeroed; stream-ordered, no host sync."""
         ctx = torch.cuda.stream(self._stream) if self.cuda else contextlib.nullcontext()
-        with ctx:   # every published entry is one of this residency's slots (attach evicted
-            self.state.table.fill_(-1)   # the rest)
+        with ctx:  # every published entry is one of this residency's slots (attach evicted
+            self.state.table.fill_(-1)  # the rest)
             self.state.clear()
 
     def counters(self) -> dict:
@@ -305,7 +383,7 @@ class DeviceResidency:
         """AssertionError when the device state disagrees with itself or with the slot
         table (a host sync; tests): every owned slot is published under its key, every
         published entry of the table points at a slot of this residency owned by its key."""
-        owner = self.state.owner.cpu().numpy()[:self.n_slots].astype(np.int64)
+        owner = self.state.owner.cpu().numpy()[: self.n_slots].astype(np.int64)
         table = self.state.table.view(-1).cpu().numpy().astype(np.int64)
         held = np.flatnonzero(owner >= 0)
         assert len(np.unique(owner[held])) == len(held), "residency: a key owns two slots"
@@ -319,10 +397,10 @@ class DeviceResidency:
         become its RESIDENT keys, and the slot table stays as the device left it."""
         if self.closed:
             return
-        owners = self.state.owner.cpu().numpy()[:self.n_slots]
+        owners = self.state.owner.cpu().numpy()[: self.n_slots]
         store, pool = self.store, self.store._pool
         full = np.full(pool.n_slots, -1, dtype=np.int64)
-        full[:self.n_slots] = owners
+        full[: self.n_slots] = owners
         with store.lock:
             pool.adopt_owners(full)
             pool.device_owner = None
@@ -330,7 +408,7 @@ class DeviceResidency:
             self.fold_heat()
         self.closed = True
 
-    def __enter__(self) -> "DeviceResidency":
+    def __enter__(self) -> DeviceResidency:
         return self
 
     def __exit__(self, *exc) -> None:

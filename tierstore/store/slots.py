@@ -19,6 +19,7 @@ returns are always RESIDENT keys.
 Thread safety: none. The store serialises every call under its lock; nothing
 here does I/O or waits.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,7 +55,7 @@ class SlotStates:
         self.policy = policy
         self.state = np.full(self.n_slots, FREE, dtype=np.int8)
         self.owner = np.full(self.n_slots, -1, dtype=np.int64)
-        self.slot_of = np.full(self.n_keys, -1, dtype=np.int64)        # any non-FREE state
+        self.slot_of = np.full(self.n_keys, -1, dtype=np.int64)  # any non-FREE state
         self.resident_slot = np.full(self.n_keys, -1, dtype=np.int32)  # RESIDENT only
         self.key_pins = np.zeros(self.n_keys, dtype=np.int32)
         self.admissions = 0
@@ -113,8 +114,7 @@ class SlotStates:
         self.apply(taken)
         return taken
 
-    def choose(self, keys: np.ndarray, *, allow_evict: bool,
-               protect: np.ndarray | None = None) -> Taken:
+    def choose(self, keys: np.ndarray, *, allow_evict: bool, protect: np.ndarray | None = None) -> Taken:
         """``take``'s decision, changing nothing (``apply`` makes it so)."""
         n = len(keys)
         if n == 0 or self.n_slots == 0:
@@ -130,7 +130,7 @@ class SlotStates:
             # Defensive: a policy may only name RESIDENT, unpinned keys.
             victims = victims[(self.resident_slot[victims] >= 0) & ~blocked[victims]]
             reused = self.resident_slot[victims].astype(np.int64)
-        keys = keys[:len(free) + len(victims)]
+        keys = keys[: len(free) + len(victims)]
         slots = np.concatenate([free, reused]) if len(reused) else free
         return Taken(keys, slots, victims, reused)
 
@@ -142,7 +142,7 @@ class SlotStates:
         if len(victims):
             self.resident_slot[victims] = -1
             self.slot_of[victims] = -1
-            self.policy.on_evict(victims)       # a resident mask: evicting twice is once
+            self.policy.on_evict(victims)  # a resident mask: evicting twice is once
             self.state[reused] = EVICTING
             self.owner[reused] = keys[n_free:]
         self.state[slots[:n_free]] = LOADING
@@ -153,8 +153,9 @@ class SlotStates:
 
     def begin_load(self, slots: np.ndarray) -> None:
         """EVICTING slots (taken for a new key) may now be overwritten (run again: no-op)."""
-        assert np.all((self.state[slots] == EVICTING) | (self.state[slots] == LOADING)), \
+        assert np.all((self.state[slots] == EVICTING) | (self.state[slots] == LOADING)), (
             f"{self.tier}: begin_load of a non-EVICTING slot"
+        )
         self.state[slots] = LOADING
 
     def commit(self, slots: np.ndarray) -> None:
@@ -162,20 +163,21 @@ class SlotStates:
         anywhere (a journal step, store/interrupts.py): every statement but the last only
         sets state, and the last one counts."""
         state = self.state[slots]
-        assert np.all((state == LOADING) | (state == RESIDENT)), \
+        assert np.all((state == LOADING) | (state == RESIDENT)), (
             f"{self.tier}: commit of a slot that is not loading"
+        )
         keys = self.owner[slots]
         self.state[slots] = RESIDENT
         self.resident_slot[keys] = slots
-        self.policy.on_admit(keys)              # a resident mask: admitting twice is once
+        self.policy.on_admit(keys)  # a resident mask: admitting twice is once
         self.admissions += int(np.count_nonzero(state == LOADING))
 
     def rollback(self, slots: np.ndarray) -> None:
         """LOADING/EVICTING -> FREE: a load that failed or was cancelled gives its slots
         back. Safe to run again after a Ctrl-C cut it (only sets state)."""
-        assert np.all((self.state[slots] == LOADING) | (self.state[slots] == EVICTING)
-                      | (self.state[slots] == FREE)), \
-            f"{self.tier}: rollback of a slot that is not loading"
+        assert np.all(
+            (self.state[slots] == LOADING) | (self.state[slots] == EVICTING) | (self.state[slots] == FREE)
+        ), f"{self.tier}: rollback of a slot that is not loading"
         owners = self.owner[slots]
         owners = owners[owners >= 0]
         self.slot_of[owners] = -1
@@ -192,8 +194,9 @@ class SlotStates:
         return keys, slots
 
     def finish_evict(self, slots: np.ndarray) -> None:
-        assert np.all((self.state[slots] == EVICTING) & (self.owner[slots] == -1)), \
+        assert np.all((self.state[slots] == EVICTING) & (self.owner[slots] == -1)), (
             f"{self.tier}: finish_evict of a slot that is not being evicted"
+        )
         self.state[slots] = FREE
 
     def _leave_resident(self, keys: np.ndarray) -> None:
@@ -212,8 +215,9 @@ class SlotStates:
         held = np.flatnonzero(own >= 0)
         assert len(np.unique(own[held])) == len(held), f"{self.tier}: a key owns two slots"
         assert np.array_equal(self.slot_of[own[held]], held), f"{self.tier}: slot_of disagrees with owner"
-        assert int(np.count_nonzero(self.slot_of >= 0)) == len(held), \
+        assert int(np.count_nonzero(self.slot_of >= 0)) == len(held), (
             f"{self.tier}: slot_of names a slot the key does not own"
+        )
         res_slots = np.flatnonzero(st == RESIDENT)
         assert np.all(own[res_slots] >= 0), f"{self.tier}: a RESIDENT slot has no owner"
         expect = np.full(self.n_keys, -1, dtype=np.int32)
@@ -221,8 +225,9 @@ class SlotStates:
         assert np.array_equal(expect, self.resident_slot), f"{self.tier}: resident map disagrees with states"
         assert np.all(self.key_pins >= 0), f"{self.tier}: negative pin count"
         pol = np.sort(np.asarray(self.policy.resident(), dtype=np.int64))
-        assert np.array_equal(pol, np.sort(own[res_slots])), \
+        assert np.array_equal(pol, np.sort(own[res_slots])), (
             f"{self.tier}: policy resident set differs from the RESIDENT slots"
+        )
 
 
-def _counted_evictions(tier, n): tier.evictions += n; return True   # noqa: E702 - one statement: interrupts.py
+def _counted_evictions(tier, n): tier.evictions += n; return True  # noqa: E702 - one statement: interrupts.py  # fmt: skip

@@ -19,6 +19,7 @@ Modes (``verify=`` option, ``TIERSTORE_VERIFY``):
 Rows served from the arena (offset -1) are never re-hashed: they were checked when read
 into it, and the arena is this process's memory, not the disk or its cache.
 """
+
 from __future__ import annotations
 
 import numpy as np

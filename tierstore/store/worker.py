@@ -1,6 +1,7 @@
 """The store's background worker: one thread per store runs promotions, deferred
 source unpins and snapshots off the forward thread; ``Ticket`` is the handle a caller
 of ``promote`` waits on."""
+
 from __future__ import annotations
 
 import queue
@@ -20,10 +21,9 @@ class Worker:
     def __init__(self, owner, name: str):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._cv = threading.Condition()
-        self._open = 0                     # queued or running jobs
+        self._open = 0  # queued or running jobs
         self._stopping = False
-        self.thread = threading.Thread(target=_loop, args=(weakref.ref(owner), self),
-                                       name=name, daemon=True)
+        self.thread = threading.Thread(target=_loop, args=(weakref.ref(owner), self), name=name, daemon=True)
         self.thread.start()
 
     def submit(self, job) -> bool:
@@ -32,7 +32,7 @@ class Worker:
             if self._stopping:
                 return False
             self._open += 1
-            self._jobs.put(job)   # under the condition: never after stop()'s sentinel
+            self._jobs.put(job)  # under the condition: never after stop()'s sentinel
         return True
 
     def _done_one(self) -> None:
@@ -74,7 +74,7 @@ class Ticket:
         self.promoted = 0
         self._error: BaseException | None = None
         self._event = threading.Event()
-        self._born, self._path = process.generation(), path   # see wait()
+        self._born, self._path = process.generation(), path  # see wait()
 
     def _finish(self, promoted: int = 0, error: BaseException | None = None) -> None:
         self.promoted, self._error = int(promoted), error
@@ -88,8 +88,7 @@ class Ticket:
         fork()ed child a ticket of the parent that had not finished raises ForkedError
         (the worker that would finish it stayed in the parent)."""
         if self._born != process.generation() and not self._event.is_set():
-            raise process.forked_error("wait() on a promotion ticket", self._born,
-                                       "ExpertStore", self._path)
+            raise process.forked_error("wait() on a promotion ticket", self._born, "ExpertStore", self._path)
         if not self._event.wait(settings.timeout("Ticket.wait: timeout", timeout)):
             return False
         if self._error is not None:

@@ -1,6 +1,7 @@
 """Digests of a replay's results and a policy's state: the one way the golden tests
 (tests/policies/test_native_policies_golden.py, tests/sim/test_prefetch_native.py) tell that a
 change to a replay loop left its results bit for bit alike."""
+
 from __future__ import annotations
 
 import hashlib

@@ -25,6 +25,7 @@ it and from the resident planes otherwise, so it reads the tier's tensors the
 way the descriptor kernels do. ``check()`` compares every mapped pool slot with
 the pack (or the planes) byte for byte.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -34,11 +35,23 @@ import torch
 
 
 class MoetEngine:
-    def __init__(self, module, planes: dict[int, tuple[torch.Tensor, torch.Tensor]], *,
-                 n_experts: int, dev, top_k: int = 2, tokens: int = 1, runner: str = "v1",
-                 graphs: bool = False, n_spec: int = 0, max_num_seqs: int = 1, seed: int = 0,
-                 free_bytes: int | None = None):
-        self.free_bytes = free_bytes   # finalize_auto's memory (None: what the device says)
+    def __init__(
+        self,
+        module,
+        planes: dict[int, tuple[torch.Tensor, torch.Tensor]],
+        *,
+        n_experts: int,
+        dev,
+        top_k: int = 2,
+        tokens: int = 1,
+        runner: str = "v1",
+        graphs: bool = False,
+        n_spec: int = 0,
+        max_num_seqs: int = 1,
+        seed: int = 0,
+        free_bytes: int | None = None,
+    ):
+        self.free_bytes = free_bytes  # finalize_auto's memory (None: what the device says)
         self.m, self.planes, self.E, self.dev = module, planes, int(n_experts), torch.device(dev)
         self.top_k, self.tokens, self.runner = int(top_k), int(tokens), runner
         self.graphs = bool(graphs) and self.dev.type == "cuda"
@@ -56,10 +69,11 @@ class MoetEngine:
         self.history: list[dict] = []
 
     # -- boot -----------------------------------------------------------------------------
-    def boot(self) -> "MoetEngine":
+    def boot(self) -> MoetEngine:
         m = self.m
-        tier = self.tier = m.get_tier(n_experts=self.E, dev=self.dev, w13_bytes=self.w13_bytes,
-                                      w2_bytes=self.w2_bytes)
+        tier = self.tier = m.get_tier(
+            n_experts=self.E, dev=self.dev, w13_bytes=self.w13_bytes, w2_bytes=self.w2_bytes
+        )
         if tier is not None:
             for key in self.layers:
                 w13, w2 = self.planes[key]
@@ -68,7 +82,7 @@ class MoetEngine:
                 m.check_pool_floor(self.top_k, self.n_spec, self.max_num_seqs)
         self._wait_idle()
         self._route()
-        self._forward()                       # the profile run: eager
+        self._forward()  # the profile run: eager
         if tier is not None:
             try:
                 if self.free_bytes is None:
@@ -83,11 +97,11 @@ class MoetEngine:
     def _capture(self) -> None:
         if not self.graphs:
             if self.tier is not None:
-                self.tier.notify_capture()    # the glue's call, here without a capture
+                self.tier.notify_capture()  # the glue's call, here without a capture
             return
         side = torch.cuda.Stream(self.dev)
         side.wait_stream(torch.cuda.current_stream(self.dev))
-        with torch.cuda.stream(side):         # warm up on a side stream, as torch asks
+        with torch.cuda.stream(side):  # warm up on a side stream, as torch asks
             self._forward()
         torch.cuda.current_stream(self.dev).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
@@ -106,7 +120,7 @@ class MoetEngine:
                 self.m.mark_seen(tier.seen[key], ids.view(-1).long())
                 slots = tier.slot_table[key].index_select(0, ids).long()
                 lane = self.base[key][ids, 0].long()
-                if tier.n_slots > 0:          # a host decision, fixed per capture
+                if tier.n_slots > 0:  # a host decision, fixed per capture
                     from_pool = tier.pool[slots.clamp(min=0), 0].long()
                     lane = torch.where(slots >= 0, from_pool, lane)
             else:
@@ -120,8 +134,9 @@ class MoetEngine:
             self._forward()
 
     def _route(self) -> None:
-        host = torch.stack([torch.randperm(self.E, generator=self.gen)[: self.top_k * self.tokens]
-                            for _ in self.layers])
+        host = torch.stack(
+            [torch.randperm(self.E, generator=self.gen)[: self.top_k * self.tokens] for _ in self.layers]
+        )
         self.ids.copy_(host.to(self.dev))
 
     def _wait_idle(self) -> None:
@@ -170,8 +185,9 @@ class MoetEngine:
     def expected_out(self) -> int:
         """The forward's value from the planes alone (pool rows hold the same bytes)."""
         ids = self.ids.cpu()
-        return int(sum(self.base[k][ids[r].to(self.dev), 0].long().sum().item()
-                       for r, k in enumerate(self.layers)))
+        return int(
+            sum(self.base[k][ids[r].to(self.dev), 0].long().sum().item() for r, k in enumerate(self.layers))
+        )
 
     def shutdown(self) -> None:
         self.m.shutdown()
@@ -190,13 +206,13 @@ class MoetEngine:
         slots = table[mapped]
         assert len(set(slots.tolist())) == len(slots), "a pool slot is mapped twice"
         assert np.all(slots < tier.n_slots), "slot_table points past the pool"
-        if tier.expert_store is not None:   # its bookkeeping agrees with the device table
+        if tier.expert_store is not None:  # its bookkeeping agrees with the device table
             tier.expert_store.check_invariants()
         for key, slot in zip(mapped.tolist(), slots.tolist()):
             layer, expert = divmod(key, tier.E)
-            want = (reference(layer, expert) if reference is not None
-                    else self.base[layer][expert].cpu())
+            want = reference(layer, expert) if reference is not None else self.base[layer][expert].cpu()
             got = tier.pool[slot].cpu()
-            assert torch.equal(got, torch.as_tensor(want)), \
+            assert torch.equal(got, torch.as_tensor(want)), (
                 f"pool slot {slot} (layer {layer} expert {expert}) differs from the pack"
+            )
         return len(mapped)

@@ -1,4 +1,5 @@
 """Helpers for tests and benchmarks: packs of random bytes written through PackWriter."""
+
 from __future__ import annotations
 
 import os
@@ -17,15 +18,28 @@ def random_layer_rows(seed: int, layer: int, n_experts: int, slot_bytes: int) ->
     return rng.integers(1, 256, size=(n_experts, slot_bytes), dtype=np.uint8)
 
 
-def make_random_pack(dir: str | os.PathLike, n_layers: int, n_experts: int, slot_bytes: int,
-                     seed: int = 0, layers=None, tag: str = "fp4") -> Pack:
+def make_random_pack(
+    dir: str | os.PathLike,
+    n_layers: int,
+    n_experts: int,
+    slot_bytes: int,
+    seed: int = 0,
+    layers=None,
+    tag: str = "fp4",
+) -> Pack:
     """Write a pack of random non-zero rows into ``dir`` and open it. ``layers`` = the
     layers to write (default all; the rest stay holes). Row (l, e) equals
     ``random_layer_rows(seed, l, n_experts, slot_bytes)[e]``."""
     todo = range(n_layers) if layers is None else sorted(set(int(l) for l in layers))
-    with PackWriter(dir, tag=tag, n_layers=n_layers, n_experts=n_experts,
-                    slot_bytes=slot_bytes, ckpt_id=f"random-seed{seed}",
-                    quantizer_abi=RANDOM_QUANTIZER_ABI) as w:
+    with PackWriter(
+        dir,
+        tag=tag,
+        n_layers=n_layers,
+        n_experts=n_experts,
+        slot_bytes=slot_bytes,
+        ckpt_id=f"random-seed{seed}",
+        quantizer_abi=RANDOM_QUANTIZER_ABI,
+    ) as w:
         for layer in todo:
             w.write_layer(layer, random_layer_rows(seed, layer, n_experts, slot_bytes))
         path = w.path

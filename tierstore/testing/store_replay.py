@@ -12,6 +12,7 @@ Two drives:
 - ``lazy``: records only, ``step()`` per tick and its background promotions
   awaited (the store's lazy path). Twin: ``replay_lazy(..., candidates="seen")``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,9 +22,9 @@ import numpy as np
 
 @dataclass
 class StoreCounts:
-    distinct_hits: int   # (tick, key) occurrences resident when read
-    token_hits: int      # the same, weighted by tokens
-    reads: int           # rows the store read into the pool
+    distinct_hits: int  # (tick, key) occurrences resident when read
+    token_hits: int  # the same, weighted by tokens
+    reads: int  # rows the store read into the pool
     evictions: int
 
 
@@ -33,7 +34,7 @@ def replay_store(store, trace, drive: str = "fire", granularity: str = "layer") 
     keys, starts = trace.keys, trace.tick_starts
     distinct = 0
     for i in range(starts.size - 1):
-        k = keys[starts[i]:starts[i + 1]]
+        k = keys[starts[i] : starts[i + 1]]
         layers = k // E
         bounds = np.flatnonzero(np.diff(layers)) + 1
         groups = np.split(k, bounds)
@@ -60,5 +61,4 @@ def replay_store(store, trace, drive: str = "fire", granularity: str = "layer") 
     st = store.stats()
     if drive == "lazy":
         distinct = st.pool.distinct_hits
-    return StoreCounts(int(distinct), int(st.pool.hits), int(st.pool.promotions),
-                       int(st.pool.evictions))
+    return StoreCounts(int(distinct), int(st.pool.hits), int(st.pool.promotions), int(st.pool.evictions))

@@ -43,17 +43,41 @@ pairs out of range, in unwritten layers, or repeated are dropped and counted).
 Any problem: one ``WarmStartWarning`` naming the file and the reason, and a
 cold start; never a crash and never a wrong expert.
 """
+
 from __future__ import annotations
 
-from tierstore.warm.formats import (MAX_WARM_FILE_BYTES, ARENA_HEAT_VERSION, KINDS, POOL_HEAT_VERSION, POOLMON_VERSION,
-                                    ArenaHeat, PackIdentity, PoolHeat, Poolmon, WarmFile,
-                                    WarmTier, arena_heat_path, encode, parse_warm_bytes,
-                                    pool_heat_name, read_warm_file, to_arena_heat, to_pool_heat,
-                                    to_poolmon)
 from tierstore.files.atomic import write_atomic, write_atomic_async
+from tierstore.warm.formats import (
+    ARENA_HEAT_VERSION,
+    KINDS,
+    MAX_WARM_FILE_BYTES,
+    POOL_HEAT_VERSION,
+    POOLMON_VERSION,
+    ArenaHeat,
+    PackIdentity,
+    PoolHeat,
+    Poolmon,
+    WarmFile,
+    WarmTier,
+    arena_heat_path,
+    encode,
+    parse_warm_bytes,
+    pool_heat_name,
+    read_warm_file,
+    to_arena_heat,
+    to_pool_heat,
+    to_poolmon,
+)
 from tierstore.warm.preheat import PreheatSummary, preheat
-from tierstore.warm.snapshot import (PeriodicSnapshot, async_snapshot_loop, save_arena_heat,
-                                     save_pool_heat, save_poolmon, save_poolmon_async, snapshot)
+from tierstore.warm.snapshot import (
+    PeriodicSnapshot,
+    async_snapshot_loop,
+    save_arena_heat,
+    save_pool_heat,
+    save_poolmon,
+    save_poolmon_async,
+    snapshot,
+)
 from tierstore.warm.tools import merge, summarize
 from tierstore.warm.validate import WarmStartWarning, fit_to_pack, load_hint
 
@@ -68,17 +92,46 @@ def write_warm_file(wf: WarmFile, path, fmt: str, identity: PackIdentity | None 
         obj = to_arena_heat(wf)
     else:
         from tierstore.errors import ConfigError
+
         raise ConfigError(f"format {fmt!r}: expected one of {', '.join(KINDS)}")
     write_atomic(path, encode(obj))
 
 
 __all__ = [
-    "POOLMON_VERSION", "POOL_HEAT_VERSION", "ARENA_HEAT_VERSION", "KINDS", "MAX_WARM_FILE_BYTES",
-    "Poolmon", "PoolHeat", "ArenaHeat", "PackIdentity", "WarmFile", "WarmTier",
-    "PreheatSummary", "PeriodicSnapshot", "WarmStartWarning",
-    "read_warm_file", "parse_warm_bytes", "load_hint", "fit_to_pack", "write_warm_file",
-    "to_poolmon", "to_pool_heat", "to_arena_heat", "encode", "write_atomic",
-    "write_atomic_async", "pool_heat_name", "arena_heat_path",
-    "snapshot", "save_poolmon", "save_pool_heat", "save_arena_heat", "save_poolmon_async",
-    "async_snapshot_loop", "preheat", "merge", "summarize",
+    "POOLMON_VERSION",
+    "POOL_HEAT_VERSION",
+    "ARENA_HEAT_VERSION",
+    "KINDS",
+    "MAX_WARM_FILE_BYTES",
+    "Poolmon",
+    "PoolHeat",
+    "ArenaHeat",
+    "PackIdentity",
+    "WarmFile",
+    "WarmTier",
+    "PreheatSummary",
+    "PeriodicSnapshot",
+    "WarmStartWarning",
+    "read_warm_file",
+    "parse_warm_bytes",
+    "load_hint",
+    "fit_to_pack",
+    "write_warm_file",
+    "to_poolmon",
+    "to_pool_heat",
+    "to_arena_heat",
+    "encode",
+    "write_atomic",
+    "write_atomic_async",
+    "pool_heat_name",
+    "arena_heat_path",
+    "snapshot",
+    "save_poolmon",
+    "save_pool_heat",
+    "save_arena_heat",
+    "save_poolmon_async",
+    "async_snapshot_loop",
+    "preheat",
+    "merge",
+    "summarize",
 ]

@@ -17,30 +17,36 @@ that grows) are cut out of the text and decoded run by run straight into those a
 against the keys of the pack the file names (a tier names each key at most once); the
 rest of the file is held to a few thousand JSON items before it is parsed.
 """
+
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 import msgspec
 import numpy as np
 
 from tierstore.errors import FormatError
+from tierstore.files.untrusted import (
+    DEFAULT_MAX_STRING,
+    JsonBudget,
+    json_array_runs,
+    json_census,
+    loads_strict,
+    read_capped,
+)
 from tierstore.format.sidecar import MAX_KEYS
-from tierstore.files.untrusted import (DEFAULT_MAX_STRING, JsonBudget, json_array_runs,
-                                       json_census, loads_strict, read_capped)
 
 MAX_WARM_FILE_BYTES = 64 << 20  # a DS4 poolmon is ~0.5 MB; anything near this is hostile
-MAX_WARM_DEPTH = 16             # a valid warm file nests 4 levels (tiers.pool.owners[i])
+MAX_WARM_DEPTH = 16  # a valid warm file nests 4 levels (tiers.pool.owners[i])
 # Everything but the owner lists: a valid file holds a few dozen JSON items (a foreign
 # pool-heat file may carry a few more keys).
 WARM_SKELETON = JsonBudget(4096, 256, "all a warm-start file holds besides its owner lists")
 WARM_SKELETON_BYTES = 1 << 20  # ... and in bytes (a valid one: a few hundred)
-_SMALL = 1 << 20               # a file this small is parsed whole when it is not valid JSON,
-                               # so the error is json's own (line, column, "truncated")
-_RUN = 1 << 16                 # owner entries decoded per step
+_SMALL = 1 << 20  # a file this small is parsed whole when it is not valid JSON,
+# so the error is json's own (line, column, "truncated")
+_RUN = 1 << 16  # owner entries decoded per step
 
 POOLMON_VERSION = "tierstore-poolmon-v1"
 POOL_HEAT_VERSION = "pool-heat-v1"
@@ -53,22 +59,30 @@ class PackIdentity(msgspec.Struct, forbid_unknown_fields=True):
     """What a warm file must agree on with the pack it warms. ``stride``,
     ``ckpt_id`` and ``key20`` are None when the source did not carry them
     (a pool-heat file, or a poolmon merged from pool-heat files)."""
+
     tag: str
     n_layers: int
     n_experts: int
     slot_bytes: int
-    stride: Optional[int] = None
-    ckpt_id: Optional[str] = None
-    key20: Optional[str] = None
+    stride: int | None = None
+    ckpt_id: str | None = None
+    key20: str | None = None
 
     @classmethod
-    def of_pack(cls, pack) -> "PackIdentity":
+    def of_pack(cls, pack) -> PackIdentity:
         def opt(name, kind):
             value = getattr(pack, name, None)
             return None if value is None else kind(value)
-        return cls(tag=str(pack.tag), n_layers=int(pack.n_layers), n_experts=int(pack.n_experts),
-                   slot_bytes=int(pack.slot_bytes), stride=opt("stride", int),
-                   ckpt_id=opt("ckpt_id", str), key20=opt("key20", str))
+
+        return cls(
+            tag=str(pack.tag),
+            n_layers=int(pack.n_layers),
+            n_experts=int(pack.n_experts),
+            slot_bytes=int(pack.slot_bytes),
+            stride=opt("stride", int),
+            ckpt_id=opt("ckpt_id", str),
+            key20=opt("key20", str),
+        )
 
 
 class TierOwners(msgspec.Struct, forbid_unknown_fields=True):
@@ -98,9 +112,9 @@ class Poolmon(msgspec.Struct, forbid_unknown_fields=True):
     pack: PackIdentity
     tiers: PoolmonTiers
     counters: PoolmonCounters = msgspec.field(default_factory=PoolmonCounters)
-    wall_time: float = 0.0      # unix seconds when the snapshot was taken
-    steps: int = 0              # store.step_count at the snapshot
-    policy: str = ""            # pool policy name, informational
+    wall_time: float = 0.0  # unix seconds when the snapshot was taken
+    steps: int = 0  # store.step_count at the snapshot
+    policy: str = ""  # pool policy name, informational
 
 
 class PoolHeatMeta(msgspec.Struct):  # foreign format: extra keys are tolerated
@@ -124,29 +138,29 @@ class ArenaHeat(msgspec.Struct):
 # ---------------------------------------------------------------- in memory
 @dataclass
 class WarmTier:
-    keys: np.ndarray                 # int64 [N, 2] (layer, expert), hottest first
-    heat: np.ndarray                 # float64 [N], non-increasing
-    capacity: Optional[int] = None   # slots of the tier when it was recorded
-    ranked: bool = False             # heat derived from rank, not measured
+    keys: np.ndarray  # int64 [N, 2] (layer, expert), hottest first
+    heat: np.ndarray  # float64 [N], non-increasing
+    capacity: int | None = None  # slots of the tier when it was recorded
+    ranked: bool = False  # heat derived from rank, not measured
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
 
     @classmethod
-    def empty(cls, capacity: Optional[int] = None) -> "WarmTier":
+    def empty(cls, capacity: int | None = None) -> WarmTier:
         return cls(np.zeros((0, 2), np.int64), np.zeros(0, np.float64), capacity)
 
 
 @dataclass
 class WarmFile:
     path: str
-    kind: str                                   # one of KINDS
-    identity: Optional[PackIdentity]            # None for arena heat
+    kind: str  # one of KINDS
+    identity: PackIdentity | None  # None for arena heat
     pool: WarmTier
     arena: WarmTier
     counters: PoolmonCounters = field(default_factory=PoolmonCounters)
     wall_time: float = 0.0
-    steps: Optional[int] = None
+    steps: int | None = None
     policy: str = ""
     skipped: dict = field(default_factory=dict)  # reason -> entries dropped
 
@@ -156,23 +170,27 @@ def rank_heat(n: int) -> np.ndarray:
     return (n - np.arange(n, dtype=np.float64)) / max(n, 1)
 
 
-MAX_WALL_TIME = 1e11   # seconds since 1970 (year 5138): later is not a time, it is hostile
+MAX_WALL_TIME = 1e11  # seconds since 1970 (year 5138): later is not a time, it is hostile
 
 
 def _check_wall_time(t, path: str) -> None:
     if t is not None and not (np.isfinite(t) and 0 <= t <= MAX_WALL_TIME):
-        raise FormatError(f"{path}: wall_time {t!r} is not a time (expected seconds since "
-                          f"1970, 0 .. {MAX_WALL_TIME:.0e})")
+        raise FormatError(
+            f"{path}: wall_time {t!r} is not a time (expected seconds since 1970, 0 .. {MAX_WALL_TIME:.0e})"
+        )
 
 
-def _check_geometry(ident: "PackIdentity", path: str, where: str) -> None:
+def _check_geometry(ident: PackIdentity, path: str, where: str) -> None:
     """The identity's geometry within a pack's caps, before any table is sized by it
     (``warm inspect`` builds per-layer counts: n_layers 2^70 or -1 must not get there)."""
     from tierstore.format.sidecar import MAX_EXPERTS, MAX_LAYERS, MAX_SLOT_BYTES
-    for name, value, cap in (("n_layers", ident.n_layers, MAX_LAYERS),
-                             ("n_experts", ident.n_experts, MAX_EXPERTS),
-                             ("slot_bytes", ident.slot_bytes, MAX_SLOT_BYTES),
-                             ("stride", ident.stride, MAX_SLOT_BYTES + 4096)):
+
+    for name, value, cap in (
+        ("n_layers", ident.n_layers, MAX_LAYERS),
+        ("n_experts", ident.n_experts, MAX_EXPERTS),
+        ("slot_bytes", ident.slot_bytes, MAX_SLOT_BYTES),
+        ("stride", ident.stride, MAX_SLOT_BYTES + 4096),
+    ):
         if value is not None and not 1 <= value <= cap:
             raise FormatError(f"{path}: {where}.{name} {value} is outside [1, {cap}]")
 
@@ -182,16 +200,18 @@ def _pairs(rows, path: str, where: str) -> np.ndarray:
         keys = rows
     else:
         try:
-            keys = (np.asarray(rows, dtype=np.int64).reshape(-1, 2) if rows
-                    else np.zeros((0, 2), np.int64))
+            keys = np.asarray(rows, dtype=np.int64).reshape(-1, 2) if rows else np.zeros((0, 2), np.int64)
         except OverflowError:
-            raise FormatError(f"{path}: {where}: a layer or expert number is out of the "
-                              f"int64 range") from None
+            raise FormatError(
+                f"{path}: {where}: a layer or expert number is out of the int64 range"
+            ) from None
     bad = np.flatnonzero((keys < 0).any(axis=1))
     if bad.size:
         i = int(bad[0])
-        raise FormatError(f"{path}: {where}[{i}] = [{keys[i, 0]}, {keys[i, 1]}]: "
-                          f"layer and expert must be >= 0 ({bad.size} such entries)")
+        raise FormatError(
+            f"{path}: {where}[{i}] = [{keys[i, 0]}, {keys[i, 1]}]: "
+            f"layer and expert must be >= 0 ({bad.size} such entries)"
+        )
     return keys
 
 
@@ -204,8 +224,10 @@ def _tier_from_owners(t: TierOwners, path: str, where: str, bulk=None) -> WarmTi
         heat = np.asarray([o[2] for o in t.owners], dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(heat) | (heat < 0))
     if bad.size:
-        raise FormatError(f"{path}: {where}[{int(bad[0])}]: heat {float(heat[bad[0]])!r} is not a "
-                          f"finite non-negative number")
+        raise FormatError(
+            f"{path}: {where}[{int(bad[0])}]: heat {float(heat[bad[0]])!r} is not a "
+            f"finite non-negative number"
+        )
     if t.capacity < 0:
         raise FormatError(f"{path}: {where}: capacity {t.capacity} is negative")
     order = np.argsort(-heat, kind="stable")  # writers sort, but a hint may not be
@@ -218,7 +240,7 @@ def _ranked_tier(rows, path: str, where: str) -> WarmTier:
 
 
 # ---------------------------------------------------------------- bulk owner lists
-class _Tier(msgspec.Struct):        # locating only: every other field skipped unparsed
+class _Tier(msgspec.Struct):  # locating only: every other field skipped unparsed
     owners: msgspec.Raw = msgspec.Raw()
 
 
@@ -233,10 +255,14 @@ class _Top(msgspec.Struct):
     keys: msgspec.Raw = msgspec.Raw()
 
 
-_ROW_DECODERS = {2: msgspec.json.Decoder(list[tuple[int, int]]),
-                 3: msgspec.json.Decoder(list[tuple[int, int, float]])}
-_ROW_DTYPES = {2: np.dtype([("l", "<i8"), ("e", "<i8")]),
-               3: np.dtype([("l", "<i8"), ("e", "<i8"), ("h", "<f8")])}
+_ROW_DECODERS = {
+    2: msgspec.json.Decoder(list[tuple[int, int]]),
+    3: msgspec.json.Decoder(list[tuple[int, int, float]]),
+}
+_ROW_DTYPES = {
+    2: np.dtype([("l", "<i8"), ("e", "<i8")]),
+    3: np.dtype([("l", "<i8"), ("e", "<i8"), ("h", "<f8")]),
+}
 
 
 def _locate_owner_lists(data: bytes) -> dict[str, tuple[int, int]]:
@@ -249,7 +275,7 @@ def _locate_owner_lists(data: bytes) -> dict[str, tuple[int, int]]:
 
     def add(where: str, raw) -> None:
         if len(raw) and bytes(memoryview(raw)[:1]) == b"[":
-            off = np.frombuffer(raw, np.uint8).ctypes.data - base   # a view into data
+            off = np.frombuffer(raw, np.uint8).ctypes.data - base  # a view into data
             if 0 <= off and off + len(raw) <= len(data):
                 found[where] = (off, off + len(raw))
 
@@ -281,13 +307,12 @@ def _cut(data: bytes, spans: dict[str, tuple[int, int]]) -> bytes:
     return b"".join(out)
 
 
-def _owner_arrays(data: bytes, span: tuple[int, int], arity: int, ident, path: str,
-                  kind: str, where: str):
+def _owner_arrays(data: bytes, span: tuple[int, int], arity: int, ident, path: str, kind: str, where: str):
     """(keys int64 [N, 2], heat float64 [N] or None) of the owner list at ``span``,
     decoded run by run (bounded scratch) after its length N is checked against the keys
     of the pack ``ident`` (``_check_listed``). Type errors name the entry as a
     whole-file decode would (``$.tiers.pool.owners[123][0]``)."""
-    view = memoryview(data)[span[0]:span[1]]
+    view = memoryview(data)[span[0] : span[1]]
     n, runs = json_array_runs(view, _RUN)
     _check_listed(n, ident, path, where)
     keys = np.empty((n, 2), np.int64)
@@ -302,12 +327,13 @@ def _owner_arrays(data: bytes, span: tuple[int, int], arity: int, ident, path: s
         try:
             arr = np.array(rows, dtype=_ROW_DTYPES[arity])
         except OverflowError:
-            raise FormatError(f"{path}: {where}: a layer or expert number is out of the "
-                              f"int64 range") from None
-        keys[done:done + len(arr), 0] = arr["l"]
-        keys[done:done + len(arr), 1] = arr["e"]
+            raise FormatError(
+                f"{path}: {where}: a layer or expert number is out of the int64 range"
+            ) from None
+        keys[done : done + len(arr), 0] = arr["l"]
+        keys[done : done + len(arr), 1] = arr["e"]
         if heat is not None:
-            heat[done:done + len(arr)] = arr["h"]
+            heat[done : done + len(arr)] = arr["h"]
         done += len(arr)
     return keys[:done], None if heat is None else heat[:done]
 
@@ -319,22 +345,24 @@ def _parse_skeleton(data: bytes, path: str):
     what = "warm-start file"
     deepest, longest, _, _ = json_census(data, MAX_WARM_DEPTH, DEFAULT_MAX_STRING)
     if deepest > MAX_WARM_DEPTH or longest > DEFAULT_MAX_STRING:
-        return loads_strict(data, path, what, MAX_WARM_DEPTH), {}   # raises, naming which
+        return loads_strict(data, path, what, MAX_WARM_DEPTH), {}  # raises, naming which
     try:
         spans = _locate_owner_lists(data)
     except msgspec.DecodeError as exc:
-        if len(data) <= _SMALL:        # json's own words: line, column, "truncated"
+        if len(data) <= _SMALL:  # json's own words: line, column, "truncated"
             return loads_strict(data, path, what, MAX_WARM_DEPTH), {}
         raise FormatError(f"{path}: {what} is not valid JSON: {exc}") from None
     rest = len(data) - sum(b - a for a, b in spans.values())
-    if rest > WARM_SKELETON_BYTES:      # refused before a copy of it is made
-        raise FormatError(f"{path}: {what} holds {rest:,} bytes besides its owner lists, "
-                          f"more than the {WARM_SKELETON_BYTES:,} any valid one needs")
+    if rest > WARM_SKELETON_BYTES:  # refused before a copy of it is made
+        raise FormatError(
+            f"{path}: {what} holds {rest:,} bytes besides its owner lists, "
+            f"more than the {WARM_SKELETON_BYTES:,} any valid one needs"
+        )
     skeleton = _cut(data, spans) if spans else data
     return loads_strict(skeleton, path, what, MAX_WARM_DEPTH, budget=WARM_SKELETON), spans
 
 
-def sniff_kind(obj) -> Optional[str]:
+def sniff_kind(obj) -> str | None:
     """Which warm format a parsed JSON value is, or None."""
     # Decided by the most specific key present, so a file missing another
     # required key still gets that format's precise error message.
@@ -358,10 +386,11 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
     obj, spans = _parse_skeleton(data, path)
     kind = sniff_kind(obj)
     if kind is None:
-        raise FormatError(f"{path}: not a warm-start file (expected a poolmon, "
-                          f"pool-heat-v1 or arena heat JSON object)")
+        raise FormatError(
+            f"{path}: not a warm-start file (expected a poolmon, pool-heat-v1 or arena heat JSON object)"
+        )
 
-    def owners(where: str, arity: int, ident: Optional[PackIdentity]):
+    def owners(where: str, arity: int, ident: PackIdentity | None):
         """The cut-out list ``where`` as arrays, or None when it was not cut out."""
         if where not in spans:
             return None
@@ -370,49 +399,62 @@ def parse_warm_bytes(data: bytes, path: str, mtime: float = 0.0) -> WarmFile:
     try:
         if kind == "poolmon":
             if obj.get("version") != POOLMON_VERSION:
-                raise FormatError(f"{path}: poolmon version {obj.get('version')!r}, "
-                                  f"expected {POOLMON_VERSION!r}")
+                raise FormatError(
+                    f"{path}: poolmon version {obj.get('version')!r}, expected {POOLMON_VERSION!r}"
+                )
             pm = msgspec.convert(obj, Poolmon, strict=True)
             _check_wall_time(pm.wall_time, path)
             _check_geometry(pm.pack, path, "pack")
             _check_listed(len(pm.tiers.pool.owners), pm.pack, path, "tiers.pool.owners")
             _check_listed(len(pm.tiers.arena.owners), pm.pack, path, "tiers.arena.owners")
-            pool = _tier_from_owners(pm.tiers.pool, path, "tiers.pool.owners",
-                                     owners("tiers.pool.owners", 3, pm.pack))
-            arena = _tier_from_owners(pm.tiers.arena, path, "tiers.arena.owners",
-                                      owners("tiers.arena.owners", 3, pm.pack))
-            return WarmFile(path, kind, pm.pack, pool, arena,
-                            pm.counters, pm.wall_time, pm.steps, pm.policy)
+            pool = _tier_from_owners(
+                pm.tiers.pool, path, "tiers.pool.owners", owners("tiers.pool.owners", 3, pm.pack)
+            )
+            arena = _tier_from_owners(
+                pm.tiers.arena, path, "tiers.arena.owners", owners("tiers.arena.owners", 3, pm.pack)
+            )
+            return WarmFile(path, kind, pm.pack, pool, arena, pm.counters, pm.wall_time, pm.steps, pm.policy)
         if kind == "pool-heat":
             meta = obj.get("meta")
             version = meta.get("version") if isinstance(meta, dict) else None
             if version != POOL_HEAT_VERSION:
-                raise FormatError(f"{path}: pool-heat meta.version {version!r}, "
-                                  f"expected {POOL_HEAT_VERSION!r}")
+                raise FormatError(
+                    f"{path}: pool-heat meta.version {version!r}, expected {POOL_HEAT_VERSION!r}"
+                )
             ph = msgspec.convert(obj, PoolHeat, strict=True)
             m = ph.meta
-            ident = PackIdentity(tag=m.tag, n_layers=m.n_layers, n_experts=m.E,
-                                 slot_bytes=m.slot_bytes)
+            ident = PackIdentity(tag=m.tag, n_layers=m.n_layers, n_experts=m.E, slot_bytes=m.slot_bytes)
             _check_geometry(ident, path, "meta")
             _check_listed(len(ph.owners), ident, path, "owners")
             bulk = owners("owners", 2, ident)
-            return WarmFile(path, kind, ident,
-                            _ranked_tier(ph.owners if bulk is None else bulk[0], path, "owners"),
-                            WarmTier.empty(), wall_time=mtime)
+            return WarmFile(
+                path,
+                kind,
+                ident,
+                _ranked_tier(ph.owners if bulk is None else bulk[0], path, "owners"),
+                WarmTier.empty(),
+                wall_time=mtime,
+            )
         if obj.get("version") != ARENA_HEAT_VERSION or isinstance(obj.get("version"), bool):
-            raise FormatError(f"{path}: arena heat version {obj.get('version')!r}, "
-                              f"expected {ARENA_HEAT_VERSION}")
+            raise FormatError(
+                f"{path}: arena heat version {obj.get('version')!r}, expected {ARENA_HEAT_VERSION}"
+            )
         ah = msgspec.convert(obj, ArenaHeat, strict=True)
         _check_listed(len(ah.keys), None, path, "keys")
         bulk = owners("keys", 2, None)
-        return WarmFile(path, kind, None, WarmTier.empty(),
-                        _ranked_tier(ah.keys if bulk is None else bulk[0], path, "keys"),
-                        wall_time=mtime)
+        return WarmFile(
+            path,
+            kind,
+            None,
+            WarmTier.empty(),
+            _ranked_tier(ah.keys if bulk is None else bulk[0], path, "keys"),
+            wall_time=mtime,
+        )
     except msgspec.ValidationError as exc:
         raise FormatError(f"{path}: {kind}: {exc}") from exc
 
 
-def _check_listed(n: int, ident: Optional[PackIdentity], path: str, where: str) -> None:
+def _check_listed(n: int, ident: PackIdentity | None, path: str, where: str) -> None:
     """An owner list names each key of the pack the file names at most once (arena heat
     names no pack: the largest one's): a longer list is refused before it is decoded."""
     if ident is None:
@@ -421,8 +463,10 @@ def _check_listed(n: int, ident: Optional[PackIdentity], path: str, where: str) 
         limit = ident.n_layers * ident.n_experts
         what = f"keys of the {ident.n_layers} x {ident.n_experts} pack it names"
     if n > limit:
-        raise FormatError(f"{path}: {where} lists {n:,} entries, more than the "
-                          f"{limit:,} {what} (each is named at most once)")
+        raise FormatError(
+            f"{path}: {where} lists {n:,} entries, more than the "
+            f"{limit:,} {what} (each is named at most once)"
+        )
 
 
 def read_warm_file(path: str | os.PathLike) -> WarmFile:
@@ -442,28 +486,41 @@ def _owners3(tier: WarmTier) -> list:
     return [[int(l), int(e), float(h)] for (l, e), h in zip(tier.keys.tolist(), tier.heat.tolist())]
 
 
-def to_poolmon(wf: WarmFile, identity: Optional[PackIdentity] = None) -> Poolmon:
+def to_poolmon(wf: WarmFile, identity: PackIdentity | None = None) -> Poolmon:
     ident = identity or wf.identity
     if ident is None:
-        raise FormatError(f"{wf.path}: {wf.kind} carries no pack identity; give --pack "
-                          f"to convert it to a poolmon")
-    return Poolmon(version=POOLMON_VERSION, pack=ident,
-                   tiers=PoolmonTiers(
-                       pool=TierOwners(int(wf.pool.capacity or len(wf.pool)), _owners3(wf.pool)),
-                       arena=TierOwners(int(wf.arena.capacity or len(wf.arena)), _owners3(wf.arena))),
-                   counters=wf.counters, wall_time=float(wf.wall_time),
-                   steps=int(wf.steps or 0), policy=wf.policy)
+        raise FormatError(
+            f"{wf.path}: {wf.kind} carries no pack identity; give --pack to convert it to a poolmon"
+        )
+    return Poolmon(
+        version=POOLMON_VERSION,
+        pack=ident,
+        tiers=PoolmonTiers(
+            pool=TierOwners(int(wf.pool.capacity or len(wf.pool)), _owners3(wf.pool)),
+            arena=TierOwners(int(wf.arena.capacity or len(wf.arena)), _owners3(wf.arena)),
+        ),
+        counters=wf.counters,
+        wall_time=float(wf.wall_time),
+        steps=int(wf.steps or 0),
+        policy=wf.policy,
+    )
 
 
-def to_pool_heat(wf: WarmFile, identity: Optional[PackIdentity] = None) -> PoolHeat:
+def to_pool_heat(wf: WarmFile, identity: PackIdentity | None = None) -> PoolHeat:
     """pool-heat-v1 from the pool tier (the arena tier when there is no pool)."""
     ident = identity or wf.identity
     if ident is None:
-        raise FormatError(f"{wf.path}: {wf.kind} carries no pack identity; give --pack "
-                          f"to convert it to pool-heat-v1")
+        raise FormatError(
+            f"{wf.path}: {wf.kind} carries no pack identity; give --pack to convert it to pool-heat-v1"
+        )
     tier = wf.pool if len(wf.pool) or not len(wf.arena) else wf.arena
-    meta = PoolHeatMeta(version=POOL_HEAT_VERSION, tag=ident.tag, n_layers=ident.n_layers,
-                        E=ident.n_experts, slot_bytes=ident.slot_bytes)
+    meta = PoolHeatMeta(
+        version=POOL_HEAT_VERSION,
+        tag=ident.tag,
+        n_layers=ident.n_layers,
+        E=ident.n_experts,
+        slot_bytes=ident.slot_bytes,
+    )
     return PoolHeat(meta=meta, owners=[tuple(k) for k in tier.keys.tolist()])
 
 
@@ -478,8 +535,7 @@ def encode(obj) -> bytes:
     return msgspec.json.encode(obj)
 
 
-def pool_heat_name(tag: str, rank: int = 0, world: int = 1,
-                   pp: Optional[tuple[int, int]] = None) -> str:
+def pool_heat_name(tag: str, rank: int = 0, world: int = 1, pp: tuple[int, int] | None = None) -> str:
     """vLLM-Moet's file name: ``pool-heat.<tag>.rank<r>of<w>[.pp<p>of<q>].json``."""
     name = f"pool-heat.{tag}.rank{rank}of{world}"
     if pp is not None:

@@ -7,6 +7,7 @@ batches in flight so reads of one overlap the copies of the other. Runs before
 the caller captures CUDA graphs; it is not a hot path, but it never holds the
 forward lock across I/O (the store's own calls do the locking).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +16,8 @@ import os
 import sys
 import time
 import warnings
-from typing import Callable, Union
+from collections.abc import Callable
+from typing import Union
 
 import msgspec
 import numpy as np
@@ -29,6 +31,7 @@ BATCH_ROWS = 64  # one fire's worth (VLLM_MOE_W2_GATE_MAX_PROMOTE)
 
 class PreheatSummary(msgspec.Struct):
     """What a preheat did. ``cold`` is True when the file was not used at all."""
+
     source: str
     kind: str = ""
     cold: bool = True
@@ -55,6 +58,7 @@ class _Progress:
             self.callback = progress
         elif progress or (progress is None and sys.stderr.isatty()):
             from rich.progress import Progress
+
             self.bar = Progress(transient=True)
             self.task = self.bar.add_task("tierstore preheat", total=total)
             self.bar.start()
@@ -73,7 +77,7 @@ class _Progress:
 
 def _batches(keys: np.ndarray, n: int = BATCH_ROWS):
     for i in range(0, len(keys), n):
-        yield keys[i:i + n]
+        yield keys[i : i + n]
 
 
 def _resident_count(store, tier: str, keys: np.ndarray) -> int:
@@ -119,13 +123,13 @@ def _seed_heat(store, policy_name: str, keys: np.ndarray, heat: np.ndarray) -> N
     if policy is None or not len(keys):
         return
     lock = getattr(store, "lock", None)
-    with (lock if lock is not None else contextlib.nullcontext()):
-        policy.on_access(keys[:, 0] * store.pack.n_experts + keys[:, 1],
-                         weights=seed_weights(heat))
+    with lock if lock is not None else contextlib.nullcontext():
+        policy.on_access(keys[:, 0] * store.pack.n_experts + keys[:, 1], weights=seed_weights(heat))
 
 
-def preheat(store, src, pool_fill: float = 0.9, progress: ProgressArg = None,
-            seed_heat: bool = True) -> PreheatSummary:
+def preheat(
+    store, src, pool_fill: float = 0.9, progress: ProgressArg = None, seed_heat: bool = True
+) -> PreheatSummary:
     """Fill ``store``'s arena and up to ``pool_fill`` of its pool from ``src``
     (a poolmon, pool-heat-v1 or arena heat path, or a WarmFile), hottest first.
 
@@ -184,8 +188,9 @@ def preheat(store, src, pool_fill: float = 0.9, progress: ProgressArg = None,
             _seed_heat(store, "pool_policy", pool_keys, pool_heat)
     except Exception as exc:  # noqa: BLE001 - a warm start is a hint, keep serving
         summary.reason = f"stopped early: {exc}"
-        warnings.warn(f"{path}: preheat stopped early: {exc}; keeping what is resident",
-                      WarmStartWarning, stacklevel=2)
+        warnings.warn(
+            f"{path}: preheat stopped early: {exc}; keeping what is resident", WarmStartWarning, stacklevel=2
+        )
     finally:
         bar.close()
     t1 = time.perf_counter()

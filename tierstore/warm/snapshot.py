@@ -7,6 +7,7 @@ JSON or the disk. ``PeriodicSnapshot`` does that from a daemon thread every N
 seconds and/or N store steps; ``async_snapshot_loop`` / ``save_poolmon_async``
 do it from an event loop through aiofiles.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,14 +16,22 @@ import logging
 import os
 import threading
 import time
-from typing import Optional
 
 import numpy as np
 
-from tierstore.warm.formats import (PackIdentity, PoolmonCounters, TierCounters, WarmFile,
-                                    WarmTier, encode, to_arena_heat, to_pool_heat, to_poolmon)
 from tierstore.errors import ConfigError
 from tierstore.files.atomic import write_atomic, write_atomic_async
+from tierstore.warm.formats import (
+    PackIdentity,
+    PoolmonCounters,
+    TierCounters,
+    WarmFile,
+    WarmTier,
+    encode,
+    to_arena_heat,
+    to_pool_heat,
+    to_poolmon,
+)
 
 log = logging.getLogger("tierstore.warmstart")
 
@@ -38,20 +47,25 @@ class FailureLog:
 
     def __init__(self, logger: logging.Logger, what: str = "warm-start snapshot"):
         self.logger, self.what = logger, what
-        self.failures = 0      # every failure so far
-        self._run = 0          # failures since the last success
+        self.failures = 0  # every failure so far
+        self._run = 0  # failures since the last success
 
     def failed(self, path, exc: BaseException) -> None:
         self.failures += 1
         self._run += 1
         if self._run == 1:
-            self.logger.warning("%s: %s failed: %s (further failures are counted, not "
-                                "logged, until one succeeds)", os.fspath(path), self.what, exc)
+            self.logger.warning(
+                "%s: %s failed: %s (further failures are counted, not logged, until one succeeds)",
+                os.fspath(path),
+                self.what,
+                exc,
+            )
 
     def succeeded(self, path) -> None:
         if self._run:
-            self.logger.info("%s: %s written again after %d failed attempt(s)",
-                             os.fspath(path), self.what, self._run)
+            self.logger.info(
+                "%s: %s written again after %d failed attempt(s)", os.fspath(path), self.what, self._run
+            )
             self._run = 0
 
 
@@ -105,17 +119,26 @@ def snapshot(store) -> WarmFile:
         # stats() first: it folds routing recorded since the last step into the
         # policies, so the scores below include it.
         stats = store.stats()
-        pool = _tier_snapshot(store, "pool", getattr(store, "pool_policy", None),
-                              int(store.n_slots))
-        arena = (_tier_snapshot(store, "arena", arena_policy, arena_cap)
-                 if arena_policy is not None and arena_cap > 0 else WarmTier.empty(arena_cap))
+        pool = _tier_snapshot(store, "pool", getattr(store, "pool_policy", None), int(store.n_slots))
+        arena = (
+            _tier_snapshot(store, "arena", arena_policy, arena_cap)
+            if arena_policy is not None and arena_cap > 0
+            else WarmTier.empty(arena_cap)
+        )
         steps = int(getattr(store, "step_count", 0))
-    counters = PoolmonCounters(pool=_tier_counters(stats, "pool"),
-                               arena=_tier_counters(stats, "arena"))
+    counters = PoolmonCounters(pool=_tier_counters(stats, "pool"), arena=_tier_counters(stats, "arena"))
     policy = getattr(getattr(store, "pool_policy", None), "name", "")
-    return WarmFile(path="<store>", kind="poolmon", identity=PackIdentity.of_pack(store.pack),
-                    pool=pool, arena=arena, counters=counters, wall_time=time.time(),
-                    steps=steps, policy=str(policy))
+    return WarmFile(
+        path="<store>",
+        kind="poolmon",
+        identity=PackIdentity.of_pack(store.pack),
+        pool=pool,
+        arena=arena,
+        counters=counters,
+        wall_time=time.time(),
+        steps=steps,
+        policy=str(policy),
+    )
 
 
 def save_poolmon(store, path) -> WarmFile:
@@ -176,9 +199,15 @@ class PeriodicSnapshot:
     last snapshot.
     """
 
-    def __init__(self, store, path, every_s: Optional[float] = 10.0,
-                 every_steps: Optional[int] = None, fmt: str = "poolmon",
-                 poll_s: float = 0.05):
+    def __init__(
+        self,
+        store,
+        path,
+        every_s: float | None = 10.0,
+        every_steps: int | None = None,
+        fmt: str = "poolmon",
+        poll_s: float = 0.05,
+    ):
         if every_s is None and every_steps is None:
             raise ConfigError(f"{os.fspath(path)}: PeriodicSnapshot needs every_s or every_steps")
         if fmt not in _ENCODERS:
@@ -188,7 +217,7 @@ class PeriodicSnapshot:
         self.writes = 0
         self._failures = FailureLog(log)
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._write_lock = threading.Lock()
 
     @property
@@ -222,10 +251,9 @@ class PeriodicSnapshot:
                 self.snapshot_now()
                 last_t, last_step = now, step
 
-    def start(self) -> "PeriodicSnapshot":
+    def start(self) -> PeriodicSnapshot:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="tierstore-snapshot",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._run, name="tierstore-snapshot", daemon=True)
             self._thread.start()
         return self
 
@@ -237,7 +265,7 @@ class PeriodicSnapshot:
         if final:
             self.snapshot_now()
 
-    def __enter__(self) -> "PeriodicSnapshot":
+    def __enter__(self) -> PeriodicSnapshot:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -9,10 +9,11 @@ and the newest input's; the weighted shares are summed per (layer, expert).
 The merged heat is therefore "expected share of accesses", comparable across
 tiers and runs.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from tierstore.warm.validate import fit_tier, identity_mismatches
 TOP_N = 64  # one fire's worth of rows
 
 
-def _merged_identity(files: Sequence[WarmFile], given: Optional[PackIdentity]) -> Optional[PackIdentity]:
+def _merged_identity(files: Sequence[WarmFile], given: PackIdentity | None) -> PackIdentity | None:
     ref, ref_path = given, "--pack"
     for wf in files:
         if wf.identity is None:
@@ -33,11 +34,17 @@ def _merged_identity(files: Sequence[WarmFile], given: Optional[PackIdentity]) -
             continue
         bad = identity_mismatches(wf.identity, ref)
         if bad:
-            raise FormatError(f"{wf.path}: does not match {ref_path}: " + "; ".join(
-                b.replace("pack has", "expected") for b in bad))
+            raise FormatError(
+                f"{wf.path}: does not match {ref_path}: "
+                + "; ".join(b.replace("pack has", "expected") for b in bad)
+            )
         # fill fields the reference lacks (a pool-heat file has no ckpt_id)
-        ref = PackIdentity(**{f: getattr(ref, f) if getattr(ref, f) is not None
-                              else getattr(wf.identity, f) for f in ref.__struct_fields__})
+        ref = PackIdentity(
+            **{
+                f: getattr(ref, f) if getattr(ref, f) is not None else getattr(wf.identity, f)
+                for f in ref.__struct_fields__
+            }
+        )
     return ref
 
 
@@ -49,9 +56,11 @@ def check_range(wf: WarmFile, ident: PackIdentity) -> None:
         bad = np.flatnonzero((tier.keys[:, 0] >= ident.n_layers) | (tier.keys[:, 1] >= ident.n_experts))
         if bad.size:
             l, e = tier.keys[bad[0]].tolist()
-            raise FormatError(f"{wf.path}: {label} entry {int(bad[0])} is layer {l} expert {e}, "
-                              f"outside the merged geometry of {ident.n_layers} layers x "
-                              f"{ident.n_experts} experts ({bad.size} such entries)")
+            raise FormatError(
+                f"{wf.path}: {label} entry {int(bad[0])} is layer {l} expert {e}, "
+                f"outside the merged geometry of {ident.n_layers} layers x "
+                f"{ident.n_experts} experts ({bad.size} such entries)"
+            )
 
 
 def _shares(tier: WarmTier) -> np.ndarray:
@@ -73,8 +82,9 @@ def _merge_tier(parts: list[tuple[WarmTier, float]], n_experts: int) -> WarmTier
     return WarmTier(keys, total[order], max(caps), ranked=all(t.ranked for t, _ in parts))
 
 
-def merge(files: Sequence[WarmFile], half_life_s: Optional[float] = None,
-          identity: Optional[PackIdentity] = None) -> WarmFile:
+def merge(
+    files: Sequence[WarmFile], half_life_s: float | None = None, identity: PackIdentity | None = None
+) -> WarmFile:
     """Combine warm files of the same pack into one poolmon-shaped WarmFile.
     Raises FormatError naming the first file whose identity or geometry
     disagrees with the others (or with ``identity``)."""
@@ -82,26 +92,43 @@ def merge(files: Sequence[WarmFile], half_life_s: Optional[float] = None,
         raise FormatError("merge: no input files")
     ident = _merged_identity(files, identity)
     if ident is None:
-        raise FormatError(f"{files[0].path}: no input carries a pack identity "
-                          f"(all arena heat files); give --pack")
+        raise FormatError(
+            f"{files[0].path}: no input carries a pack identity (all arena heat files); give --pack"
+        )
     for wf in files:
         check_range(wf, ident)
     newest = max(wf.wall_time for wf in files)
-    weights = [1.0 if not half_life_s else 0.5 ** (max(newest - wf.wall_time, 0.0) / half_life_s)
-               for wf in files]
+    weights = [
+        1.0 if not half_life_s else 0.5 ** (max(newest - wf.wall_time, 0.0) / half_life_s) for wf in files
+    ]
     pool = _merge_tier([(wf.pool, w) for wf, w in zip(files, weights)], ident.n_experts)
     arena = _merge_tier([(wf.arena, w) for wf, w in zip(files, weights)], ident.n_experts)
-    counters = PoolmonCounters(**{
-        tier: TierCounters(**{name: sum(getattr(getattr(wf.counters, tier), name) for wf in files)
-                              for name in TierCounters.__struct_fields__})
-        for tier in ("pool", "arena")})
+    counters = PoolmonCounters(
+        **{
+            tier: TierCounters(
+                **{
+                    name: sum(getattr(getattr(wf.counters, tier), name) for wf in files)
+                    for name in TierCounters.__struct_fields__
+                }
+            )
+            for tier in ("pool", "arena")
+        }
+    )
     policies = sorted({wf.policy for wf in files if wf.policy})
-    return WarmFile(path="<merged>", kind="poolmon", identity=ident, pool=pool, arena=arena,
-                    counters=counters, wall_time=newest,
-                    steps=sum(int(wf.steps or 0) for wf in files), policy="+".join(policies))
+    return WarmFile(
+        path="<merged>",
+        kind="poolmon",
+        identity=ident,
+        pool=pool,
+        arena=arena,
+        counters=counters,
+        wall_time=newest,
+        steps=sum(int(wf.steps or 0) for wf in files),
+        policy="+".join(policies),
+    )
 
 
-def _tier_summary(tier: WarmTier, n_layers: Optional[int], top_n: int) -> dict:
+def _tier_summary(tier: WarmTier, n_layers: int | None, top_n: int) -> dict:
     n = len(tier)
     out = {"entries": n, "capacity": tier.capacity, "ranked": tier.ranked}
     if not n:
@@ -109,23 +136,26 @@ def _tier_summary(tier: WarmTier, n_layers: Optional[int], top_n: int) -> dict:
     # Count per layer by the layers present (np.unique), not a bincount as long as the
     # largest layer id: a hint naming layer 2e8 must not cost gigabytes.
     ids, counts = np.unique(tier.keys[:, 0], return_counts=True)
-    width = int(n_layers) if n_layers else (int(ids[-1]) + 1 if ids.size and ids[-1] < 1 << 16
-                                            else 0)
+    width = int(n_layers) if n_layers else (int(ids[-1]) + 1 if ids.size and ids[-1] < 1 << 16 else 0)
     layers = np.zeros(width, dtype=np.int64)
     inside = ids < width
     layers[ids[inside]] = counts[inside]
     heat = np.sort(tier.heat)[::-1]
     total = float(heat.sum()) or 1.0
     n10 = max(1, int(np.ceil(0.10 * n)))
-    out.update({
-        "per_layer": layers.tolist(),
-        "top10pct_entries": n10,
-        "top10pct_share": float(heat[:n10].sum() / total),
-        "top_n": min(top_n, n),
-        "top_n_share": float(heat[:top_n].sum() / total),
-        "hottest": [[int(l), int(e), float(h)] for (l, e), h in
-                    zip(tier.keys[:5].tolist(), tier.heat[:5].tolist())],
-    })
+    out.update(
+        {
+            "per_layer": layers.tolist(),
+            "top10pct_entries": n10,
+            "top10pct_share": float(heat[:n10].sum() / total),
+            "top_n": min(top_n, n),
+            "top_n_share": float(heat[:top_n].sum() / total),
+            "hottest": [
+                [int(l), int(e), float(h)]
+                for (l, e), h in zip(tier.keys[:5].tolist(), tier.heat[:5].tolist())
+            ],
+        }
+    )
     return out
 
 
@@ -143,13 +173,22 @@ def summarize(wf: WarmFile, top_n: int = TOP_N) -> dict:
             fit_tier(tier, 1 << 62, big, None, problems, label)
     n_layers = ident.n_layers if ident is not None else None
     return {
-        "file": wf.path, "kind": wf.kind,
+        "file": wf.path,
+        "kind": wf.kind,
         "identity": None if ident is None else {f: getattr(ident, f) for f in ident.__struct_fields__},
-        "wall_time": wf.wall_time, "steps": wf.steps, "policy": wf.policy,
-        "counters": {t: {n: getattr(getattr(wf.counters, t), n) for n in TierCounters.__struct_fields__}
-                     for t in ("pool", "arena")} if wf.kind == "poolmon" else None,
-        "tiers": {"pool": _tier_summary(wf.pool, n_layers, top_n),
-                  "arena": _tier_summary(wf.arena, n_layers, top_n)},
+        "wall_time": wf.wall_time,
+        "steps": wf.steps,
+        "policy": wf.policy,
+        "counters": {
+            t: {n: getattr(getattr(wf.counters, t), n) for n in TierCounters.__struct_fields__}
+            for t in ("pool", "arena")
+        }
+        if wf.kind == "poolmon"
+        else None,
+        "tiers": {
+            "pool": _tier_summary(wf.pool, n_layers, top_n),
+            "arena": _tier_summary(wf.arena, n_layers, top_n),
+        },
         "problems": problems,
     }
 

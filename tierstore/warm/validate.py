@@ -8,12 +8,12 @@ the pack has not written, duplicates). ``load_hint`` wraps both with the
 warm-start policy: any problem -> one warning line naming the file and the
 reason, and ``None`` (a cold start).
 """
+
 from __future__ import annotations
 
 import os
 import warnings
 from dataclasses import replace
-from typing import Optional
 
 import numpy as np
 
@@ -46,16 +46,16 @@ def check_identity(wf: WarmFile, expected: PackIdentity, what: str = "pack") -> 
         raise FormatError(f"{wf.path}: {wf.kind} is for another {what}: " + "; ".join(bad))
 
 
-def fit_tier(tier: WarmTier, n_layers: int, n_experts: int,
-              written: Optional[np.ndarray], skipped: dict, label: str) -> WarmTier:
+def fit_tier(
+    tier: WarmTier, n_layers: int, n_experts: int, written: np.ndarray | None, skipped: dict, label: str
+) -> WarmTier:
     keys = tier.keys
     if not len(keys):
         return tier
     layer, expert = keys[:, 0], keys[:, 1]
     in_range = (layer < n_layers) & (expert < n_experts)  # >= 0 checked at parse
     if (~in_range).any():
-        skipped[f"{label}: out of range"] = skipped.get(f"{label}: out of range", 0) \
-            + int((~in_range).sum())
+        skipped[f"{label}: out of range"] = skipped.get(f"{label}: out of range", 0) + int((~in_range).sum())
     keep = in_range
     if written is not None:
         is_written = np.zeros(len(keys), bool)
@@ -93,7 +93,7 @@ def describe_skipped(skipped: dict) -> str:
     return ", ".join(f"{n} {reason}" for reason, n in skipped.items())
 
 
-def load_hint(src, pack, *, stacklevel: int = 2) -> Optional[WarmFile]:
+def load_hint(src, pack, *, stacklevel: int = 2) -> WarmFile | None:
     """Read ``src`` (path or WarmFile) and fit it to ``pack`` as a hint.
 
     Returns the fitted WarmFile, or None (cold start) after ONE warning naming
@@ -106,20 +106,27 @@ def load_hint(src, pack, *, stacklevel: int = 2) -> Optional[WarmFile]:
         wf = src if isinstance(src, WarmFile) else read_warm_file(path)
         fitted = fit_to_pack(wf, pack)
     except FileNotFoundError:
-        warnings.warn(f"{path}: warm-start file not found; starting cold",
-                      WarmStartWarning, stacklevel=stacklevel + 1)
+        warnings.warn(
+            f"{path}: warm-start file not found; starting cold", WarmStartWarning, stacklevel=stacklevel + 1
+        )
         return None
     except (FormatError, TierIOError, OSError) as exc:
         msg = str(exc) if str(exc).startswith(path) else f"{path}: {exc}"
         warnings.warn(f"{msg}; starting cold", WarmStartWarning, stacklevel=stacklevel + 1)
         return None
     except Exception as exc:  # noqa: BLE001 - a hint must never stop the server
-        warnings.warn(f"{path}: unreadable warm-start file ({type(exc).__name__}: {exc}); "
-                      f"starting cold", WarmStartWarning, stacklevel=stacklevel + 1)
+        warnings.warn(
+            f"{path}: unreadable warm-start file ({type(exc).__name__}: {exc}); starting cold",
+            WarmStartWarning,
+            stacklevel=stacklevel + 1,
+        )
         return None
     if fitted.skipped:
-        warnings.warn(f"{path}: dropped entries ({describe_skipped(fitted.skipped)}); "
-                      f"warming with the remaining {len(fitted.pool)} pool and "
-                      f"{len(fitted.arena)} arena entries", WarmStartWarning,
-                      stacklevel=stacklevel + 1)
+        warnings.warn(
+            f"{path}: dropped entries ({describe_skipped(fitted.skipped)}); "
+            f"warming with the remaining {len(fitted.pool)} pool and "
+            f"{len(fitted.arena)} arena entries",
+            WarmStartWarning,
+            stacklevel=stacklevel + 1,
+        )
     return fitted
