@@ -3,10 +3,11 @@
 GPU (default when CUDA is present): kernel time at DS4 shapes vs the HBM roofline, for
 the tensor-core grouped kernels (every T) and the v2 decode GEMV (T <= 16), with the
 dequantise-then-bf16-GEMM baseline (torch reference in bf16) and the bf16 GEMM floor
-(bf16 weights already gathered) beside each row. Bytes = the rows of the distinct routed experts, read once (fp4 rows for
-resident experts, 2-bit rows otherwise); roofline = a device-to-device copy measured in
-the same run (read + write bytes / time). Each timed unit is a CUDA graph of R calls
-with R different routings, so consecutive calls do not hit in L2.
+(bf16 weights already gathered) beside each row. Bytes = the rows of the distinct routed
+experts, read once (fp4 rows for resident experts, 2-bit rows otherwise); roofline = a
+device-to-device copy measured in the same run (read + write bytes / time). Each timed
+unit is a CUDA graph of R calls with R different routings, so consecutive calls do not hit
+in L2.
 
     python bench/bench_moe.py --baseline           # GPU kernels, T = 1 .. 512, + baselines
     python bench/bench_moe.py --device cpu         # the torch reference (smaller E)
@@ -112,9 +113,8 @@ def _bf16_gemm_floor(x, w, ids, W13, W2, iters=5) -> float:
         g = torch.bmm(xin, w13.transpose(1, 2))
         torch.bmm(torch.nn.functional.silu(g[..., :I]) * g[..., I:], w2.transpose(1, 2))
 
-    t = _event_time(run, iters)
-    del w13, w2
-    return t
+    # The gathered copies are freed when this returns (run's closure is the last holder).
+    return _event_time(run, iters)
 
 
 def bench_gpu(args) -> list[dict]:
@@ -195,12 +195,15 @@ def bench_gpu(args) -> list[dict]:
                         else f"  | dequant+bf16 GEMM {base_us:9.1f} us, bf16 GEMM floor {floor_us:8.1f} us"
                     )
                     print(
-                        f"{kernel:4s} resident={resident:4s} T={T:3d} {rows[-1]['dtype']:8s} {t * 1e6:8.1f} us "
-                        f"{nbytes / 1e6:7.1f} MB {gbs:6.0f} GB/s = {gbs / bw:.2f} x copy {tflops:6.1f} TFLOP/s "
+                        f"{kernel:4s} resident={resident:4s} T={T:3d} {rows[-1]['dtype']:8s} "
+                        f"{t * 1e6:8.1f} us {nbytes / 1e6:7.1f} MB {gbs:6.0f} GB/s = {gbs / bw:.2f} x copy "
+                        f"{tflops:6.1f} TFLOP/s "
                         f"rel {'-' if rel is None else f'{rel:.1e}'}{extra}",
                         flush=True,
                     )
-                    del wss, outs
+                    # Free this kernel's buffers before the next one allocates (the graph's
+                    # closure `calls` still names them, so rebind rather than delete).
+                    outs = wss = None
     if args.kernel_split:
         rows_split = _kernel_split(pool, base, H, I, E, k)
         for r in rows_split:

@@ -1,4 +1,5 @@
-"""force_promote of N rows through vLLM-Moet's tier surface, the store's fire under it, and the plain Python path.
+"""force_promote of N rows through vLLM-Moet's tier surface, the store's fire under it, and the
+plain Python path.
 
     python bench/bench_moet_promote.py                       # GPU: 64 rows of 12 MiB
     python bench/bench_moet_promote.py --device cpu --rows 16 --row-mib 1   # CPU, small

@@ -139,7 +139,8 @@ def main() -> None:
     )
     print(
         f"verify  Pack.verify {wv['verify']:.2f} GB/s   raw pread (cached) {wv['raw_read']:.2f} GB/s"
-        f"   xxh3 in memory {wv['hash_mem']:.2f} GB/s   ratio to min {wv['verify'] / min(wv['raw_read'], wv['hash_mem']):.2f}"
+        f"   xxh3 in memory {wv['hash_mem']:.2f} GB/s"
+        f"   ratio to min {wv['verify'] / min(wv['raw_read'], wv['hash_mem']):.2f}"
     )
     print(f"open    DS4 geometry, {op['sidecar_bytes']} B sidecar: {op['open_ms_median']:.2f} ms median")
 

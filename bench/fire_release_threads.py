@@ -60,10 +60,10 @@ def main() -> None:
         return
     for tree in trees:
         code = (
-            "import sys; sys.path.insert(0, %r); "
+            f"import sys; sys.path.insert(0, {tree!r}); "
             "sys.meta_path = [f for f in sys.meta_path if 'Redirecting' not in "
-            "type(f).__name__]; sys.path.insert(0, %r); import fire_release_threads as b; "
-            "print(b.measure())" % (tree, sys.path[0])
+            f"type(f).__name__]; sys.path.insert(0, {sys.path[0]!r}); import fire_release_threads as b; "
+            "print(b.measure())"
         )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         print(out.stdout.strip() or out.stderr.strip().splitlines()[-1])

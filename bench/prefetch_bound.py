@@ -149,7 +149,8 @@ def main(argv=None) -> int:
     for r in res:
         print(
             f"{r.policy:26s} {r.slots:5d} latency {r.latency_hit_rate:.4f} reads/LRU "
-            f"{(r.reads_vs_lru or 0):.4f} gap {'' if r.latency_gap_closed is None else round(r.latency_gap_closed, 3)} "
+            f"{(r.reads_vs_lru or 0):.4f} "
+            f"gap {'' if r.latency_gap_closed is None else round(r.latency_gap_closed, 3)} "
             f"prefetched {r.prefetched} useful {r.prefetch_hits} wasted {r.wasted_prefetch}"
         )
     return 0

@@ -1,4 +1,5 @@
-"""Diagnostics shared by the MoE GPU tests (tests/compute/test_moe_gpu.py, tests/compute/test_moe_mma_gpu.py)."""
+"""Diagnostics shared by the MoE GPU tests (tests/compute/test_moe_gpu.py,
+tests/compute/test_moe_mma_gpu.py)."""
 
 from __future__ import annotations
 

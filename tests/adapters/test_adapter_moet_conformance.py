@@ -22,7 +22,7 @@ def _serve(m, runner, steps=8, store=True, **kw):
     def on_step(phase):
         checks.append((phase, eng.check(ref)))
 
-    for i in range(steps):
+    for _ in range(steps):
         rec = eng.step(fire=True, on_step=on_step)
         assert rec["out"] == eng.expected_out()
     return eng, checks

@@ -54,7 +54,7 @@ def test_bench_fire_cpu_end_to_end(tmp_path, capsys):
     assert res["checks"]["mismatches"] == []
     assert res["checks"]["rows_checked"] >= 2 * (1 + 4 + 12) * 3
     assert set(res["fires"]) == {"arena", "pagecache", "cold"}
-    for src, by_n in res["fires"].items():
+    for by_n in res["fires"].values():
         for n, v in by_n.items():
             assert v["store"]["rows"] == int(n) and v["store"]["p50_ms"] > 0
             assert v["store_vs_engine"] > 0 and v["engine"]["repeats"] >= 1

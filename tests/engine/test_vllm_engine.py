@@ -67,9 +67,9 @@ def checkpoints_dir(tmp_path_factory):
     engine_python()
     root = tmp_path_factory.mktemp("checkpoints")
     code = (
-        "import sys; sys.path.insert(0, %r); import checkpoints as c\n"
-        "for k in c.KINDS: c.build(k, %r + '/' + k)"
-    ) % (HERE, str(root))
+        f"import sys; sys.path.insert(0, {HERE!r}); import checkpoints as c\n"
+        f"for k in c.KINDS: c.build(k, {str(root)!r} + '/' + k)"
+    )
     run_py(["-c", code], timeout=300)
     return root
 
@@ -223,7 +223,7 @@ def serve_and_ask(
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise AssertionError("vllm serve did not answer /health in 300 s")
+                    raise AssertionError("vllm serve did not answer /health in 300 s") from None
                 time.sleep(1)
         if metrics is not None:
             metrics.append(scrape(port))

@@ -118,7 +118,7 @@ def test_other_identity_in_a_directory_gets_its_own_v2_name(tmp_path):
 
 
 def test_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path):
-    with _writer(tmp_path) as w:
+    with _writer(tmp_path):
         with pytest.raises(PackBusyError, match=r"\.lock: another writer holds"):
             _writer(tmp_path)
     _writer(tmp_path).close()  # released on close

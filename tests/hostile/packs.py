@@ -245,34 +245,32 @@ def structure_cases() -> list[PackCase]:
             (0, 1, 2, 10, len(valid) // 3, len(valid) // 2, len(valid) - 2, len(valid) - 1)
         ):
             out.append(_raw_case(f"{style}-json-cut{i}", style, lambda v=valid, c=cut: v[:c]))
-        for i, (label, mangle) in enumerate(
-            [
-                ("top-list", lambda v: b"[" + v + b"]"),
-                ("top-str", lambda v: b'"x"'),
-                ("top-int", lambda v: b"12"),
-                ("top-null", lambda v: b"null"),
-                ("top-true", lambda v: b"true"),
-                ("top-float", lambda v: b"1.5"),
-                ("spaces", lambda v: b"   \n\t  "),
-                ("bom", lambda v: b"\xef\xbb\xbf" + v),
-                ("trailing-garbage", lambda v: v + b"}x"),
-                ("two-objects", lambda v: v + v),
-                ("comment", lambda v: b"// c\n" + v),
-                ("single-quotes", lambda v: v.replace(b'"', b"'")),
-                ("trailing-comma", lambda v: v[:-1] + b",}"),
-                ("nul-byte", lambda v: v[:5] + b"\0" + v[5:]),
-                ("utf16", lambda v: v.decode().encode("utf-16")),
-                ("latin1-in-string", lambda v: v.replace(b"hostile-ckpt", b"hostile-\xe9")),
-                ("invalid-utf8", lambda v: v.replace(b"hostile-ckpt", b"\xff\xfe\xfd")),
-                ("overlong-utf8", lambda v: v.replace(b"hostile-ckpt", b"\xc0\xaf")),
-                ("lone-surrogate", lambda v: v.replace(b"hostile-ckpt", b"\\ud800")),
-                ("surrogate-in-tag", lambda v: v.replace(b'"tag": "fp4"', b'"tag": "fp4\\udfff"')),
-                ("escaped-nul", lambda v: v.replace(b"hostile-ckpt", b"a\\u0000b")),
-                ("unterminated-string", lambda v: v.replace(b'"hostile-ckpt"', b'"hostile-ckpt')),
-                ("raw-newline-in-string", lambda v: v.replace(b"hostile-ckpt", b"a\nb")),
-                ("bad-escape", lambda v: v.replace(b"hostile-ckpt", b"a\\qb")),
-            ]
-        ):
+        for label, mangle in [
+            ("top-list", lambda v: b"[" + v + b"]"),
+            ("top-str", lambda v: b'"x"'),
+            ("top-int", lambda v: b"12"),
+            ("top-null", lambda v: b"null"),
+            ("top-true", lambda v: b"true"),
+            ("top-float", lambda v: b"1.5"),
+            ("spaces", lambda v: b"   \n\t  "),
+            ("bom", lambda v: b"\xef\xbb\xbf" + v),
+            ("trailing-garbage", lambda v: v + b"}x"),
+            ("two-objects", lambda v: v + v),
+            ("comment", lambda v: b"// c\n" + v),
+            ("single-quotes", lambda v: v.replace(b'"', b"'")),
+            ("trailing-comma", lambda v: v[:-1] + b",}"),
+            ("nul-byte", lambda v: v[:5] + b"\0" + v[5:]),
+            ("utf16", lambda v: v.decode().encode("utf-16")),
+            ("latin1-in-string", lambda v: v.replace(b"hostile-ckpt", b"hostile-\xe9")),
+            ("invalid-utf8", lambda v: v.replace(b"hostile-ckpt", b"\xff\xfe\xfd")),
+            ("overlong-utf8", lambda v: v.replace(b"hostile-ckpt", b"\xc0\xaf")),
+            ("lone-surrogate", lambda v: v.replace(b"hostile-ckpt", b"\\ud800")),
+            ("surrogate-in-tag", lambda v: v.replace(b'"tag": "fp4"', b'"tag": "fp4\\udfff"')),
+            ("escaped-nul", lambda v: v.replace(b"hostile-ckpt", b"a\\u0000b")),
+            ("unterminated-string", lambda v: v.replace(b'"hostile-ckpt"', b'"hostile-ckpt')),
+            ("raw-newline-in-string", lambda v: v.replace(b"hostile-ckpt", b"a\nb")),
+            ("bad-escape", lambda v: v.replace(b"hostile-ckpt", b"a\\qb")),
+        ]:
             expect = "refuse"
             if label in ("lone-surrogate", "escaped-nul") and style == "moet-old":
                 expect = "either"  # a legal JSON string; a clean answer either way

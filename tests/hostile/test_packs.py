@@ -124,7 +124,7 @@ def _serve_all(pack, bad_rows=(), verify="always"):
 
 def test_every_pack_that_opens_serves_only_the_intended_bytes(corpus):
     served = 0
-    for name, (case, job, res, before, after) in sorted(corpus.items()):
+    for name, (case, job, res, _before, after) in sorted(corpus.items()):
         if res["outcome"] != "opened" or res.get("verify", {}).get("outcome") not in ("ok", "refused"):
             continue
         if res["unknown_fields"] or case.expect == "either":

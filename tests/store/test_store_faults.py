@@ -38,7 +38,9 @@ def no_slot_in_flight(store):
 
 
 def test_read_failing_mid_fire_names_file_offset_layer_expert_and_leaks_nothing(store, pack):
-    held = store.fire([(0, 0), (0, 1)])  # some residents, left pinned on purpose (kept referenced)
+    # Some residents, left pinned on purpose: the result stays referenced, since a dropped
+    # result's pins are released by its finalizer.
+    _held = store.fire([(0, 0), (0, 1)])
     before = store.resident_keys("pool").tolist()
     bad = pack.row_offset(1, 7)
     store.engine._inject_faults(fail_offset=bad + 100, errno=errno.EIO)

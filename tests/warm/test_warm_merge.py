@@ -29,7 +29,7 @@ def warm_files(draw):
     keys = np.array([[k // E, k % E] for k in dense], np.int64)
     wall = draw(st.floats(0, 1e4))
     return WarmFile(
-        "f%d" % draw(st.integers(0, 99)),
+        f"f{draw(st.integers(0, 99))}",
         "poolmon",
         IDENT,
         WarmTier(keys, np.array(heat), 8),

@@ -113,7 +113,7 @@ def rows_of(planes: list[tuple[str, torch.Tensor]], layout: list[Plane]) -> np.n
     """[E, row_bytes] uint8: expert e's slice of every plane at its offset."""
     E = planes[0][1].shape[0]
     rows = np.zeros((E, row_bytes_of(layout)), dtype=np.uint8)
-    for (name, p), plane in zip(planes, layout):
+    for (_name, p), plane in zip(planes, layout):
         flat = p.detach().to("cpu").contiguous().view(E, -1).view(torch.uint8)
         rows[:, plane.offset : plane.offset + plane.nbytes] = flat.numpy()
     return rows

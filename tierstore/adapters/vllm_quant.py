@@ -281,7 +281,7 @@ class Runtime:
                 packs,
                 len(self.indices),
                 self.device,
-                "TIERSTORE_VLLM_VRAM_GB=%s" % self.env["vram_gb"]
+                f"TIERSTORE_VLLM_VRAM_GB={self.env['vram_gb']}"
                 if self.env["vram_gb"] is not None
                 else "auto",
             )

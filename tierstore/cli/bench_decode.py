@@ -535,7 +535,6 @@ def _measure(ctx, res, pool_slots, routed_keys, L, E, T, k, n_total) -> None:
 def _bounds(res: dict) -> None:
     """Per run: the I/O bound of its own misses (timed bytes over the H2D copy bandwidth),
     the all-resident bound, and the ratios; then the issue's three goals."""
-    T = res["geometry"]["batch"]
     h2d = res["ceilings"].get("h2d_gbps")
     allres = res.get("all_resident", {}).get("tok_s")
     rows = list(res["pools"]) + ([res["all_miss"]] if "all_miss" in res else [])

@@ -270,7 +270,7 @@ def _ratios(res: dict) -> None:
     r["cold_ceiling_gbps"] = c.get("odirect_gbps")
     for src, by_n in res["fires"].items():
         bound = r.get(f"{src}_ceiling_gbps")
-        for n, v in by_n.items():
+        for v in by_n.values():
             st, en = v["store"], v["engine"]
             v["store_vs_engine"] = en["p50_ms"] / st["p50_ms"]
             if bound:

@@ -193,7 +193,7 @@ def plot_views(results, path: str, title: str = "", lead_text: str = "") -> None
                 markerfacecolor="none" if hollow else line.get_color(),
             )
     colors = {line.get_label(): line.get_color() for line in ax.get_lines()}
-    for (base, slots), pts in _ratio_curves(results).items():
+    for (base, _slots), pts in _ratio_curves(results).items():
         ax2.plot(
             [r.reads_per_tick for r in pts],
             [r.latency_hit_rate for r in pts],

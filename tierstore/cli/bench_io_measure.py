@@ -143,7 +143,10 @@ def ceiling_read(
         return best
     finally:
         os.close(fd)
-        del views, dest
+        # Release the views before the buffer (worker still names `views`, so empty it
+        # rather than delete the name).
+        views.clear()
+        del dest
 
 
 # -- baselines --------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ instances share no state); ``available()`` lists the names. Parameters:
 - ``freq``, ``need``: vLLM-Moet's FP4-tier rules (policies/engine_rules.py), heat's
   parameters.
 - ``heat``, ``hybrid``, ``phase`` (hybrid + within-tick next-use order, policies/phase.py),
-  ``blend`` (phase over the mean of a short and a 32x longer rate, policies/blend.py): ``half_life`` (decode steps, default
-  ``tierstore.settings.HEAT_HALF_LIFE_STEPS`` = 256, the store's and the simulator's) or ``half_life_s`` (seconds of wall clock).
+  ``blend`` (phase over the mean of a short and a 32x longer rate, policies/blend.py):
+  ``half_life`` (decode steps, default ``tierstore.settings.HEAT_HALF_LIFE_STEPS`` = 256,
+  the store's and the simulator's) or ``half_life_s`` (seconds of wall clock).
 """
 
 from __future__ import annotations

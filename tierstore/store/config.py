@@ -173,7 +173,7 @@ class StoreConfig:
         else:
             pool_spec = _spec(settings.get("pool_policy") if policy is None else policy, "pool", problems)
             arena_spec = _spec(opt("arena_policy") or settings.get("arena_policy"), "arena", problems)
-        for (name, params), tier in ((pool_spec, "pool"), (arena_spec, "arena")):
+        for (name, _params), tier in ((pool_spec, "pool"), (arena_spec, "arena")):
             if name not in policies.available():
                 problems.append(
                     f"{tier} policy {name!r} unknown (available: {', '.join(policies.available())})"

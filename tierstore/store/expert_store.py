@@ -54,7 +54,8 @@ log = logging.getLogger("tierstore.store")
 
 
 class ExpertStore(BackgroundJobs, Lifecycle, Inspection):
-    """Expert rows of one pack in a VRAM pool + RAM arena (contract: README.md "Python API" and docs/INTERNALS.md).
+    """Expert rows of one pack in a VRAM pool + RAM arena (contract: README.md "Python API"
+    and docs/INTERNALS.md).
 
     pack        a Pack (or a path for Pack.open); the store reads it through its engine
     vram_slots  pool slots; or vram_gb (GiB, or "auto" = free device memory minus

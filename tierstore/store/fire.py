@@ -37,11 +37,12 @@ log = logging.getLogger("tierstore.store")
 
 def quarantine(store, exc: BaseException) -> bool:
     """With the ``quarantine`` option (the engines' faces set it), a row that failed its
-    checksum (EBADMSG: the bytes on disk are not what the pack lists) is quarantined: the fire or promotion that read it fails naming it, and no
-    later fire or lazy promotion loads it again, so an engine serves that expert from
-    its fallback (vLLM-Moet's and the tiered face's base row) instead of failing every
-    later load. Counted in stats().quarantined, named once in the log. True when
-    ``exc`` named such a row (now quarantined)."""
+    checksum (EBADMSG: the bytes on disk are not what the pack lists) is quarantined: the
+    fire or promotion that read it fails naming it, and no later fire or lazy promotion
+    loads it again, so an engine serves that expert from its fallback (vLLM-Moet's and the
+    tiered face's base row) instead of failing every later load. Counted in
+    stats().quarantined, named once in the log. True when ``exc`` named such a row (now
+    quarantined)."""
     if not (
         store.config.quarantine
         and isinstance(exc, TierIOError)

@@ -17,7 +17,6 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from typing import Union
 
 import msgspec
 import numpy as np
@@ -45,7 +44,7 @@ class PreheatSummary(msgspec.Struct):
     skipped: dict[str, int] = {}
 
 
-ProgressArg = Union[None, bool, Callable[[int, int], None]]
+ProgressArg = bool | Callable[[int, int], None] | None
 
 
 class _Progress:
