@@ -81,10 +81,11 @@ class LayerLoad:
         self.error: BaseException | None = None
         self.reported = False  # the error was raised to the caller once
         self.t0 = time.perf_counter()
-        batch.completion = Completions()
-        batch.layer_load = self  # a fire that needs these keys settles it (settle())
         self.submitted = threading.Event()  # submit() has queued (or failed) every layer
         self.claimed: list | None = None  # the layers a failure rolls back (_fail_whole)
+        # Published last, in one statement: a Ctrl-C anywhere above leaves the batch without
+        # a half-built load (abandon_planned then rolls it back as a plain batch).
+        batch.completion, batch.layer_load = Completions(), self  # a fire that needs these keys settles it
 
     def submit(self) -> None:
         """Queue every layer's rows (layer order); no waiting. On a refused submit the
