@@ -30,6 +30,7 @@ from tierstore.cli.args import (
     positive_float,
     say,
 )
+from tierstore.cli.bench_output import run_and_report
 from tierstore.errors import ConfigError, TierstoreError
 
 ROW_12MIB = 12_582_912
@@ -335,21 +336,7 @@ def report(res: dict) -> str:
 
 
 def main(args) -> int:
-    from tierstore.files.atomic import write_atomic
-
-    res: dict = {}
-    try:
-        run(args, res)
-    except BaseException:
-        if args.out and res:
-            res["incomplete"] = True
-            write_atomic(args.out, json.dumps(res, indent=1, default=str).encode())
-        raise
-    if args.out:
-        write_atomic(args.out, json.dumps(res, indent=1, default=str).encode())
-    if args.png:
-        fx.plot(res, args.png)
-    print(json.dumps(res, indent=1, default=str) if args.json else report(res))
+    res = run_and_report(args, run, report, fx.plot)
     bad = res["checks"]["mismatches"]
     if bad:
         # Every read already passed the store's own xxh3 check: a byte check failing here
